@@ -1,0 +1,326 @@
+"""The engine: continuous batching over a paged KV cache, with speculative decoding.
+
+One ``step()`` is one target pass over every running sequence (prompts being prefilled and drafts
+being verified, mixed in one flat batch), verification, then one drafting phase:
+
+* ``parallel`` (P-EAGLE): one drafter pass over [accepted tokens, bonus, K-1 mask slots] yields K drafts;
+* ``eagle3``: the same head run K times, feeding its own pre-norm hidden state back;
+* ``none``: the target alone.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+
+from peagle.engine.block_manager import BlockManager
+from peagle.engine.sampling import SamplingParams, verify
+from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
+from peagle.models.drafter import Drafter
+from peagle.models.layers import AttnMeta, configure_cpu_threads
+from peagle.models.llama import LlamaModel
+
+METHODS = ("parallel", "eagle3", "none")
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take (empty prompt, too long, bad parameters)."""
+
+
+@dataclass
+class EngineConfig:
+    method: str = "parallel"
+    num_speculative_tokens: int = 7
+    max_num_seqs: int = 8
+    max_model_len: int | None = None        # default: the target's max_position_embeddings, capped at 8192
+    max_num_batched_tokens: int = 4096      # prefill budget per step (a longer prompt runs alone)
+    block_size: int = 16
+    kv_cache_tokens: int | None = None      # default: max_num_seqs * max_model_len, capped at 32768
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or (k <= 0 and self.method != "none"):
+            raise ValueError(f"the number of speculative tokens K must be an integer >= 1, got {k!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+    @property
+    def k(self) -> int:
+        return 0 if self.method == "none" else self.num_speculative_tokens
+
+
+@dataclass
+class StepResult:
+    """Sequences that produced tokens this step (``finished`` ones are done and released)."""
+    updated: list[Sequence] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)
+
+
+class LLMEngine:
+    def __init__(self, target: LlamaModel, drafter: Drafter | None, config: EngineConfig, tokenizer=None,
+                 eos_token_ids: Iterable[int] | None = None):
+        self.target, self.drafter, self.cfg, self.tokenizer = target, drafter, config, tokenizer
+        if target.lm_weight.device.type == "cpu":
+            configure_cpu_threads()
+        if config.method != "none":
+            if drafter is None:
+                raise ValueError(f"method {config.method!r} needs a drafter")
+            drafter.cfg.check_target(target.cfg, target.aux_layers)
+            tk = drafter.cfg.trained_k
+            if config.method == "parallel" and tk is not None and config.num_speculative_tokens > tk:
+                raise ValueError(f"K={config.num_speculative_tokens} exceeds the K={tk} this head was trained for")
+        tmax = target.cfg.max_position_embeddings
+        self.max_model_len = config.max_model_len or min(tmax, 8192)
+        if self.max_model_len > tmax:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the target's {tmax} positions")
+        slots = config.kv_cache_tokens or min(config.max_num_seqs * self.max_model_len, 32768)
+        self.blocks = BlockManager(-(-slots // config.block_size), config.block_size)
+        num_slots = self.blocks.num_blocks * config.block_size
+        self.target_caches = target.make_caches(num_slots)
+        self.drafter_caches = drafter.make_caches(num_slots) if config.method != "none" else []
+        eos = set(eos_token_ids or []) | set(target.cfg.eos_token_ids)
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_token_ids = eos
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = SpecStats()  # engine-wide totals, for metrics
+
+    @classmethod
+    def from_pretrained(cls, target: str | None = None, drafter: str | None = None, method: str = "parallel",
+                        k: int = 7, dtype: torch.dtype = torch.float32, **engine_kwargs) -> "LLMEngine":
+        """Load a target (HF folder, GGUF, hub id; None = the default model), its tokenizer and a head."""
+        from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
+
+        config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)
+        model, path = load_target(target, dtype)
+        tokenizer = load_tokenizer(path)
+        head = load_drafter_for(model, path, drafter, tokenizer) if method != "none" else None
+        return cls(model, head, config, tokenizer)
+
+    def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids of ``prompt``, wrapped in the chat template when ``chat`` (and the model has one)."""
+        tok = self.tokenizer
+        if chat and tok.chat_template:
+            text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                           add_generation_prompt=True)
+            return tok(text, add_special_tokens=False)["input_ids"]
+        return tok(prompt)["input_ids"]
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> Sequence:
+        params = params or SamplingParams()
+        if not prompt_ids:
+            raise RequestError("the prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len} "
+                               "and at least one token must be generated")
+        vocab = self.target.cfg.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise RequestError(f"prompt token ids must be in 0..{vocab - 1}")
+        if -(-(len(prompt_ids) + 2 * self.cfg.k + 1) // self.cfg.block_size) > self.blocks.num_blocks:
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens, more than the KV cache holds")
+        seq = Sequence(prompt_ids, params, request_id)
+        self.waiting.append(seq)
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        for seq in list(self.waiting) + self.running:
+            if seq.request_id == request_id:
+                self._finish(seq, "abort")
+                if seq in self.waiting:
+                    self.waiting.remove(seq)
+                else:
+                    self.running.remove(seq)
+                    self.blocks.release(seq)
+                return True
+        return False
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ scheduling
+    def _positions_needed(self, seq: Sequence) -> int:
+        """KV positions this step may write: the verify pass plus the drafting after it."""
+        return min(seq.num_tokens + len(seq.drafts) + self.cfg.k + 1, self.max_model_len + self.cfg.k + 1)
+
+    def _schedule(self) -> None:
+        budget = self.cfg.max_num_batched_tokens
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.num_tokens > budget and self.running:
+                break
+            if not self.blocks.ensure(seq, self._positions_needed(seq)):
+                break
+            budget -= seq.num_tokens
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+        for seq in list(self.running):
+            while seq in self.running and not self.blocks.ensure(seq, self._positions_needed(seq)):
+                self._preempt(self.running[-1])  # newest first, as vLLM does; it recomputes later
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        seq.drafts = []
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+
+    # ------------------------------------------------------------------ one step
+    def _meta(self, rows: list[tuple[Sequence, int, int]]) -> tuple[torch.Tensor, AttnMeta]:
+        """Positions and attention metadata for ``(seq, first position, row count)`` per sequence."""
+        positions, slot_mapping, ctx, q_pos, q_start = [], [], [], [], [0]
+        for seq, start, n in rows:
+            pos = torch.arange(start, start + n)
+            all_slots = self.blocks.slots(seq, torch.arange(start + n))
+            positions.append(pos)
+            q_pos.append(pos)
+            slot_mapping.append(all_slots[start:])
+            ctx.append(all_slots)
+            q_start.append(q_start[-1] + n)
+        return torch.cat(positions), AttnMeta(torch.cat(slot_mapping), q_start, ctx, q_pos)
+
+    @torch.inference_mode()
+    def step(self) -> StepResult:
+        self._schedule()
+        batch = list(self.running)
+        result = StepResult()
+        if not batch:
+            return result
+        # 1. one target pass: whole prompts for new sequences, [last token, drafts...] for the others
+        inputs, rows, logit_rows, offset = [], [], [], 0
+        for seq in batch:
+            if seq.num_cached == 0:
+                inp, start = list(seq.tokens), 0
+                logit_rows.append(offset + len(inp) - 1)
+            else:
+                inp, start = [seq.tokens[-1]] + seq.drafts, seq.num_tokens - 1
+                logit_rows.extend(range(offset, offset + len(inp)))
+            inputs.append(inp)
+            rows.append((seq, start, len(inp)))
+            offset += len(inp)
+        ids = torch.tensor([t for inp in inputs for t in inp])
+        positions, meta = self._meta(rows)
+        logits, taps = self.target(ids, positions, self.target_caches, meta, torch.tensor(logit_rows))
+
+        # 2. verify, emit tokens, collect what the drafter reads
+        jobs, lrow, trow = [], 0, 0
+        for (seq, start, n), inp in zip(rows, inputs):
+            prefill = seq.num_cached == 0
+            n_logits = 1 if prefill else n
+            drafts = [] if prefill else seq.drafts
+            accepted, token = verify(logits[lrow:lrow + n_logits], drafts, seq.params, seq.generator)
+            seq.stats.record(len(drafts), accepted)
+            self.stats.record(len(drafts), accepted)
+            valid = n if prefill else accepted + 1   # input rows whose KV stays valid
+            seq.num_cached = start + valid
+            seq.drafts = []
+            self._append(seq, drafts[:accepted] + [token])
+            result.updated.append(seq)
+            if not seq.finished and self.cfg.k:
+                jobs.append((seq, start, inp[1:valid] + [token], taps[trow:trow + valid]))
+            lrow += n_logits
+            trow += n
+
+        # 3. propose the next drafts
+        if jobs:
+            self._propose(jobs)
+        for seq in batch:
+            if seq.finished:
+                self.running.remove(seq)
+                self.blocks.release(seq)
+                result.finished.append(seq)
+        return result
+
+    def _num_drafts(self, seq: Sequence) -> int:
+        """K, less where the request is about to hit max_tokens or max_model_len."""
+        left = seq.params.max_tokens - len(seq.output_ids)
+        return max(0, min(self.cfg.k, left - 1, self.max_model_len - seq.num_tokens))
+
+    def _propose(self, jobs: list[tuple[Sequence, int, list[int], torch.Tensor]]) -> None:
+        """Draft for each ``(seq, first position, tokens, target taps)``: the tokens that follow the
+        verified positions (accepted drafts and the bonus), paired with the taps of those positions."""
+        d = self.drafter
+        hidden = d.project(torch.cat([taps for *_, taps in jobs]))
+        ks = [self._num_drafts(seq) for seq, *_ in jobs]
+        n_masks = [max(k - 1, 0) if self.cfg.method == "parallel" else 0 for k in ks]
+        ids, hid, rows, out_rows, h0 = [], [], [], [], 0
+        for (seq, start, toks, _), m in zip(jobs, n_masks):
+            n = len(toks)
+            ids += toks + [d.cfg.mask_token_id] * m
+            hid += [hidden[h0:h0 + n], d.mask_feature().expand(m, -1)]
+            first_out = h0 + sum(n_masks[:len(rows)]) + n - 1   # the bonus row, then the mask rows
+            out_rows.extend(range(first_out, first_out + m + 1))
+            rows.append((seq, start, n + m))
+            h0 += n
+        positions, meta = self._meta(rows)
+        normed, prenorm = d(torch.tensor(ids), torch.cat(hid), positions, self.drafter_caches, meta)
+        out = d.to_target_ids(d.logits(normed[out_rows]).argmax(-1)).tolist()
+        o = 0
+        for (seq, *_), k, m in zip(jobs, ks, n_masks):
+            seq.drafts = out[o:o + k]
+            o += m + 1
+        if self.cfg.method != "eagle3":
+            return
+        # EAGLE-3: K-1 more one-token passes, each feeding back the head's own pre-norm hidden state
+        h = prenorm[out_rows]
+        last = [start + len(toks) - 1 for _, start, toks, _ in jobs]
+        for step in range(1, max(ks)):
+            live = [i for i, k in enumerate(ks) if k > step]
+            positions, meta = self._meta([(jobs[i][0], last[i] + step, 1) for i in live])
+            ids = torch.tensor([jobs[i][0].drafts[-1] for i in live])
+            normed, pre = d(ids, h[live], positions, self.drafter_caches, meta)
+            for i, t in zip(live, d.to_target_ids(d.logits(normed).argmax(-1)).tolist()):
+                jobs[i][0].drafts.append(t)
+            h = h.index_copy(0, torch.tensor(live), pre)
+
+    # ------------------------------------------------------------------ finishing
+    def _append(self, seq: Sequence, tokens: list[int]) -> None:
+        p = seq.params
+        for t in tokens:
+            seq.tokens.append(t)
+            if seq.first_token_time is None:
+                seq.first_token_time = time.perf_counter()
+            if not p.ignore_eos and t in self.eos_token_ids:
+                return self._finish(seq, "stop")
+            if p.stop and self.tokenizer is not None:
+                text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+                hits = [text.find(s) for s in p.stop if s in text]
+                if hits:
+                    return self._finish(seq, "stop", text[:min(hits)])
+            if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+                return self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str, text: str | None = None) -> None:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = time.perf_counter()
+        seq.drafts = []
+        if text is None and self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+        seq.text = text or ""
+
+    # ------------------------------------------------------------------ offline use
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+                 progress: bool = False) -> list[RequestOutput]:
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(seqs), desc="generate", unit="req")
+        while self.has_unfinished():
+            done = self.step().finished
+            if bar is not None:
+                bar.update(len(done))
+        if bar is not None:
+            bar.close()
+        return [RequestOutput.of(s) for s in seqs]

@@ -1,0 +1,82 @@
+"""Sampling parameters, logits processing and the verification of draft tokens.
+
+Drafts are the drafter's argmax (a point mass q), as in vLLM's EAGLE proposers. Against a point
+mass, the standard rejection sampler accepts draft d with probability p(d) and otherwise samples
+from p with d removed and renormalised, so every emitted token follows p exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling, with vLLM's names. ``temperature == 0`` is greedy; ``top_k <= 0`` is off."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
+            raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop must be a list of non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Target distribution after temperature, top-k and top-p: ``[rows, vocab]`` float32."""
+    logits = logits.float() / p.temperature
+    if 0 < p.top_k < logits.shape[-1]:
+        kth = logits.topk(p.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
+    if p.top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        cum = sorted_p.cumsum(-1)
+        drop = cum - sorted_p >= p.top_p  # keep the smallest prefix whose mass reaches top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def verify(logits: torch.Tensor, drafts: list[int], p: SamplingParams,
+           gen: torch.Generator | None) -> tuple[int, int]:
+    """Check ``drafts`` against the target's ``logits`` (``[len(drafts)+1, vocab]``).
+
+    Returns (number of accepted drafts, the token emitted after them: the target's correction
+    where a draft was rejected, else the bonus token).
+    """
+    if p.greedy:
+        target = logits.argmax(-1).tolist()
+        a = 0
+        while a < len(drafts) and drafts[a] == target[a]:
+            a += 1
+        return a, target[a]
+    probs = probs_from_logits(logits, p)
+    for i, d in enumerate(drafts):
+        if torch.rand((), generator=gen).item() < probs[i, d].item():
+            continue
+        residual = probs[i].clone()
+        residual[d] = 0.0
+        return i, int(torch.multinomial(residual, 1, generator=gen))
+    return len(drafts), int(torch.multinomial(probs[-1], 1, generator=gen))

@@ -1,0 +1,320 @@
+"""The P-EAGLE / EAGLE-3 draft head and its vLLM checkpoint format (PEAGLE.md §1-2).
+
+Layer 0 (``midlayer`` on disk) reads ``cat(input_layernorm(embed(tok)), hidden_norm(h))`` where
+``h`` is ``fc(three target taps)``, ``fc(mask_hidden)`` in a mask slot, or the head's own
+pre-norm output when EAGLE-3 drafts autoregressively. Layers 1..N-1 are plain Llama layers.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from peagle.models.layers import (MLP, Attention, AttnMeta, KVCache, Linear, RMSNorm, Rotary, embedding,
+                                  fuse_checkpoint, linear, split_checkpoint)
+from peagle.models.llama import CheckpointError, DecoderLayer, ModelConfig
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+ACCEPTED_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
+MASK_ID_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")  # vLLM's lookup order
+
+
+class DrafterMismatchError(ValueError):
+    pass
+
+
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: list[int]
+    mask_token_id: int | None
+    norm_before_residual: bool = False
+    attention_bias: bool = False
+    trained_k: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def for_target(cls, target: ModelConfig, num_layers: int, draft_vocab_size: int | None = None,
+                   mask_token_id: int | None = None, aux_layer_ids: tuple[int, ...] | None = None,
+                   trained_k: int | None = None) -> "DrafterConfig":
+        """A head shaped like the target's layers, as EAGLE-3 and the AWS heads are."""
+        return cls(
+            hidden_size=target.hidden_size, intermediate_size=target.intermediate_size, num_layers=num_layers,
+            num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+            rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta, rope_scaling=target.rope_scaling,
+            max_position_embeddings=target.max_position_embeddings, vocab_size=target.vocab_size,
+            draft_vocab_size=draft_vocab_size or target.vocab_size, target_hidden_size=target.hidden_size,
+            aux_layer_ids=list(aux_layer_ids or target.default_aux_layers()), mask_token_id=mask_token_id,
+            trained_k=trained_k)
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "DrafterConfig":
+        archs = cfg.get("architectures") or []
+        if not any(a in ACCEPTED_ARCHITECTURES for a in archs):
+            raise CheckpointError(f"not an EAGLE-3 head: architectures {archs} (expected one of {ACCEPTED_ARCHITECTURES})")
+        eagle = cfg.get("eagle_config") or {}
+        if not eagle.get("use_aux_hidden_state", True):
+            raise CheckpointError("eagle_config.use_aux_hidden_state=false (EAGLE-1 style heads) is not supported")
+        aux = cfg.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
+        if rope.get("rope_type", rope.get("type", "default")) == "default":
+            rope = {}
+        heads = cfg["num_attention_heads"]
+        mask_id = next((cfg[k] for k in MASK_ID_KEYS if cfg.get(k) is not None), None)
+        known = {"architectures", "eagle_config", "eagle_aux_hidden_state_layer_ids", "rope_parameters",
+                 "rope_scaling", "rope_theta", "num_attention_heads", *MASK_ID_KEYS, "hidden_size",
+                 "intermediate_size", "num_hidden_layers", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                 "max_position_embeddings", "vocab_size", "draft_vocab_size", "target_hidden_size",
+                 "norm_before_residual", "attention_bias", "peagle"}
+        return cls(
+            hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg.get("num_hidden_layers", 1), num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=rope or None,
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096), vocab_size=cfg["vocab_size"],
+            draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
+            target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
+            aux_layer_ids=list(aux) if aux else [], mask_token_id=mask_id,
+            norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            trained_k=(cfg.get("peagle") or {}).get("trained_k"),
+            extra={k: v for k, v in cfg.items() if k not in known})
+
+    def to_dict(self) -> dict:
+        """config.json in the layout vLLM's ``LlamaForCausalLMEagle3`` loader reads."""
+        cfg = {
+            "architectures": [ARCHITECTURE], "model_type": "llama",
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim, "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling, "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size, "tie_word_embeddings": False,
+            "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
+            "eagle_config": {"use_aux_hidden_state": True,
+                             "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)},
+            "norm_before_residual": self.norm_before_residual, "attention_bias": self.attention_bias,
+            "mask_token_id": self.mask_token_id, "ptd_token_id": self.mask_token_id,
+            "torch_dtype": "float32",
+        }
+        if self.trained_k is not None:
+            cfg["peagle"] = {"trained_k": self.trained_k}
+        return {**self.extra, **cfg}
+
+    def check_target(self, target: ModelConfig, aux_layers: tuple[int, ...]) -> None:
+        """Refuse a head that does not fit the target, naming every mismatch."""
+        problems = []
+        if self.target_hidden_size != target.hidden_size:
+            problems.append(f"target_hidden_size {self.target_hidden_size} != target hidden_size {target.hidden_size}")
+        if self.vocab_size != target.vocab_size:
+            problems.append(f"vocab_size {self.vocab_size} != target vocab_size {target.vocab_size}")
+        if self.aux_layer_ids and tuple(self.aux_layer_ids) != tuple(aux_layers):
+            problems.append(f"eagle_aux_hidden_state_layer_ids {self.aux_layer_ids} != target taps {list(aux_layers)}")
+        if self.mask_token_id is None:
+            problems.append("no mask token id (mask_token_id / ptd_token_id) in the head's config")
+        elif not 0 <= self.mask_token_id < self.vocab_size:
+            problems.append(f"mask token id {self.mask_token_id} outside the vocabulary 0..{self.vocab_size - 1}")
+        elif self.mask_token_id in target.eos_token_ids:
+            problems.append(f"mask token id {self.mask_token_id} is the target's EOS token")
+        if problems:
+            raise DrafterMismatchError("drafter does not match the target: " + "; ".join(problems))
+
+
+class FirstLayer(nn.Module):
+    """EAGLE-3's layer 0: attention over [normed embedding, normed hidden] (width 2H)."""
+
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        H = c.hidden_size
+        self.self_attn = Attention(H, c.num_heads, c.num_kv_heads, c.head_dim, in_dim=2 * H,
+                                   qkv_bias=c.attention_bias, o_bias=c.attention_bias)
+        self.mlp = MLP(H, c.intermediate_size)
+        self.input_layernorm = RMSNorm(H, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, c.rms_norm_eps)
+        self.norm_before_residual = c.norm_before_residual
+
+    def forward(self, emb, hidden, rope, cache, meta):
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(emb), normed], dim=-1)
+        h = residual + self.self_attn(x, rope, cache, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Drafter(nn.Module):
+    """State-dict names are exactly the vLLM checkpoint's (``midlayer.*``, ``layers.1.*``, ``d2t`` ...)."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.embed_tokens = embedding(cfg.vocab_size, H)
+        self.fc = Linear(3 * cfg.target_hidden_size, H)
+        self.mask_hidden = nn.Parameter(torch.zeros(1, 1, 3 * cfg.target_hidden_size))
+        self.midlayer = FirstLayer(cfg)
+        self.layers = nn.ModuleDict({
+            str(i): DecoderLayer(H, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                 cfg.rms_norm_eps, qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias)
+            for i in range(1, cfg.num_layers)})
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = Linear(H, cfg.draft_vocab_size)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool)
+                             if cfg.draft_vocab_size == cfg.vocab_size else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+    def make_caches(self, num_slots: int) -> list[KVCache]:
+        p = self.embed_tokens.weight
+        return [KVCache(num_slots, self.cfg.num_kv_heads, self.cfg.head_dim, p.dtype, p.device)
+                for _ in range(self.cfg.num_layers)]
+
+    def project(self, taps: torch.Tensor) -> torch.Tensor:
+        """Target taps ``[T, 3*H_target]`` -> the head's width (``fc``)."""
+        return self.fc(taps)
+
+    def mask_feature(self) -> torch.Tensor:
+        """``fc(mask_hidden)``: the stand-in feature of every mask slot, shape ``[H]``."""
+        return self.fc(self.mask_hidden.reshape(1, -1))[0]
+
+    def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
+                meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden`` is already at the head's width. Returns (normed, pre-norm) hidden states:
+        the first feeds :meth:`logits`, the second is what EAGLE-3 feeds back."""
+        meta.prepare()
+        rope = self.rotary.table(positions, hidden.dtype)
+        x = self.midlayer(self.embed_tokens(ids), hidden, rope, caches[0], meta)
+        for i in range(1, self.cfg.num_layers):
+            x = self.layers[str(i)](x, rope, caches[i], meta)
+        return self.norm(x), x
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return linear(normed, self.lm_head.weight)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
+        """Random init for a fresh head (normal(0, std) matrices, unit norms, identity vocab map)."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            with torch.no_grad():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+        with torch.no_grad():
+            self.mask_hidden.copy_(torch.randn(self.mask_hidden.shape, generator=g))
+
+    def set_vocab_map(self, draft_to_target: torch.Tensor) -> None:
+        """Set ``d2t`` (offsets) and ``t2d`` from the sorted target ids of the draft vocabulary."""
+        draft_to_target = draft_to_target.long()
+        self.d2t.copy_(draft_to_target - torch.arange(len(draft_to_target)))
+        self.t2d.zero_()
+        self.t2d[draft_to_target] = True
+
+
+# ----------------------------------------------------------------------------- checkpoint I/O
+
+def _param_name(disk: str) -> str:
+    """Checkpoint name -> our parameter name (identical except optional ``model.`` prefixes)."""
+    return disk[len("model."):] if disk.startswith("model.") else disk
+
+
+def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtype = torch.float32) -> None:
+    """Write ``config.json`` + ``model.safetensors`` atomically (temp files, then rename)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, t in split_checkpoint(drafter.state_dict(), drafter).items():
+        t = t.detach().cpu()
+        tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+    cfg = drafter.cfg.to_dict()
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    tmp = out / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / "model.safetensors")
+    tmp = out / "config.json.tmp"
+    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+    os.replace(tmp, out / "config.json")
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files:
+        raise CheckpointError(f"no .safetensors files in {path}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"corrupt or unreadable safetensors file {f}: {e}") from None
+    return tensors
+
+
+def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+                 base_embedding: torch.Tensor | None = None) -> Drafter:
+    """Load a vLLM-format head. Tensors the head leaves out are handled as vLLM does:
+    ``embed_tokens`` falls back to ``base_embedding`` (the target's), ``d2t``/``t2d`` to identity
+    when the draft vocabulary is the full one."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{path} has no config.json: not a drafter checkpoint")
+    try:
+        cfg = DrafterConfig.from_dict(json.loads(cfg_file.read_text()))
+    except (json.JSONDecodeError, KeyError) as e:
+        raise CheckpointError(f"bad drafter config.json in {path}: {e!r}") from None
+    tensors = fuse_checkpoint({_param_name(k): v for k, v in _load_tensors(path).items()})
+    drafter = Drafter(cfg)
+    own = drafter.state_dict()
+    if "embed_tokens.weight" not in tensors:
+        if base_embedding is None:
+            raise CheckpointError(f"{path} has no embed_tokens.weight and no target embedding was given")
+        tensors["embed_tokens.weight"] = base_embedding
+    if "d2t" not in tensors or "t2d" not in tensors:
+        if cfg.draft_vocab_size != cfg.vocab_size:
+            raise CheckpointError(f"{path}: draft_vocab_size {cfg.draft_vocab_size} < vocab_size but d2t/t2d are missing")
+        tensors.setdefault("d2t", torch.zeros(cfg.vocab_size, dtype=torch.long))
+        tensors.setdefault("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
+    if "mask_hidden" in tensors:
+        tensors["mask_hidden"] = tensors["mask_hidden"].reshape(own["mask_hidden"].shape) \
+            if tensors["mask_hidden"].numel() == own["mask_hidden"].numel() else tensors["mask_hidden"]
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    bad_shape = [f"{k}: {tuple(tensors[k].shape)} != {tuple(own[k].shape)}"
+                 for k in own if k in tensors and tensors[k].shape != own[k].shape]
+    if missing or unexpected or bad_shape:
+        raise CheckpointError(f"{path} does not match its config: missing {missing[:8]}, "
+                              f"unexpected {unexpected[:8]}, wrong shapes {bad_shape[:8]}")
+    if tensors["t2d"].dtype != torch.bool:
+        tensors["t2d"] = tensors["t2d"].bool()
+    drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in tensors.items()})
+    drafter.to(dtype)
+    target_ids = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size))
+    if int(target_ids.min()) < 0 or int(target_ids.max()) >= cfg.vocab_size:
+        raise CheckpointError(f"{path}: d2t maps draft ids outside the target vocabulary")
+    return drafter.eval()

