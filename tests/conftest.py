@@ -1,0 +1,58 @@
+"""Tiny random models of every supported family, and helpers to run them without the engine."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+from peagle.models.layers import AttnMeta
+from peagle.models.llama import LlamaModel, ModelConfig
+
+TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=2, bos_token_id=1)
+
+FAMILIES = {
+    "llama": lambda: LlamaConfig(**TINY),
+    "llama3": lambda: LlamaConfig(**TINY, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                          "original_max_position_embeddings": 32}),
+    "llama-bias-tied": lambda: LlamaConfig(**TINY, attention_bias=True, mlp_bias=True, tie_word_embeddings=True),
+    "mistral": lambda: MistralConfig(**TINY, sliding_window=8),
+    "qwen2": lambda: Qwen2Config(**TINY),
+    "qwen3": lambda: Qwen3Config(**{**TINY, "head_dim": 24}),
+}
+
+
+def tiny_hf(family: str = "llama", seed: int = 0):
+    """A HF model with random weights (float32, eval). Biases and norms are randomised too, so
+    a wrong bias or norm placement shows up in the logits."""
+    torch.manual_seed(seed)
+    cfg = FAMILIES[family]()
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.05 * torch.randn_like(p))
+    return model
+
+
+def native_from_hf(hf, aux_layers=None) -> LlamaModel:
+    model = LlamaModel(ModelConfig.from_hf(hf.config.to_dict()), aux_layers)
+    model.load_checkpoint({k: v.detach().clone() for k, v in hf.state_dict().items()})
+    return model.eval()
+
+
+def run_full(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One prefill of a single sequence through a fresh cache: (logits [T, V], aux [T, 3H])."""
+    n = ids.shape[0]
+    pos = torch.arange(n)
+    caches = model.make_caches(n)
+    with torch.inference_mode():
+        return model(ids, pos, caches, AttnMeta(pos, [0, n], [pos], [pos]))
+
+
+@pytest.fixture(params=list(FAMILIES))
+def family(request):
+    return request.param

@@ -1,0 +1,250 @@
+"""The engine's promises: speculative output equals the target's own greedy output token for token,
+sampling keeps the target distribution, batching changes nothing, and bad input is refused."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import native_from_hf, run_full, tiny_hf
+
+from peagle.engine.llm_engine import EngineConfig, LLMEngine, RequestError
+from peagle.engine.sampling import SamplingParams, probs_from_logits, verify
+from peagle.models.drafter import Drafter
+from peagle.models.loader import init_drafter
+
+MASK = 159  # the tiny vocabulary's last id, never produced by the tests' prompts
+
+
+def make_engine(target, drafter, method="parallel", k=4, **kw) -> LLMEngine:
+    return LLMEngine(target, drafter, EngineConfig(method=method, num_speculative_tokens=k, **kw))
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 150, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+class OracleDrafter(Drafter):
+    """Proposes the target's own greedy continuation, corrupted at a fixed rate: exercises long
+    accepted runs, rejections at every depth and the bonus token, all through the real drafter
+    plumbing (positions, mask slots, KV writes, EAGLE-3 feedback)."""
+
+    def __init__(self, cfg, reference: list[int], wrong_every: int):
+        super().__init__(cfg)
+        self.reference, self.wrong_every = reference, wrong_every
+
+    def forward(self, ids, hidden, positions, caches, meta):
+        normed, prenorm = super().forward(ids, hidden, positions, caches, meta)
+        tag = positions.to(normed.dtype)[:, None]  # the row at position p predicts token p + 2
+        return torch.cat([tag, normed[:, 1:]], 1), torch.cat([tag, prenorm[:, 1:]], 1)
+
+    def logits(self, normed):
+        out = torch.zeros(normed.shape[0], self.cfg.draft_vocab_size)
+        for r, p in enumerate(normed[:, 0].round().long().tolist()):
+            i = p + 2
+            tok = self.reference[i] if i < len(self.reference) else 0
+            if i % self.wrong_every == 0:
+                tok = (tok + 1) % self.cfg.draft_vocab_size
+            out[r, tok] = 1.0
+        return out
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return native_from_hf(tiny_hf("llama"))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_lossless_random_heads_every_k(family):
+    target = native_from_hf(tiny_hf(family))
+    drafter = init_drafter(target, 2, MASK, seed=1)
+    ps = prompts(3)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    ref = [o.token_ids for o in make_engine(target, None, "none").generate(ps, params)]
+    for method in ("parallel", "eagle3"):
+        for k in range(1, 11):
+            got = [o.token_ids for o in make_engine(target, drafter, method, k).generate(ps, params)]
+            assert got == ref, (method, k)
+
+
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_lossless_oracle_head_deep_acceptance(llama, method):
+    prompt = prompts(1, seed=3)[0]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    ref = make_engine(llama, None, "none").generate([prompt], params)[0].token_ids
+    cfg = init_drafter(llama, 1, MASK).cfg
+    for k in range(1, 11):
+        for wrong_every in (3, 7, 1000):
+            head = OracleDrafter(cfg, prompt + ref, wrong_every)
+            head.init_weights(0)
+            out = make_engine(llama, head.eval(), method, k).generate([prompt], params)[0]
+            assert out.token_ids == ref, (k, wrong_every)
+            if wrong_every == 1000:  # a perfect drafter: every round accepts all it may
+                assert out.stats.acceptance_length > min(k, 4) * 0.75 + 0.5
+
+
+def test_batch_equals_alone_and_survives_kv_exhaustion(llama):
+    drafter = init_drafter(llama, 1, MASK, seed=2)
+    ps = prompts(9, seed=5)
+    params = [SamplingParams(max_tokens=12 + i, ignore_eos=True) for i in range(len(ps))]
+    for method in ("none", "parallel", "eagle3"):
+        alone = [make_engine(llama, drafter, method, 3).generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
+        batched = make_engine(llama, drafter, method, 3, max_num_seqs=16).generate(ps, params)
+        assert [o.token_ids for o in batched] == alone, method
+        # a KV pool far too small for all nine at once: sequences are preempted and recomputed
+        tight = make_engine(llama, drafter, method, 3, max_num_seqs=16, block_size=4, kv_cache_tokens=96)
+        assert [o.token_ids for o in tight.generate(ps, params)] == alone, method
+        assert tight.blocks.num_free == tight.blocks.num_blocks
+
+
+def test_abort_returns_blocks(llama):
+    engine = make_engine(llama, init_drafter(llama, 1, MASK), "parallel", 3)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True)) for p in prompts(3)]
+    engine.step()
+    engine.step()
+    assert engine.abort(seqs[1].request_id)
+    assert seqs[1].finish_reason == "abort"
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_eos_max_tokens_and_stop_strings(llama):
+    class Tok:  # decode() is all the engine needs of a tokenizer
+        eos_token_id = None
+
+        @staticmethod
+        def decode(ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    drafter = init_drafter(llama, 1, MASK)
+    p = prompts(1, seed=7)[0]
+    free = make_engine(llama, None, "none").generate([p], SamplingParams(max_tokens=20, ignore_eos=True))[0]
+    eos = free.token_ids[5]
+    first = free.token_ids.index(eos)
+    for method in ("none", "parallel"):
+        engine = LLMEngine(llama, drafter, EngineConfig(method=method, num_speculative_tokens=4), Tok(), [eos])
+        out = engine.generate([p], SamplingParams(max_tokens=20))[0]
+        assert out.token_ids == free.token_ids[:first + 1] and out.finish_reason == "stop"
+        out = engine.generate([p], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+        assert out.token_ids == free.token_ids[:3] and out.finish_reason == "length"
+        stop = f"{free.token_ids[2]} {free.token_ids[3]}"
+        cut = next(j for j in range(1, 21) if stop in Tok.decode(free.token_ids[:j]))
+        full = Tok.decode(free.token_ids[:cut])
+        out = engine.generate([p], SamplingParams(max_tokens=20, ignore_eos=True, stop=[stop]))[0]
+        assert out.finish_reason == "stop" and out.token_ids == free.token_ids[:cut]
+        assert out.text == full[:full.find(stop)]
+
+
+def test_max_model_len_ends_with_length(llama):
+    engine = make_engine(llama, init_drafter(llama, 1, MASK), "parallel", 7, max_model_len=30)
+    out = engine.generate([list(range(3, 23))], SamplingParams(max_tokens=100, ignore_eos=True))[0]
+    assert len(out.token_ids) == 10 and out.finish_reason == "length"
+
+
+# --------------------------------------------------------------------------- sampling
+
+def test_verify_keeps_the_target_distribution():
+    """Each emitted token follows p whatever the draft: the first emitted token is checked against
+    a zero-probability, a mid-probability and the most likely draft (chi-square, p = 0.001)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 12, generator=g) * 2
+    params = SamplingParams(temperature=0.9, top_k=8, top_p=0.95)
+    p = probs_from_logits(logits, params)
+    order = p[0].argsort().tolist()
+    mid = next(t for t in order if 0.05 < p[0, t] < 0.3)
+    for first in (order[0], mid, order[-1]):
+        drafts = [first, int(p[1].argmax())]
+        n = 8000
+        counts = torch.zeros(12)
+        for _ in range(n):
+            a, tok = verify(logits, drafts, params, g)
+            counts[first if a >= 1 else tok] += 1
+        assert_matches(counts, p[0], n)
+
+
+def assert_matches(counts: torch.Tensor, probs: torch.Tensor, n: int) -> None:
+    """Chi-square goodness of fit at p = 0.001 (Wilson-Hilferty critical value); cells expected
+    below 5 are pooled, and a zero-probability cell must never be hit."""
+    expected = probs.double() * n
+    assert counts[expected == 0].sum() == 0
+    big = expected >= 5
+    obs = torch.cat([counts[big].double(), counts[~big].double().sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    keep = exp > 0
+    chi2 = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    df = int(keep.sum()) - 1
+    crit = df * (1 - 2 / (9 * df) + 3.09 * math.sqrt(2 / (9 * df))) ** 3
+    assert chi2 < crit, (chi2, crit)
+
+
+def test_speculative_sampling_end_to_end_matches_target():
+    """Three-token continuations sampled through the whole engine follow the target's exact joint
+    distribution; the drafts are the greedy continuation, which sampled runs accept often but not always."""
+    hf = tiny_hf("llama", seed=4)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(40)  # peaky distributions, so a wrong sampler shows
+    target = native_from_hf(hf)
+    prompt = [5, 17, 42]
+    sp = SamplingParams(temperature=1.0, top_k=4, max_tokens=3, ignore_eos=True)
+    greedy = make_engine(target, None, "none").generate([prompt], SamplingParams(max_tokens=3))[0].token_ids
+    drafter = OracleDrafter(init_drafter(target, 1, MASK).cfg, prompt + greedy, 1000)  # likely drafts
+    drafter.init_weights(0)
+    n = 4000
+    engine = make_engine(target, drafter.eval(), "parallel", 3, max_num_seqs=64)
+    outs = engine.generate([prompt] * n, [SamplingParams(**{**sp.__dict__, "seed": i}) for i in range(n)])
+    assert engine.stats.num_drafts >= n
+    assert 0.2 < engine.stats.num_accepted_tokens / engine.stats.num_draft_tokens < 0.95
+
+    def dist(prefix):
+        return probs_from_logits(run_full(target, torch.tensor(prompt + prefix))[0][-1:], sp)[0]
+
+    joint = {}
+    p1 = dist([])
+    for t1 in p1.nonzero().flatten().tolist():
+        p2 = dist([t1])
+        for t2 in p2.nonzero().flatten().tolist():
+            p3 = dist([t1, t2])
+            for t3 in p3.nonzero().flatten().tolist():
+                joint[(t1, t2, t3)] = float(p1[t1] * p2[t2] * p3[t3])
+    cells = sorted(joint)
+    index = {c: i for i, c in enumerate(cells)}
+    counts = torch.zeros(len(cells))
+    for o in outs:
+        triple = tuple(o.token_ids)
+        assert triple in index, f"sampled {triple}, which the target gives probability 0"
+        counts[index[triple]] += 1
+    assert_matches(counts, torch.tensor([joint[c] for c in cells]), n)
+
+
+def test_seeded_sampling_is_reproducible(llama):
+    engine = make_engine(llama, init_drafter(llama, 1, MASK), "parallel", 4)
+    sp = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=123, ignore_eos=True)
+    a = engine.generate([prompts(1)[0]], sp)[0].token_ids
+    assert engine.generate([prompts(1)[0]], sp)[0].token_ids == a
+
+
+# --------------------------------------------------------------------------- bad input
+
+def test_bad_input_is_refused(llama):
+    drafter = init_drafter(llama, 1, MASK)
+    for k in (0, -1):
+        with pytest.raises(ValueError, match="K must be"):
+            EngineConfig(num_speculative_tokens=k)
+    with pytest.raises(ValueError, match="unknown method"):
+        EngineConfig(method="medusa")
+    engine = make_engine(llama, drafter, max_model_len=64)
+    with pytest.raises(RequestError, match="empty"):
+        engine.add_request([])
+    with pytest.raises(RequestError, match="max_model_len"):
+        engine.add_request(list(range(3, 67)))
+    with pytest.raises(RequestError, match="token ids"):
+        engine.add_request([1, 2, 10_000])
+    with pytest.raises(ValueError, match="max_model_len"):
+        make_engine(llama, drafter, max_model_len=10_000)
+    for bad in (dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(max_tokens=0), dict(stop=[""])):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+    assert not engine.has_unfinished()
