@@ -5,8 +5,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from peagle.models.layers import AttnMeta
+from peagle.models.layers import AttnMeta, configure_cpu_threads
 from peagle.models.llama import LlamaModel, ModelConfig
+
+# One torch thread, as the engine runs on CPU: two spinning intra-op threads on a shared 2-core
+# machine make the many tiny forwards here ~20x slower.
+configure_cpu_threads()
 
 TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=2, bos_token_id=1)

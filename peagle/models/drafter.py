@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from peagle.models.layers import (MLP, Attention, AttnMeta, KVCache, Linear, RMSNorm, Rotary, embedding,
-                                  fuse_checkpoint, linear, split_checkpoint)
+                                  check_checkpoint, fuse_checkpoint, linear, split_checkpoint)
 from peagle.models.llama import CheckpointError, DecoderLayer, ModelConfig
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -288,9 +288,8 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         cfg = DrafterConfig.from_dict(json.loads(cfg_file.read_text()))
     except (json.JSONDecodeError, KeyError) as e:
         raise CheckpointError(f"bad drafter config.json in {path}: {e!r}") from None
-    tensors = fuse_checkpoint({_param_name(k): v for k, v in _load_tensors(path).items()})
+    tensors = {_param_name(k): v for k, v in _load_tensors(path).items()}
     drafter = Drafter(cfg)
-    own = drafter.state_dict()
     if "embed_tokens.weight" not in tensors:
         if base_embedding is None:
             raise CheckpointError(f"{path} has no embed_tokens.weight and no target embedding was given")
@@ -300,16 +299,15 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
             raise CheckpointError(f"{path}: draft_vocab_size {cfg.draft_vocab_size} < vocab_size but d2t/t2d are missing")
         tensors.setdefault("d2t", torch.zeros(cfg.vocab_size, dtype=torch.long))
         tensors.setdefault("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
-    if "mask_hidden" in tensors:
-        tensors["mask_hidden"] = tensors["mask_hidden"].reshape(own["mask_hidden"].shape) \
-            if tensors["mask_hidden"].numel() == own["mask_hidden"].numel() else tensors["mask_hidden"]
-    missing = sorted(set(own) - set(tensors))
-    unexpected = sorted(set(tensors) - set(own))
-    bad_shape = [f"{k}: {tuple(tensors[k].shape)} != {tuple(own[k].shape)}"
-                 for k in own if k in tensors and tensors[k].shape != own[k].shape]
-    if missing or unexpected or bad_shape:
-        raise CheckpointError(f"{path} does not match its config: missing {missing[:8]}, "
-                              f"unexpected {unexpected[:8]}, wrong shapes {bad_shape[:8]}")
+    mh = tensors.get("mask_hidden")
+    if mh is not None and mh.numel() == drafter.mask_hidden.numel():
+        tensors["mask_hidden"] = mh.reshape(drafter.mask_hidden.shape)
+    try:
+        check_checkpoint(tensors, drafter)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    tensors = fuse_checkpoint(tensors)
+    own = drafter.state_dict()
     if tensors["t2d"].dtype != torch.bool:
         tensors["t2d"] = tensors["t2d"].bool()
     drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in tensors.items()})

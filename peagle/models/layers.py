@@ -37,6 +37,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out if bias is None else out + bias
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: unreadable, corrupt, or not matching its config."""
+
+
 def configure_cpu_threads() -> None:
     """Inference on CPU: matrix products run in OpenBLAS (numpy) threads, so torch's own pool drops
     to one thread. Two pools spinning on two cores slow decoding ten-fold; torch's remaining work
@@ -235,6 +239,18 @@ class MLP(nn.Module):
 
 _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def check_checkpoint(sd: dict[str, torch.Tensor], model: nn.Module, optional: tuple[str, ...] = ()) -> None:
+    """Compare a checkpoint's on-disk names and shapes with what ``model`` expects, before fusing,
+    so errors name the tensors that are in the file. ``optional`` names may be absent."""
+    want = {k: tuple(v.shape) for k, v in split_checkpoint(model.state_dict(), model).items()}
+    missing = sorted(k for k in set(want) - set(sd) if k not in optional)
+    unexpected = sorted(set(sd) - set(want))
+    bad = [f"{k}: {tuple(sd[k].shape)} != {want[k]}" for k in want if k in sd and tuple(sd[k].shape) != want[k]]
+    if missing or unexpected or bad:
+        raise CheckpointError(f"weights do not match the config: missing {missing[:6]}, unexpected "
+                              f"{unexpected[:6]}, wrong shapes {bad[:6]}")
 
 
 def fuse_checkpoint(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

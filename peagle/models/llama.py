@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from peagle.models.layers import (MLP, Attention, AttnMeta, KVCache, Linear, RMSNorm, Rotary, embedding,
-                                  fuse_checkpoint, linear)
+from peagle.models.layers import (MLP, Attention, AttnMeta, CheckpointError, KVCache, Linear, RMSNorm, Rotary, embedding,
+                                  check_checkpoint, fuse_checkpoint, linear)
 
 SUPPORTED_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -24,9 +24,6 @@ SUPPORTED_ARCHITECTURES = {
 class UnsupportedModelError(ValueError):
     pass
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: unreadable, corrupt, or not matching its config."""
 
 
 @dataclass
@@ -139,15 +136,10 @@ class LlamaModel(nn.Module):
 
     def load_checkpoint(self, sd: dict[str, torch.Tensor]) -> None:
         """Load a HF state dict (separate q/k/v and gate/up names), checking names and shapes."""
-        sd = fuse_checkpoint(sd)
         if self.cfg.tie_word_embeddings:
-            sd.pop("lm_head.weight", None)
-        own = self.state_dict()
-        missing, unexpected = sorted(set(own) - set(sd)), sorted(set(sd) - set(own))
-        bad = [f"{k}: {tuple(sd[k].shape)} != {tuple(own[k].shape)}" for k in own if k in sd and sd[k].shape != own[k].shape]
-        if missing or unexpected or bad:
-            raise CheckpointError(f"weights do not match the config: missing {missing[:6]}, unexpected "
-                                  f"{unexpected[:6]}, wrong shapes {bad[:6]}")
+            sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+        check_checkpoint(sd, self)
+        sd = fuse_checkpoint(sd)
         self.load_state_dict(sd)
 
     def head_weight(self) -> torch.Tensor:

@@ -1,0 +1,62 @@
+"""The real default model (SmolLM2-135M-Instruct): lossless speculation for every K and the CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from test_engine import OracleDrafter
+
+from peagle.engine.llm_engine import EngineConfig, LLMEngine
+from peagle.engine.sampling import SamplingParams
+from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def default():
+    target, path = load_target(None)
+    tok = load_tokenizer(path)
+    return target, tok, load_drafter_for(target, path, None, tok)
+
+
+def test_lossless_every_k_on_the_default_model(default):
+    """Every K in 1..10 with a head that is right most of the time (deep acceptance, every kind of
+    rejection), and a few K with the random default head (rejections almost everywhere)."""
+    target, tok, head = default
+    base = LLMEngine(target, None, EngineConfig(method="none"), tok)
+    ids = base.encode_prompt("Write a haiku about the sea.")
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    ref = base.generate([ids], params)[0].token_ids
+    oracle = OracleDrafter(head.cfg, ids + ref, wrong_every=5)
+    oracle.load_state_dict(head.state_dict())
+    runs = [(k, oracle.eval()) for k in range(1, 11)] + [(k, head) for k in (1, 7, 10)]
+    for k, drafter in runs:
+        for method in ("parallel", "eagle3"):
+            engine = LLMEngine(target, drafter, EngineConfig(method=method, num_speculative_tokens=k), tok)
+            assert engine.generate([ids], params)[0].token_ids == ref, (method, k, type(drafter).__name__)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "peagle.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_cli_generate_json_and_errors():
+    outs = {}
+    for method in ("parallel", "none"):
+        r = run_cli("generate", "--json", "--method", method, "-k", "3", "--max-new-tokens", "24", "Name a fruit.")
+        assert r.returncode == 0, r.stderr
+        outs[method] = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in ("text", "token_ids", "num_prompt_tokens", "num_output_tokens", "acceptance_length",
+                "per_position_acceptance", "elapsed_s", "output_tokens_per_s"):
+        assert key in outs["parallel"], key
+    assert outs["parallel"]["token_ids"] == outs["none"]["token_ids"]
+    assert outs["parallel"]["text"] == outs["none"]["text"] and outs["parallel"]["text"]
+    assert len(outs["parallel"]["per_position_acceptance"]) == 3
+    for bad in (["generate", "--drafter", "/nonexistent/head", "hi"], ["generate", "-k", "0", "hi"],
+                ["generate", ""], ["generate", "--target", "/nonexistent/model", "hi"]):
+        r = run_cli(*bad)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (bad, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("peagle: error:"), r.stderr
