@@ -38,7 +38,7 @@ class EngineConfig:
     max_model_len: int | None = None        # default: the target's max_position_embeddings, capped at 8192
     max_num_batched_tokens: int = 4096      # prefill budget per step (a longer prompt runs alone)
     block_size: int = 16
-    kv_cache_tokens: int | None = None      # default: max_num_seqs * max_model_len, capped at 32768
+    kv_cache_tokens: int | None = None      # default: max_num_seqs * max_model_len, capped at 16384
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -79,7 +79,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or min(tmax, 8192)
         if self.max_model_len > tmax:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the target's {tmax} positions")
-        slots = config.kv_cache_tokens or min(config.max_num_seqs * self.max_model_len, 32768)
+        slots = config.kv_cache_tokens or min(config.max_num_seqs * self.max_model_len, 16384)
         self.blocks = BlockManager(-(-slots // config.block_size), config.block_size)
         num_slots = self.blocks.num_blocks * config.block_size
         self.target_caches = target.make_caches(num_slots)
@@ -252,11 +252,14 @@ class LLMEngine:
         hidden = d.project(torch.cat([taps for *_, taps in jobs]))
         ks = [self._num_drafts(seq) for seq, *_ in jobs]
         n_masks = [max(k - 1, 0) if self.cfg.method == "parallel" else 0 for k in ks]
+        mask_feature = d.mask_feature() if any(n_masks) else None
         ids, hid, rows, out_rows, h0 = [], [], [], [], 0
         for (seq, start, toks, _), m in zip(jobs, n_masks):
             n = len(toks)
             ids += toks + [d.cfg.mask_token_id] * m
-            hid += [hidden[h0:h0 + n], d.mask_feature().expand(m, -1)]
+            hid.append(hidden[h0:h0 + n])
+            if m:
+                hid.append(mask_feature.expand(m, -1))
             first_out = h0 + sum(n_masks[:len(rows)]) + n - 1   # the bonus row, then the mask rows
             out_rows.extend(range(first_out, first_out + m + 1))
             rows.append((seq, start, n + m))

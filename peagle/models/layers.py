@@ -160,11 +160,12 @@ class AttnMeta:
 
 
 class KVCache:
-    """One layer's paged key/value pool: ``[num_slots, kv_heads, head_dim]`` each."""
+    """One layer's paged key/value pool: ``[num_slots, kv_heads, head_dim]`` each. Left
+    uninitialised (the OS maps pages as they are written): every slot is written before it is read."""
 
     def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str):
-        self.k = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        self.k = torch.empty(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
 
     def write(self, meta: AttnMeta, k: torch.Tensor, v: torch.Tensor) -> None:
         if meta.write_rows is not None:
