@@ -71,6 +71,29 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from peagle.engine.llm_engine import LLMEngine
+    from peagle.serve.api import build_app, speculative_config
+    from peagle.serve.async_engine import AsyncEngine
+
+    spec = speculative_config(args.speculative_config)
+    engine = LLMEngine.from_pretrained(args.target, spec["drafter"], method=spec["method"], k=spec["k"],
+                                       max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    name = args.served_model_name or (args.target or "SmolLM2-135M-Instruct")
+    device = engine.target.lm_weight.device
+    how = spec["method"] if spec["method"] == "none" else f"{spec['method']}, K={spec['k']}"
+    print(f"peagle: serving {name} on {device.type} ({how}) at http://{args.host}:{args.port}",
+          file=sys.stderr, flush=True)
+    async_engine = AsyncEngine(engine, max_queue=args.max_queue)
+    try:
+        uvicorn.run(build_app(async_engine, name, args.api_key), host=args.host, port=args.port, log_level="warning")
+    finally:
+        async_engine.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
     g.add_argument("prompt")
     g.set_defaults(func=cmd_generate)
+
+    v = sub.add_parser("serve", help="OpenAI-compatible server (flags as vllm serve)")
+    _add_target_args(v)
+    v.add_argument("--speculative-config", default=None,
+                   help='JSON, as vLLM: {"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
+                        '"parallel_drafting": true}; omitted or method "none": the target alone')
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--api-key", default=None)
+    v.add_argument("--served-model-name", default=None)
+    v.add_argument("--max-num-seqs", type=int, default=8)
+    v.add_argument("--max-model-len", type=int, default=None)
+    v.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond which the server answers 503")
+    v.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("init-drafter", help="write a randomly initialised head for a target (vLLM format)")
     _add_target_args(d)

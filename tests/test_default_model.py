@@ -60,3 +60,17 @@ def test_cli_generate_json_and_errors():
         r = run_cli(*bad)
         assert r.returncode == 1 and "Traceback" not in r.stderr, (bad, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("peagle: error:"), r.stderr
+
+
+def test_init_drafter_then_generate_with_it(tmp_path):
+    head = tmp_path / "head"
+    r = run_cli("init-drafter", "--layers", "2", "--draft-vocab", "4096", "--trained-k", "5", "--out", str(head))
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((head / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2 and cfg["draft_vocab_size"] == 4096 and cfg["ptd_token_id"] == 16
+    outs = [json.loads(run_cli("generate", "--json", "--drafter", str(head), "--method", m, "-k", "5",
+                               "--max-new-tokens", "16", "Say hello.").stdout.splitlines()[-1])
+            for m in ("parallel", "eagle3", "none")]
+    assert outs[0]["token_ids"] == outs[1]["token_ids"] == outs[2]["token_ids"]
+    r = run_cli("generate", "--drafter", str(head), "-k", "6", "hi")  # more than the head was trained for
+    assert r.returncode == 1 and "K=5" in r.stderr

@@ -404,6 +404,14 @@ def test_load_target_no_such_path(tmp_path):
 
 # ----------------------------------------------------------------------------- the real default model
 
+
+def test_hub_id_offline_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ModelNotFoundError, match="could not download 'nobody/no-such-model'"):
+        load_target("nobody/no-such-model")
+
+
 @pytest.mark.slow
 def test_default_model_matches_hf():
     model, path = load_target(None)
