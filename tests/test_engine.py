@@ -248,3 +248,16 @@ def test_bad_input_is_refused(llama):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     assert not engine.has_unfinished()
+
+
+def test_greedy_and_sampled_requests_share_a_batch(llama):
+    """Greedy requests mixed with sampled ones give their solo output, and seeded sampled requests
+    give their solo sample, in every mode."""
+    drafter = init_drafter(llama, 1, MASK, seed=3)
+    ps = prompts(6, seed=11)
+    params = [SamplingParams(max_tokens=16, ignore_eos=True) if i % 2 else
+              SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=16, ignore_eos=True) for i in range(6)]
+    for method in ("none", "parallel", "eagle3"):
+        alone = [make_engine(llama, drafter, method, 3).generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
+        mixed = make_engine(llama, drafter, method, 3, max_num_seqs=8).generate(ps, params)
+        assert [o.token_ids for o in mixed] == alone, method
