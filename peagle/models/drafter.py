@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from peagle.models.layers import (MLP, Attention, AttnMeta, KVCache, Linear, RMSNorm, Rotary, embedding,
-                                  check_checkpoint, fuse_checkpoint, linear, split_checkpoint)
+                                  check_checkpoint, fuse_checkpoint, linear, parse_rope,
+                                  read_safetensors, split_checkpoint)
 from peagle.models.llama import CheckpointError, DecoderLayer, ModelConfig
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -76,10 +76,7 @@ class DrafterConfig:
         if not eagle.get("use_aux_hidden_state", True):
             raise CheckpointError("eagle_config.use_aux_hidden_state=false (EAGLE-1 style heads) is not supported")
         aux = cfg.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-        theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
-        if rope.get("rope_type", rope.get("type", "default")) == "default":
-            rope = {}
+        theta, rope = parse_rope(cfg)
         heads = cfg["num_attention_heads"]
         mask_id = next((cfg[k] for k in MASK_ID_KEYS if cfg.get(k) is not None), None)
         known = {"architectures", "eagle_config", "eagle_aux_hidden_state_layer_ids", "rope_parameters",
@@ -92,7 +89,7 @@ class DrafterConfig:
             num_layers=cfg.get("num_hidden_layers", 1), num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=rope or None,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=rope,
             max_position_embeddings=cfg.get("max_position_embeddings", 4096), vocab_size=cfg["vocab_size"],
             draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
             target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
@@ -262,19 +259,6 @@ def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtyp
     os.replace(tmp, out / "config.json")
 
 
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
-    if not files:
-        raise CheckpointError(f"no .safetensors files in {path}")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            tensors.update(load_file(str(f)))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"corrupt or unreadable safetensors file {f}: {e}") from None
-    return tensors
-
-
 def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
                  base_embedding: torch.Tensor | None = None) -> Drafter:
     """Load a vLLM-format head. Tensors the head leaves out are handled as vLLM does:
@@ -288,7 +272,7 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         cfg = DrafterConfig.from_dict(json.loads(cfg_file.read_text()))
     except (json.JSONDecodeError, KeyError) as e:
         raise CheckpointError(f"bad drafter config.json in {path}: {e!r}") from None
-    tensors = {_param_name(k): v for k, v in _load_tensors(path).items()}
+    tensors = {_param_name(k): v for k, v in read_safetensors(path).items()}
     drafter = Drafter(cfg)
     if "embed_tokens.weight" not in tensors:
         if base_embedding is None:

