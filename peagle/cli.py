@@ -94,6 +94,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_synth(args: argparse.Namespace) -> int:
+    from peagle.engine.llm_engine import LLMEngine
+    from peagle.train.synth import synthesize
+
+    engine = LLMEngine.from_pretrained(args.target, method="none", max_num_seqs=args.batch_size,
+                                       max_model_len=args.max_model_len)
+    n = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
+                   args.seed, args.batch_size, args.shard_size)
+    print(f"wrote {n} responses to {args.out}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -129,6 +141,19 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-model-len", type=int, default=None)
     v.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond which the server answers 503")
     v.set_defaults(func=cmd_serve)
+
+    y = sub.add_parser("synth", help="the target writes responses to prompt files (training data); resumable")
+    _add_target_args(y)
+    y.add_argument("--prompts", nargs="+", required=True, help="JSONL files with 'turns', 'question' or 'prompt'")
+    y.add_argument("--out", required=True)
+    y.add_argument("--num-prompts", type=int, default=None, help="the first N of the seeded shuffle (default: all)")
+    y.add_argument("--max-new-tokens", type=int, default=512)
+    y.add_argument("--max-model-len", type=int, default=2048)
+    y.add_argument("--temperature", type=float, default=0.0)
+    y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--batch-size", type=int, default=16, help="requests decoded together")
+    y.add_argument("--shard-size", type=int, default=2000, help="responses per JSONL shard")
+    y.set_defaults(func=cmd_synth)
 
     d = sub.add_parser("init-drafter", help="write a randomly initialised head for a target (vLLM format)")
     _add_target_args(d)

@@ -1,12 +1,15 @@
 """Tiny random models of every supported family, and helpers to run them without the engine."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from peagle.models.layers import AttnMeta, configure_cpu_threads
 from peagle.models.llama import LlamaModel, ModelConfig
+from peagle.models.loader import resolve_target
 
 # One torch thread, as the engine runs on CPU: two spinning intra-op threads on a shared 2-core
 # machine make the many tiny forwards here ~20x slower.
@@ -55,6 +58,22 @@ def run_full(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     caches = model.make_caches(n)
     with torch.inference_mode():
         return model(ids, pos, caches, AttnMeta(pos, [0, n], [pos], [pos]))
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_dir(tmp_path_factory):
+    """A tiny random Llama folder with SmolLM2's tokenizer and chat template (vocab 49152), for the
+    code paths that need text: the server, synthesis."""
+    d = tmp_path_factory.mktemp("tiny_chat")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      eos_token_id=2, bos_token_id=1, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+    for f in resolve_target(None).iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
+            shutil.copy(f, d / f.name)
+    return d
 
 
 @pytest.fixture(params=list(FAMILIES))

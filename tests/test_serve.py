@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -13,30 +12,12 @@ import threading
 import time
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
-from peagle.models.loader import resolve_target
 from peagle.serve.api import speculative_config
 
 KEY = "sk-test"
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      eos_token_id=2, bos_token_id=1, tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    src = resolve_target(None)
-    for f in src.iterdir():
-        if f.name.startswith("tokenizer") or f.name.endswith(".jinja") or f.name == "special_tokens_map.json":
-            shutil.copy(f, d / f.name)
-    return d
 
 
 def free_port() -> int:
@@ -46,11 +27,11 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir, tmp_path_factory):
+def server(tiny_chat_dir, tmp_path_factory):
     port = free_port()
     env = {**os.environ, "PEAGLE_CACHE": str(tmp_path_factory.mktemp("cache"))}
     spec = json.dumps({"method": "eagle3", "num_speculative_tokens": 3, "parallel_drafting": True})
-    proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", "--target", str(tiny_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", "--target", str(tiny_chat_dir),
                              "--speculative-config", spec, "--port", str(port), "--api-key", KEY,
                              "--max-num-seqs", "2", "--max-model-len", "128", "--max-queue", "2",
                              "--served-model-name", "tiny"], env=env, stderr=subprocess.PIPE, text=True)
@@ -111,13 +92,13 @@ def test_models_health_auth(server):
         assert status == 401 and body["error"]["type"] == "AuthenticationError"
 
 
-def test_completion_is_the_targets_greedy_output(server, tiny_dir):
+def test_completion_is_the_targets_greedy_output(server, tiny_chat_dir):
     status, body, _ = request(server, "POST", "/v1/completions",
                               {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0,
                                "ignore_eos": True})
     assert status == 200, body
     assert body["object"] == "text_completion" and body["usage"]["completion_tokens"] == 12
-    plain = LLMEngine.from_pretrained(str(tiny_dir), method="none")
+    plain = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none")
     ids = plain.encode_prompt("Once upon a time", chat=False)
     assert body["usage"]["prompt_tokens"] == len(ids)
     ref = plain.generate([ids], SamplingParams(max_tokens=12, ignore_eos=True))[0]
