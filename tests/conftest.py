@@ -1,10 +1,18 @@
 """Tiny random models of every supported family, and helpers to run them without the engine."""
 from __future__ import annotations
 
+import os
 import shutil
 
-import pytest
 import torch
+
+# Triton kernels run in Triton's CPU interpreter unless a GPU is there. It must be set before
+# triton is first imported: kernels are bound to the interpreter when they are decorated.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from peagle.models.layers import AttnMeta, configure_cpu_threads

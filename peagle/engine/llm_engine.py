@@ -16,7 +16,8 @@ from typing import Iterable
 
 import torch
 
-from peagle.engine.block_manager import BlockManager
+from peagle.engine.block_manager import PADDING_SLOT_ID, BlockManager
+from peagle.engine.expansion import expand
 from peagle.engine.sampling import SamplingParams, verify
 from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
 from peagle.models.drafter import Drafter
@@ -175,18 +176,17 @@ class LLMEngine:
         self.waiting.appendleft(seq)
 
     # ------------------------------------------------------------------ one step
-    def _meta(self, rows: list[tuple[Sequence, int, int]]) -> tuple[torch.Tensor, AttnMeta]:
-        """Positions and attention metadata for ``(seq, first position, row count)`` per sequence."""
-        positions, slot_mapping, ctx, q_pos, q_start = [], [], [], [], [0]
-        for seq, start, n in rows:
-            pos = torch.arange(start, start + n)
-            all_slots = self.blocks.slots(seq, torch.arange(start + n))
-            positions.append(pos)
-            q_pos.append(pos)
-            slot_mapping.append(all_slots[start:])
+    def _meta(self, rows: list[tuple[Sequence, torch.Tensor, torch.Tensor | None]]) -> AttnMeta:
+        """Attention metadata for ``(seq, row positions, rows that write KV or None for all)``."""
+        slot_mapping, ctx, q_pos, q_start = [], [], [], [0]
+        for seq, pos, keep in rows:
+            all_slots = self.blocks.slots(seq, torch.arange(int(pos.max()) + 1))
+            slots = all_slots[pos]
+            slot_mapping.append(slots if keep is None else torch.where(keep, slots, PADDING_SLOT_ID))
             ctx.append(all_slots)
-            q_start.append(q_start[-1] + n)
-        return torch.cat(positions), AttnMeta(torch.cat(slot_mapping), q_start, ctx, q_pos)
+            q_pos.append(pos)
+            q_start.append(q_start[-1] + pos.shape[0])
+        return AttnMeta(torch.cat(slot_mapping), q_start, ctx, q_pos)
 
     @torch.inference_mode()
     def step(self) -> StepResult:
@@ -208,8 +208,9 @@ class LLMEngine:
             rows.append((seq, start, len(inp)))
             offset += len(inp)
         ids = torch.tensor([t for inp in inputs for t in inp])
-        positions, meta = self._meta(rows)
-        logits, taps = self.target(ids, positions, self.target_caches, meta, torch.tensor(logit_rows))
+        pos = [torch.arange(start, start + n) for _, start, n in rows]
+        meta = self._meta([(seq, p, None) for (seq, _, _), p in zip(rows, pos)])
+        logits, taps = self.target(ids, torch.cat(pos), self.target_caches, meta, torch.tensor(logit_rows))
 
         # 2. verify, emit tokens, collect what the drafter reads
         jobs, lrow, trow = [], 0, 0
@@ -226,7 +227,7 @@ class LLMEngine:
             self._append(seq, drafts[:accepted] + [token])
             result.updated.append(seq)
             if not seq.finished and self.cfg.k:
-                jobs.append((seq, start, inp[1:valid] + [token], taps[trow:trow + valid]))
+                jobs.append((seq, start, inp, valid, token, taps[trow:trow + n]))
             lrow += n_logits
             trow += n
 
@@ -245,41 +246,40 @@ class LLMEngine:
         left = seq.params.max_tokens - len(seq.output_ids)
         return max(0, min(self.cfg.k, left - 1, self.max_model_len - seq.num_tokens))
 
-    def _propose(self, jobs: list[tuple[Sequence, int, list[int], torch.Tensor]]) -> None:
-        """Draft for each ``(seq, first position, tokens, target taps)``: the tokens that follow the
-        verified positions (accepted drafts and the bonus), paired with the taps of those positions."""
+    def _propose(self, jobs: list[tuple[Sequence, int, list[int], int, int, torch.Tensor]]) -> None:
+        """Draft for each ``(seq, first position, target input rows, rows kept, bonus, target taps)``:
+        the verified batch is expanded as vLLM does (:mod:`peagle.engine.expansion`), one drafter pass
+        reads the drafts at the bonus and mask rows, and EAGLE-3 then continues one token at a time."""
         d = self.drafter
-        hidden = d.project(torch.cat([taps for *_, taps in jobs]))
+        parallel = self.cfg.method == "parallel"
+        num_masks = self.cfg.k - 1 if parallel else 0
+        cu = torch.tensor([0] + [len(inp) for _, _, inp, *_ in jobs]).cumsum(0)
+        b = expand(torch.tensor([t for _, _, inp, *_ in jobs for t in inp]),
+                   torch.cat([torch.arange(start, start + len(inp)) for _, start, inp, *_ in jobs]),
+                   cu, torch.tensor([j[3] for j in jobs]), torch.tensor([j[4] for j in jobs]), num_masks,
+                   d.cfg.mask_token_id)
+        hidden = d.project(torch.cat([j[5] for j in jobs]))[b.hidden_map.clamp(min=0)]
+        if num_masks:
+            hidden = torch.where(b.is_masked[:, None], d.mask_feature(), hidden)
+        bounds = (cu + torch.arange(len(jobs) + 1) * num_masks).tolist()
+        meta = self._meta([(seq, b.positions[lo:hi], ~b.is_rejected[lo:hi])
+                           for (seq, *_), lo, hi in zip(jobs, bounds[:-1], bounds[1:])])
+        normed, prenorm = d(b.input_ids, hidden, b.positions, self.drafter_caches, meta)
+        rows = b.sample_idx.flatten()
+        out = d.to_target_ids(d.logits(normed[rows]).argmax(-1)).view(len(jobs), -1).tolist()
         ks = [self._num_drafts(seq) for seq, *_ in jobs]
-        n_masks = [max(k - 1, 0) if self.cfg.method == "parallel" else 0 for k in ks]
-        mask_feature = d.mask_feature() if any(n_masks) else None
-        ids, hid, rows, out_rows, h0 = [], [], [], [], 0
-        for (seq, start, toks, _), m in zip(jobs, n_masks):
-            n = len(toks)
-            ids += toks + [d.cfg.mask_token_id] * m
-            hid.append(hidden[h0:h0 + n])
-            if m:
-                hid.append(mask_feature.expand(m, -1))
-            first_out = h0 + sum(n_masks[:len(rows)]) + n - 1   # the bonus row, then the mask rows
-            out_rows.extend(range(first_out, first_out + m + 1))
-            rows.append((seq, start, n + m))
-            h0 += n
-        positions, meta = self._meta(rows)
-        normed, prenorm = d(torch.tensor(ids), torch.cat(hid), positions, self.drafter_caches, meta)
-        out = d.to_target_ids(d.logits(normed[out_rows]).argmax(-1)).tolist()
-        o = 0
-        for (seq, *_), k, m in zip(jobs, ks, n_masks):
-            seq.drafts = out[o:o + k]
-            o += m + 1
-        if self.cfg.method != "eagle3":
+        for (seq, *_), k, drafts in zip(jobs, ks, out):
+            seq.drafts = drafts[:k]
+        if parallel:
             return
         # EAGLE-3: K-1 more one-token passes, each feeding back the head's own pre-norm hidden state
-        h = prenorm[out_rows]
-        last = [start + len(toks) - 1 for _, start, toks, _ in jobs]
+        h = prenorm[rows]
+        last = b.positions[rows].tolist()
         for step in range(1, max(ks)):
             live = [i for i, k in enumerate(ks) if k > step]
-            positions, meta = self._meta([(jobs[i][0], last[i] + step, 1) for i in live])
+            meta = self._meta([(jobs[i][0], torch.tensor([last[i] + step]), None) for i in live])
             ids = torch.tensor([jobs[i][0].drafts[-1] for i in live])
+            positions = torch.tensor([last[i] + step for i in live])
             normed, pre = d(ids, h[live], positions, self.drafter_caches, meta)
             for i, t in zip(live, d.to_target_ids(d.logits(normed).argmax(-1)).tolist()):
                 jobs[i][0].drafts.append(t)

@@ -1,0 +1,113 @@
+"""Expanding the verified batch into the drafter's batch (PEAGLE.md §3), as vLLM lays it out.
+
+For request i the target read ``n_i`` rows (``cu_num_tokens[i]:cu_num_tokens[i+1]``), of which the
+first ``num_valid[i]`` stay (prefill: all; decode: accepted drafts + 1). Its drafter block is the
+``n_i`` rows shifted by one token, with the bonus token at row ``num_valid[i] - 1`` and the rows after
+it marked rejected (they write no KV: slot -1), then ``num_masks`` mask rows whose positions continue
+after the bonus. ``sample_idx[i]`` lists the ``num_masks + 1`` rows whose outputs are the drafts.
+Example (K = 3): tokens [10, 11, 12, 13] at positions 5..8, two accepted, bonus 100 -> ids
+[11, 12, 100, rej, M, M], positions [5, 6, 7, 8, 8, 9], drafts read at rows 2, 4, 5.
+
+Two implementations with one interface: plain torch (CPU, fallback) and one fused Triton kernel
+(one program per request; used on CUDA, testable on CPU with ``TRITON_INTERPRET=1``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+
+@dataclass
+class DraftBatch:
+    input_ids: torch.Tensor    # [R] int64
+    positions: torch.Tensor    # [R] int64
+    is_rejected: torch.Tensor  # [R] bool: rows after the bonus; they write no KV
+    is_masked: torch.Tensor    # [R] bool: mask slots, fed fc(mask_hidden)
+    hidden_map: torch.Tensor   # [R] int64: target hidden row for each row (-1 in mask slots)
+    sample_idx: torch.Tensor   # [B, num_masks + 1] int64: rows whose outputs are the drafts
+
+
+def expand_torch(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torch.Tensor,
+                 num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int, mask_id: int) -> DraftBatch:
+    B = num_valid.shape[0]
+    n = cu_num_tokens[1:] - cu_num_tokens[:-1]
+    rows = n + num_masks
+    out_start = cu_num_tokens[:-1] + torch.arange(B) * num_masks
+    req = torch.repeat_interleave(torch.arange(B), rows)                 # request of each output row
+    j = torch.arange(int(rows.sum())) - torch.repeat_interleave(out_start, rows)  # row within request
+    src = cu_num_tokens[:-1][req] + j                                    # its target row (if not a mask)
+    valid = num_valid[req]
+    masked = j >= n[req]
+    nxt = ids[(src + 1).clamp(max=ids.shape[0] - 1)]
+    tok = torch.where(j == valid - 1, bonus[req], torch.where(j < valid - 1, nxt, torch.zeros_like(nxt)))
+    last_pos = positions[cu_num_tokens[:-1] + num_valid - 1]
+    mask_pos = last_pos[req] + 1 + (j - n[req])
+    sample = torch.cat([(out_start + num_valid - 1)[:, None],
+                        out_start[:, None] + n[:, None] + torch.arange(num_masks)[None, :]], dim=1)
+    return DraftBatch(
+        input_ids=torch.where(masked, torch.full_like(tok, mask_id), tok),
+        positions=torch.where(masked, mask_pos, positions[src.clamp(max=ids.shape[0] - 1)]),
+        is_rejected=~masked & (j >= valid),
+        is_masked=masked,
+        hidden_map=torch.where(masked, torch.full_like(src, -1), src),
+        sample_idx=sample)
+
+
+if triton is not None:
+    @triton.jit
+    def _expand_kernel(ids_ptr, pos_ptr, cu_ptr, valid_ptr, bonus_ptr, out_ids, out_pos, out_rej, out_mask,
+                       out_map, out_sample, mask_id, NUM_MASKS: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.program_id(0)
+        start = tl.load(cu_ptr + i)
+        n = tl.load(cu_ptr + i + 1) - start
+        valid = tl.load(valid_ptr + i)
+        bonus = tl.load(bonus_ptr + i)
+        out0 = start + i * NUM_MASKS
+        offs = tl.arange(0, BLOCK)
+        for b in range(0, (n + BLOCK - 1) // BLOCK):
+            j = b * BLOCK + offs
+            inb = j < n
+            nxt = tl.load(ids_ptr + start + j + 1, mask=inb & (j + 1 < n), other=0)
+            tok = tl.where(j == valid - 1, bonus, tl.where(j < valid - 1, nxt, 0))
+            tl.store(out_ids + out0 + j, tok, mask=inb)
+            tl.store(out_pos + out0 + j, tl.load(pos_ptr + start + j, mask=inb, other=0), mask=inb)
+            tl.store(out_rej + out0 + j, (j >= valid).to(tl.int8), mask=inb)
+            tl.store(out_mask + out0 + j, (j * 0).to(tl.int8), mask=inb)
+            tl.store(out_map + out0 + j, (start + j).to(tl.int64), mask=inb)
+        last_pos = tl.load(pos_ptr + start + valid - 1)
+        mm = offs < NUM_MASKS
+        tl.store(out_ids + out0 + n + offs, (offs * 0).to(tl.int64) + mask_id, mask=mm)
+        tl.store(out_pos + out0 + n + offs, last_pos + 1 + offs, mask=mm)
+        tl.store(out_rej + out0 + n + offs, (offs * 0).to(tl.int8), mask=mm)
+        tl.store(out_mask + out0 + n + offs, (offs * 0 + 1).to(tl.int8), mask=mm)
+        tl.store(out_map + out0 + n + offs, (offs * 0 - 1).to(tl.int64), mask=mm)
+        tl.store(out_sample + i * (NUM_MASKS + 1), (out0 + valid - 1).to(tl.int64))
+        tl.store(out_sample + i * (NUM_MASKS + 1) + 1 + offs, (out0 + n + offs).to(tl.int64), mask=mm)
+
+
+def expand_triton(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torch.Tensor,
+                  num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int, mask_id: int) -> DraftBatch:
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    B = num_valid.shape[0]
+    R = ids.shape[0] + B * num_masks
+    dev = ids.device
+    out = [torch.empty(R, dtype=torch.long, device=dev), torch.empty(R, dtype=torch.long, device=dev),
+           torch.empty(R, dtype=torch.int8, device=dev), torch.empty(R, dtype=torch.int8, device=dev),
+           torch.empty(R, dtype=torch.long, device=dev), torch.empty(B, num_masks + 1, dtype=torch.long, device=dev)]
+    _expand_kernel[(B,)](ids.long(), positions.long(), cu_num_tokens.long(), num_valid.long(), bonus.long(),
+                         *out, mask_id, NUM_MASKS=num_masks, BLOCK=max(16, triton.next_power_of_2(num_masks + 1)))
+    return DraftBatch(out[0], out[1], out[2].bool(), out[3].bool(), out[4], out[5])
+
+
+def expand(ids, positions, cu_num_tokens, num_valid, bonus, num_masks: int, mask_id: int) -> DraftBatch:
+    """The fused kernel on CUDA when Triton is there, torch otherwise."""
+    fn = expand_triton if ids.is_cuda and triton is not None else expand_torch
+    return fn(ids, positions, cu_num_tokens, num_valid, bonus, num_masks, mask_id)

@@ -1,0 +1,56 @@
+"""The drafter-batch expansion: the worked example of PEAGLE.md §3, and torch against the fused
+Triton kernel (run by Triton's interpreter on CPU) on random ragged batches."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import DEVICE
+
+from peagle.engine.expansion import DraftBatch, expand_torch, expand_triton
+
+M = 999
+
+
+def run(fn, *args) -> DraftBatch:
+    """Run an expansion on the test device (the Triton kernel needs CUDA tensors or the interpreter)."""
+    args = [a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in args]
+    out = fn(*args)
+    return DraftBatch(*(getattr(out, f.name).cpu() for f in dataclasses.fields(out)))
+
+
+@pytest.mark.parametrize("fn", [expand_torch, expand_triton])
+def test_worked_example(fn):
+    # K = 3: tokens [10, 11, 12, 13] at positions 5..8, 13 rejected (two accepted), bonus 100
+    b = run(fn, torch.tensor([10, 11, 12, 13]), torch.arange(5, 9), torch.tensor([0, 4]), torch.tensor([3]),
+           torch.tensor([100]), 2, M)
+    assert b.input_ids[~b.is_rejected].tolist() == [11, 12, 100, M, M]
+    assert b.positions[~b.is_rejected].tolist() == [5, 6, 7, 8, 9]
+    assert b.is_rejected.tolist() == [False, False, False, True, False, False]
+    assert b.is_masked.tolist() == [False, False, False, False, True, True]
+    assert b.hidden_map.tolist() == [0, 1, 2, 3, -1, -1]
+    assert b.sample_idx.tolist() == [[2, 4, 5]]
+
+
+@pytest.mark.parametrize("num_masks", [0, 1, 6, 9, 17])
+def test_triton_equals_torch_on_random_ragged_batches(num_masks):
+    g = torch.Generator().manual_seed(num_masks)
+    for _ in range(5):
+        B = int(torch.randint(1, 9, (1,), generator=g))
+        n = torch.randint(1, 40, (B,), generator=g)          # prefill-sized and verify-sized requests
+        cu = torch.cat([torch.zeros(1, dtype=torch.long), n.cumsum(0)])
+        valid = torch.stack([torch.randint(1, int(k) + 1, (1,), generator=g)[0] for k in n])
+        ids = torch.randint(0, 500, (int(n.sum()),), generator=g)
+        starts = torch.randint(0, 100, (B,), generator=g)
+        positions = torch.cat([s + torch.arange(int(k)) for s, k in zip(starts, n)])
+        bonus = torch.randint(0, 500, (B,), generator=g)
+        a = run(expand_torch, ids, positions, cu, valid, bonus, num_masks, M)
+        b = run(expand_triton, ids, positions, cu, valid, bonus, num_masks, M)
+        for field in ("input_ids", "positions", "is_rejected", "is_masked", "hidden_map", "sample_idx"):
+            assert torch.equal(getattr(a, field), getattr(b, field)), field
+        # the drafts are read at the bonus row and then the mask rows of each request
+        for i in range(B):
+            rows = a.sample_idx[i]
+            assert a.input_ids[rows[0]] == bonus[i] and not a.is_rejected[rows].any()
+            assert a.is_masked[rows[1:]].all()
