@@ -99,6 +99,28 @@ def test_batch_equals_alone_and_survives_kv_exhaustion(llama):
         assert tight.blocks.num_free == tight.blocks.num_blocks
 
 
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_drafter_never_reads_unwritten_kv(llama, method):
+    """The KV pools start uninitialised: a pass whose context reached a slot no row ever wrote would
+    pick up garbage (NaN here), which even a zero attention weight spreads to every row."""
+    class Checked(Drafter):
+        def forward(self, *args):
+            normed, pre = super().forward(*args)
+            assert torch.isfinite(normed).all()
+            return normed, pre
+
+    random_head = init_drafter(llama, 2, MASK, seed=4)
+    head = Checked(random_head.cfg)
+    head.load_state_dict(random_head.state_dict())
+    engine = make_engine(llama, head.eval(), method, 5)
+    for cache in engine.drafter_caches + engine.target_caches:
+        cache.k.fill_(float("nan"))
+        cache.v.fill_(float("nan"))
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    ref = make_engine(llama, None, "none").generate(prompts(3), params)
+    assert [o.token_ids for o in engine.generate(prompts(3), params)] == [o.token_ids for o in ref]
+
+
 def test_abort_returns_blocks(llama):
     engine = make_engine(llama, init_drafter(llama, 1, MASK), "parallel", 3)
     seqs = [engine.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True)) for p in prompts(3)]

@@ -182,7 +182,10 @@ class LLMEngine:
         for seq, pos, keep in rows:
             all_slots = self.blocks.slots(seq, torch.arange(int(pos.max()) + 1))
             slots = all_slots[pos]
-            slot_mapping.append(slots if keep is None else torch.where(keep, slots, PADDING_SLOT_ID))
+            if keep is not None:  # rows that write nothing must not stretch the context over unwritten slots
+                slots = torch.where(keep, slots, PADDING_SLOT_ID)
+                all_slots = all_slots[:int(pos[keep].max()) + 1]
+            slot_mapping.append(slots)
             ctx.append(all_slots)
             q_pos.append(pos)
             q_start.append(q_start[-1] + pos.shape[0])
