@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from peagle.models.layers import (MLP, Attention, AttnMeta, KVCache, Linear, RMSNorm, Rotary, embedding,
+from peagle.models.layers import (MLP, Attention, AttnMeta, DenseKV, KVCache, Linear, RMSNorm, Rotary, embedding,
                                   check_checkpoint, fuse_checkpoint, linear, parse_rope,
                                   read_safetensors, split_checkpoint)
 from peagle.models.llama import CheckpointError, DecoderLayer, ModelConfig
@@ -114,9 +114,10 @@ class DrafterConfig:
             "eagle_config": {"use_aux_hidden_state": True,
                              "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)},
             "norm_before_residual": self.norm_before_residual, "attention_bias": self.attention_bias,
-            "mask_token_id": self.mask_token_id, "ptd_token_id": self.mask_token_id,
             "torch_dtype": "float32",
         }
+        if self.mask_token_id is not None:  # vLLM takes a key that is present but null as the id
+            cfg["mask_token_id"] = cfg["ptd_token_id"] = self.mask_token_id
         if self.trained_k is not None:
             cfg["peagle"] = {"trained_k": self.trained_k}
         return {**self.extra, **cfg}
@@ -197,16 +198,21 @@ class Drafter(nn.Module):
         """``fc(mask_hidden)``: the stand-in feature of every mask slot, shape ``[H]``."""
         return self.fc(self.mask_hidden.reshape(1, -1))[0]
 
-    def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
-                meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                caches: list[KVCache] | list[DenseKV], meta: AttnMeta | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden`` is already at the head's width. Returns (normed, pre-norm) hidden states:
-        the first feeds :meth:`logits`, the second is what EAGLE-3 feeds back."""
-        meta.prepare()
+        the first feeds :meth:`logits`, the second is what EAGLE-3 feeds back. With
+        :class:`DenseKV` caches (training), ``meta`` is a boolean ``[queries, keys]`` mask."""
+        if isinstance(meta, AttnMeta):
+            meta.prepare()
         rope = self.rotary.table(positions, hidden.dtype)
-        x = self.midlayer(self.embed_tokens(ids), hidden, rope, caches[0], meta)
+        x = self.midlayer(self.embed(ids), hidden, rope, caches[0], meta)
         for i in range(1, self.cfg.num_layers):
             x = self.layers[str(i)](x, rope, caches[i], meta)
         return self.norm(x), x
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         return linear(normed, self.lm_head.weight)
@@ -241,14 +247,27 @@ def _param_name(disk: str) -> str:
     return disk[len("model."):] if disk.startswith("model.") else disk
 
 
-def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtype = torch.float32) -> None:
-    """Write ``config.json`` + ``model.safetensors`` atomically (temp files, then rename)."""
+EMBED_ROWS = ("embed_tokens.rows", "embed_tokens.row_weights")  # the compact form's embedding rows
+
+
+def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,
+                 base_embedding: torch.Tensor | None = None) -> None:
+    """Write ``config.json`` + ``model.safetensors`` atomically (temp files, then rename).
+
+    With ``base_embedding`` (the target's), the compact form: ``embed_tokens.weight`` is left out
+    and only the rows that differ from the target's are kept (``embed_tokens.rows`` and
+    ``embed_tokens.row_weights``; for a P-EAGLE head, the learned mask-token row). :func:`load_drafter`
+    rebuilds the table; vLLM needs the complete layout, which ``peagle export`` writes."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for name, t in split_checkpoint(drafter.state_dict(), drafter).items():
         t = t.detach().cpu()
         tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+    if base_embedding is not None:
+        emb = tensors.pop("embed_tokens.weight")
+        rows = (emb != base_embedding.to(dtype)).any(1).nonzero().squeeze(1)
+        tensors[EMBED_ROWS[0]], tensors[EMBED_ROWS[1]] = rows, emb[rows].contiguous()
     cfg = drafter.cfg.to_dict()
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     tmp = out / "model.safetensors.tmp"
@@ -277,7 +296,13 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     if "embed_tokens.weight" not in tensors:
         if base_embedding is None:
             raise CheckpointError(f"{path} has no embed_tokens.weight and no target embedding was given")
-        tensors["embed_tokens.weight"] = base_embedding
+        emb = base_embedding.detach().clone()
+        if EMBED_ROWS[0] in tensors:  # the compact form: the rows the head trained
+            rows, weights = tensors.pop(EMBED_ROWS[0]), tensors.pop(EMBED_ROWS[1])
+            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= emb.shape[0] or weights.shape != (rows.numel(), emb.shape[1])):
+                raise CheckpointError(f"{path}: embed_tokens.rows/row_weights do not fit a {tuple(emb.shape)} embedding")
+            emb[rows] = weights.to(emb.dtype)
+        tensors["embed_tokens.weight"] = emb
     if "d2t" not in tensors or "t2d" not in tensors:
         if cfg.draft_vocab_size != cfg.vocab_size:
             raise CheckpointError(f"{path}: draft_vocab_size {cfg.draft_vocab_size} < vocab_size but d2t/t2d are missing")

@@ -20,16 +20,20 @@ from safetensors.torch import load_file
 from torch import nn
 
 
+_NUMPY_MATMUL = False  # set by configure_cpu_threads(): CPU inference multiplies through numpy
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T (+ bias)``, fast for the few-row products of decoding on CPU.
 
     Weights are stored transposed (``[in, out]`` contiguous, exposed as an ``[out, in]`` view so
     state dicts keep HF names and shapes). On this CPU class torch's GEMM is 2-4x slower than
-    OpenBLAS (numpy) for 2..32 rows against a wide matrix such as the LM head, so inference on
-    CPU float32 goes through numpy; anything that needs autograd stays in torch.
+    OpenBLAS (numpy) for 2..32 rows against a wide matrix such as the LM head, so CPU inference set
+    up by :func:`configure_cpu_threads` multiplies float32 through numpy; anything that needs
+    autograd, and training, stays in torch.
     """
     wt = weight.t()
-    if (x.device.type == "cpu" and x.dtype == torch.float32 and wt.is_contiguous()
+    if (_NUMPY_MATMUL and x.device.type == "cpu" and x.dtype == torch.float32 and wt.is_contiguous()
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         x2 = x.reshape(-1, x.shape[-1])
         if not x2.is_contiguous():
@@ -46,10 +50,12 @@ class CheckpointError(ValueError):
 
 
 def configure_cpu_threads() -> None:
-    """Inference on CPU: matrix products run in OpenBLAS (numpy) threads, so torch's own pool drops
-    to one thread. Two pools spinning on two cores slow decoding ten-fold; torch's remaining work
-    (norms, attention over short contexts) is too small to gain from more threads.
-    ``PEAGLE_TORCH_THREADS`` overrides."""
+    """CPU inference: matrix products run in OpenBLAS (numpy) threads, so torch's own pool drops to
+    one thread. Two pools spinning on two cores slow decoding ten-fold; torch's remaining work
+    (norms, attention over short contexts) is too small to gain from more threads. Training leaves
+    this off and runs everything in torch's pool. ``PEAGLE_TORCH_THREADS`` overrides."""
+    global _NUMPY_MATMUL
+    _NUMPY_MATMUL = True
     torch.set_num_threads(int(os.environ.get("PEAGLE_TORCH_THREADS", "1")))
 
 
@@ -91,14 +97,15 @@ def parse_rope(cfg: dict) -> tuple[float, dict | None]:
     return theta, rope or None
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Inverse RoPE frequencies for the rope types of the Llama family (default, linear, llama3)."""
+def rope_frequencies(head_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
+    """(inverse RoPE frequencies, factor on cos/sin) for the rope types of the supported families:
+    default, linear, llama3 (Llama 3.x, the GPT-OSS heads), yarn (GPT-OSS). As in HF transformers."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
-        return inv.float()
+        return inv.float(), 1.0
     if kind == "linear":
-        return (inv / scaling["factor"]).float()
+        return (inv / scaling["factor"]).float(), 1.0
     if kind == "llama3":
         factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old_len = scaling["original_max_position_embeddings"]
@@ -108,8 +115,30 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
         smooth = (old_len / wavelen - lo) / (hi - lo)
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = (wavelen >= hi_wavelen) & (wavelen <= lo_wavelen)
-        return torch.where(is_medium, smoothed, scaled).float()
-    raise ValueError(f"unsupported rope_type {kind!r} (supported: default, linear, llama3)")
+        return torch.where(is_medium, smoothed, scaled).float(), 1.0
+    if kind == "yarn":
+        # interpolate the slow dimensions by `factor`, keep the fast ones, ramp linearly between the
+        # dimensions that turn beta_fast and beta_slow times over the original context
+        factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
+
+        def mscale(m: float) -> float:
+            return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+        attn = scaling.get("attention_factor")
+        if attn is None:
+            m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            attn = mscale(m) / mscale(m_all) if m and m_all else mscale(1.0)
+
+        def dim_of(rotations: float) -> float:
+            return head_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+        lo, hi = dim_of(scaling.get("beta_fast") or 32), dim_of(scaling.get("beta_slow") or 1)
+        if scaling.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, head_dim - 1)
+        ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - lo) / (hi - lo if hi != lo else 0.001)).clamp(0, 1)
+        return (inv / factor * ramp + inv * (1 - ramp)).float(), float(attn)
+    raise ValueError(f"unsupported rope_type {kind!r} (supported: default, linear, llama3, yarn)")
 
 
 class Rotary(nn.Module):
@@ -117,12 +146,16 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None):
         super().__init__()
-        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
+        inv_freq, self.attention_scaling = rope_frequencies(head_dim, theta, scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [T, 1, head_dim]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if self.attention_scaling != 1.0:
+            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+        return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -145,27 +178,31 @@ class AttnMeta:
     q_start: list[int]
     ctx_slots: list[torch.Tensor]
     q_pos: list[torch.Tensor]
-    masks: list[torch.Tensor | None] = field(default_factory=list)
+    masks: dict[int | None, list[torch.Tensor | None]] = field(default_factory=dict)
     ctx: list[slice | torch.Tensor] = field(default_factory=list)
     write_rows: torch.Tensor | None = None
 
-    def prepare(self, sliding_window: int | None = None) -> "AttnMeta":
-        """Build what every layer shares, once per forward: the boolean ``[n_q, ctx]`` masks (None
-        where plain causal decoding needs none), each context as a slice where its slots are
-        contiguous (a view instead of a gather), and the rows that write KV."""
-        self.masks, self.ctx = [], []
+    def prepare(self, *windows: int | None) -> "AttnMeta":
+        """Build what every layer shares, once per forward: for each attention window the layers
+        use (None: full causal attention, the default) the boolean ``[n_q, ctx]`` masks (None where
+        plain causal decoding needs none), each context as a slice where its slots are contiguous
+        (a view instead of a gather), and the rows that write KV."""
+        windows = windows or (None,)
+        self.masks, self.ctx = {w: [] for w in windows}, []
         for slots, pos in zip(self.ctx_slots, self.q_pos):
             first, n_ctx = int(slots[0]), slots.shape[0]
             contiguous = int(slots[-1]) - first == n_ctx - 1 and bool((slots.diff() == 1).all())
             self.ctx.append(slice(first, first + n_ctx) if contiguous else slots)
-            if pos.shape[0] == 1 and int(pos[0]) == n_ctx - 1 and not (sliding_window and n_ctx > sliding_window):
-                self.masks.append(None)
-                continue
-            keys = torch.arange(n_ctx)
-            m = keys[None, :] <= pos[:, None]
-            if sliding_window:
-                m &= keys[None, :] > pos[:, None] - sliding_window
-            self.masks.append(m)
+            decoding = pos.shape[0] == 1 and int(pos[0]) == n_ctx - 1
+            for w in windows:
+                if decoding and not (w and n_ctx > w):
+                    self.masks[w].append(None)
+                    continue
+                keys = torch.arange(n_ctx)
+                m = keys[None, :] <= pos[:, None]
+                if w:
+                    m &= keys[None, :] > pos[:, None] - w
+                self.masks[w].append(m)
         keep = self.slot_mapping >= 0
         if not bool(keep.all()):
             self.write_rows = keep.nonzero().squeeze(1)
@@ -188,41 +225,71 @@ class KVCache:
         self.v[meta.slot_mapping] = v
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+class DenseKV:
+    """Training's stand-in for :class:`KVCache`: one layer's keys and values, kept in the autograd
+    graph and extended by each forward, so EAGLE-3's unrolled passes (training-time test) attend to
+    what earlier passes computed. The forward's ``meta`` is then a ``[queries, keys]`` boolean mask."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k])
+        self.v = v if self.v is None else torch.cat([self.v, v])
+        return self.k, self.v
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Grouped-query attention for one sequence: q ``[n, H, d]``, k/v ``[L, Hkv, d]`` -> ``[n, H*d]``.
 
     The query heads that share a KV head are folded into the query axis, so SDPA runs its fast
     kernel without repeating K/V (``enable_gqa`` falls back to the slow math path on CPU); a
-    single unmasked query (decoding) is two small batched matmuls, cheaper than SDPA's setup."""
+    single unmasked query (decoding) is two small batched matmuls, cheaper than SDPA's setup.
+    Attention sinks (GPT-OSS: a learned logit per head joins every row's softmax denominator, so a
+    query may attend to "nothing") are spelled out, as SDPA cannot express them."""
     n, H, d = q.shape
     Hkv = k.shape[1]
     g = H // Hkv
-    if n == 1 and mask is None:
+    if n == 1 and mask is None and sinks is None:
         scores = torch.bmm(q.view(Hkv, g, d) * d ** -0.5, k.permute(1, 2, 0)).softmax(-1)
         return torch.bmm(scores, v.transpose(0, 1)).reshape(1, H * d)
     q = q.view(n, Hkv, g, d).permute(1, 2, 0, 3).reshape(Hkv, g * n, d)
     if mask is not None and g > 1:
         mask = mask.repeat(g, 1)
-    o = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+    if sinks is None:
+        o = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+    else:
+        scores = torch.bmm(q * d ** -0.5, k.permute(1, 2, 0))  # [Hkv, g*n, L]
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        sink = sinks.to(scores.dtype).view(Hkv, g, 1, 1).expand(Hkv, g, n, 1).reshape(Hkv, g * n, 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+        o = torch.bmm(probs, v.transpose(0, 1))
     return o.view(Hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, H * d)
 
 
 class Attention(nn.Module):
-    """Attention over the paged cache with the options the Llama family needs: q/k/v bias
-    (Qwen2), per-head q/k RMSNorm (Qwen3), a wider input (EAGLE-3's first layer).
-    q, k and v are one fused projection, as in vLLM (checkpoints keep separate names)."""
+    """Attention over the paged cache with the options the supported families need: q/k/v bias
+    (Qwen2), per-head q/k RMSNorm (Qwen3), a wider input (EAGLE-3's first layer), a sliding window
+    (Mistral; GPT-OSS on every other layer) and attention sinks (GPT-OSS). q, k and v are one fused
+    projection, as in vLLM (checkpoints keep separate names)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, in_dim: int | None = None,
-                 qkv_bias: bool = False, o_bias: bool = False, qk_norm_eps: float | None = None):
+                 qkv_bias: bool = False, o_bias: bool = False, qk_norm_eps: float | None = None,
+                 sliding_window: int | None = None, sinks: bool = False):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.sliding_window = sliding_window or None
         self.qkv_proj = Linear(in_dim or hidden, (heads + 2 * kv_heads) * head_dim, qkv_bias)
         self.o_proj = Linear(heads * head_dim, hidden, o_bias)
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.sinks = nn.Parameter(torch.zeros(heads)) if sinks else None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
-                meta: AttnMeta) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache | DenseKV,
+                meta: AttnMeta | torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         qkv = self.qkv_proj(x).view(T, self.heads + 2 * self.kv_heads, self.head_dim)
         nqk = self.heads + self.kv_heads
@@ -232,9 +299,13 @@ class Attention(nn.Module):
             qk = qkv[:, :nqk]
         qk = apply_rope(qk, rope)
         q, k, v = qk[:, :self.heads], qk[:, self.heads:], qkv[:, nqk:]
+        if isinstance(cache, DenseKV):  # training: meta is the [T, keys] boolean mask
+            k, v = cache.extend(k, v)
+            return self.o_proj(attend(q, k, v, meta, self.sinks))
         cache.write(meta, k, v)
-        outs = [attend(q[meta.q_start[i]:meta.q_start[i + 1]], cache.k[ctx], cache.v[ctx], mask)
-                for i, (ctx, mask) in enumerate(zip(meta.ctx, meta.masks))]
+        masks = meta.masks[self.sliding_window]
+        outs = [attend(q[meta.q_start[i]:meta.q_start[i + 1]], cache.k[ctx], cache.v[ctx], mask, self.sinks)
+                for i, (ctx, mask) in enumerate(zip(meta.ctx, masks))]
         return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))
 
 

@@ -1,11 +1,14 @@
-"""Native Llama-family target: Llama 2/3 (llama3 RoPE), Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm).
+"""Native Llama-family targets: Llama 2/3 (llama3 RoPE), Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
+and what the other families (GPT-OSS, Qwen3-MoE) build on: the config, the registry, the model skeleton.
 
 One forward over a flat batch returns the logits of the rows asked for and the three auxiliary
 hidden states EAGLE-3 heads read (vLLM's meaning: the residual stream entering layer ``i``).
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -13,22 +16,33 @@ from torch import nn
 from peagle.models.layers import (MLP, Attention, AttnMeta, CheckpointError, KVCache, Linear, RMSNorm, Rotary, embedding,
                                   check_checkpoint, fuse_checkpoint, linear, parse_rope)
 
-SUPPORTED_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
+
+class Target(NamedTuple):
+    architecture: str  # the HF class name, e.g. "GptOssForCausalLM"
+    model: str         # our class, "module:Class" in peagle.models
+
+
+# The native targets by HF ``model_type``, the one registry: ModelConfig.from_hf refuses what is not
+# here and build_target picks the class. Classes outside this module are imported on first use
+# (their modules import this one).
+SUPPORTED_ARCHITECTURES: dict[str, Target] = {
+    "llama": Target("LlamaForCausalLM", "llama:LlamaModel"),
+    "mistral": Target("MistralForCausalLM", "llama:LlamaModel"),
+    "qwen2": Target("Qwen2ForCausalLM", "llama:LlamaModel"),
+    "qwen3": Target("Qwen3ForCausalLM", "llama:LlamaModel"),
+    "gpt_oss": Target("GptOssForCausalLM", "gpt_oss:GptOssModel"),
+    "qwen3_moe": Target("Qwen3MoeForCausalLM", "qwen3_moe:Qwen3MoeModel"),
 }
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class UnsupportedModelError(ValueError):
     pass
 
 
-
 @dataclass
 class ModelConfig:
-    """The fields of a HF ``config.json`` that the Llama family needs, normalised across versions."""
+    """The fields of a HF ``config.json`` that the supported families need, normalised across versions."""
 
     model_type: str
     vocab_size: int
@@ -48,7 +62,16 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
+    layer_types: list[str] | None = None       # per layer: "sliding_attention" or "full_attention" (GPT-OSS)
     eos_token_ids: list[int] = field(default_factory=list)
+    # mixture of experts (GPT-OSS, Qwen3-MoE): which layers route, among how many experts of which width
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    moe_layers: list[int] = field(default_factory=list)
+    norm_topk_prob: bool = False               # renormalise the chosen experts' weights to sum to 1
+    swiglu_alpha: float = 1.702                # GPT-OSS's clamped SwiGLU
+    swiglu_limit: float = 7.0
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelConfig":
@@ -57,19 +80,39 @@ class ModelConfig:
             archs = cfg.get("architectures") or [mt]
             raise UnsupportedModelError(
                 f"unsupported architecture {archs[0]!r} (model_type {mt!r}); supported: "
-                + ", ".join(f"{v} ({k})" for k, v in SUPPORTED_ARCHITECTURES.items()))
+                + ", ".join(f"{t.architecture} ({k})" for k, t in SUPPORTED_ARCHITECTURES.items()))
         theta, rope = parse_rope(cfg)
         heads = cfg["num_attention_heads"]
+        num_layers = cfg["num_hidden_layers"]
         eos = cfg.get("eos_token_id")
         sliding = cfg.get("sliding_window")
-        if mt in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        if mt in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
             sliding = None
+        attention_bias = bool(cfg.get("attention_bias", mt == "gpt_oss"))
+        experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+        moe: dict = {}
+        if mt == "gpt_oss":
+            layer_types = cfg.get("layer_types") or [LAYER_TYPES[(i + 1) % 2] for i in range(num_layers)]
+            if len(layer_types) != num_layers or set(layer_types) - set(LAYER_TYPES):
+                raise ValueError(f"layer_types must name {num_layers} layers, each one of {LAYER_TYPES}: {layer_types}")
+            moe = dict(layer_types=list(layer_types), moe_intermediate_size=cfg["intermediate_size"],
+                       moe_layers=list(range(num_layers)), norm_topk_prob=True,
+                       swiglu_alpha=cfg.get("swiglu_alpha", 1.702), swiglu_limit=cfg.get("swiglu_limit", 7.0))
+        elif mt == "qwen3_moe":
+            step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or [])
+            moe = dict(moe_intermediate_size=cfg["moe_intermediate_size"],
+                       moe_layers=[i for i in range(num_layers) if experts and i not in dense and (i + 1) % step == 0],
+                       norm_topk_prob=bool(cfg.get("norm_topk_prob", False)))
+        if moe:
+            moe.update(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 0))
+            if moe["moe_layers"] and not 0 < moe["num_experts_per_tok"] <= experts:
+                raise ValueError(f"num_experts_per_tok {moe['num_experts_per_tok']} must be in 1..{experts} (experts)")
         return cls(
             model_type=mt,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
@@ -78,26 +121,43 @@ class ModelConfig:
             rope_scaling=rope,
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            qkv_bias=mt == "qwen2" or bool(cfg.get("attention_bias", False)),
-            o_bias=bool(cfg.get("attention_bias", False)) and mt in ("llama", "mistral"),
+            qkv_bias=mt == "qwen2" or attention_bias,
+            o_bias=attention_bias and mt != "qwen2",
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            qk_norm=mt == "qwen3",
+            qk_norm=mt in ("qwen3", "qwen3_moe"),
             sliding_window=sliding,
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+            **moe,
         )
 
     def default_aux_layers(self) -> tuple[int, int, int]:
         L = self.num_layers
         return (2, L // 2, L - 3)
 
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s attention window (None: full attention)."""
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+
+def build_target(cfg: ModelConfig, aux_layers: tuple[int, ...] | None = None) -> "LlamaModel":
+    """The native model for ``cfg``'s family (uninitialised; load a checkpoint next)."""
+    module, name = SUPPORTED_ARCHITECTURES[cfg.model_type].model.split(":")
+    return getattr(importlib.import_module(f"peagle.models.{module}"), name)(cfg, aux_layers)
+
 
 class DecoderLayer(nn.Module):
+    """Pre-norm attention and feed-forward block. ``mlp`` replaces the dense SwiGLU (the MoE families)."""
+
     def __init__(self, hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, eps: float, *,
-                 in_dim: int | None = None, qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False):
+                 in_dim: int | None = None, qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False,
+                 sliding_window: int | None = None, sinks: bool = False, mlp: nn.Module | None = None):
         super().__init__()
         self.self_attn = Attention(hidden, heads, kv_heads, head_dim, in_dim=in_dim, qkv_bias=qkv_bias,
-                                   o_bias=o_bias, qk_norm_eps=eps if qk_norm else None)
-        self.mlp = MLP(hidden, inter, mlp_bias)
+                                   o_bias=o_bias, qk_norm_eps=eps if qk_norm else None,
+                                   sliding_window=sliding_window, sinks=sinks)
+        self.mlp = mlp if mlp is not None else MLP(hidden, inter, mlp_bias)
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
 
@@ -107,25 +167,34 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """The target. State-dict names are HF's (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``)."""
+    """The target. State-dict names are HF's (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``).
+    Other families subclass it and change what differs: ``make_mlp``, ``attention_sinks``,
+    ``convert_checkpoint``."""
+
+    attention_sinks = False
 
     def __init__(self, cfg: ModelConfig, aux_layers: tuple[int, ...] | None = None):
         super().__init__()
-        self.cfg = cfg
-        self.aux_layers = tuple(aux_layers if aux_layers is not None else cfg.default_aux_layers())
+        self.cfg = c = cfg
+        self.aux_layers = tuple(aux_layers if aux_layers is not None else c.default_aux_layers())
         for i in self.aux_layers:
-            if not 0 <= i <= cfg.num_layers:
-                raise ValueError(f"aux hidden-state layer id {i} out of range 0..{cfg.num_layers}")
+            if not 0 <= i <= c.num_layers:
+                raise ValueError(f"aux hidden-state layer id {i} out of range 0..{c.num_layers}")
         self.model = nn.Module()
-        self.model.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.embed_tokens = embedding(c.vocab_size, c.hidden_size)
         self.model.layers = nn.ModuleList(
-            DecoderLayer(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.rms_norm_eps, qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, mlp_bias=cfg.mlp_bias,
-                         qk_norm=cfg.qk_norm)
-            for _ in range(cfg.num_layers))
-        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+            DecoderLayer(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps,
+                         qkv_bias=c.qkv_bias, o_bias=c.o_bias, qk_norm=c.qk_norm, sliding_window=c.window(i),
+                         sinks=self.attention_sinks, mlp=self.make_mlp(i))
+            for i in range(c.num_layers))
+        self.model.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = None if c.tie_word_embeddings else Linear(c.hidden_size, c.vocab_size)
+        self.rotary = Rotary(c.head_dim, c.rope_theta, c.rope_scaling)
+        self.windows = tuple(dict.fromkeys(c.window(i) for i in range(c.num_layers)))
+
+    def make_mlp(self, layer: int) -> nn.Module:
+        """Layer ``layer``'s feed-forward block."""
+        return MLP(self.cfg.hidden_size, self.cfg.intermediate_size, self.cfg.mlp_bias)
 
     @property
     def lm_weight(self) -> torch.Tensor:
@@ -135,9 +204,15 @@ class LlamaModel(nn.Module):
         """Load a HF state dict (separate q/k/v and gate/up names), checking names and shapes."""
         if self.cfg.tie_word_embeddings:
             sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+        sd = self.convert_checkpoint(sd)
         check_checkpoint(sd, self)
         sd = fuse_checkpoint(sd)
         self.load_state_dict(sd)
+
+    def convert_checkpoint(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A family's on-disk layouts -> the names and shapes of ``state_dict`` (before q/k/v and
+        gate/up fusion). The Llama family stores none of its own."""
+        return sd
 
     def head_weight(self) -> torch.Tensor:
         """The LM head weight in the fast ``[hidden, vocab]`` memory order. A tied head gets its own
@@ -158,7 +233,14 @@ class LlamaModel(nn.Module):
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, caches: list[KVCache], meta: AttnMeta,
                 logits_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (logits of ``logits_rows`` (all rows if None), aux hidden states ``[T, 3*H]``)."""
-        meta.prepare(self.cfg.sliding_window)
+        x, taps = self.hidden(ids, positions, caches, meta, logits_rows)
+        return self.logits(x), taps
+
+    def hidden(self, ids: torch.Tensor, positions: torch.Tensor, caches: list[KVCache], meta: AttnMeta,
+               rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final normed hidden states of ``rows`` (all if None), aux hidden states ``[T, 3*H]``):
+        training reads the target's distribution over a draft vocabulary from the first."""
+        meta.prepare(*self.windows)
         x = self.model.embed_tokens(ids)
         rope = self.rotary.table(positions, x.dtype)
         taps: dict[int, torch.Tensor] = {}
@@ -167,8 +249,9 @@ class LlamaModel(nn.Module):
                 taps[i] = x
             x = layer(x, rope, caches[i], meta)
         taps[self.cfg.num_layers] = x
-        if logits_rows is not None:
-            x = x[logits_rows]
-        x = self.model.norm(x)
-        logits = linear(x, self.head_weight())
-        return logits, torch.cat([taps[i] for i in self.aux_layers], dim=-1)
+        if rows is not None:
+            x = x[rows]
+        return self.model.norm(x), torch.cat([taps[i] for i in self.aux_layers], dim=-1)
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return linear(normed, self.head_weight())

