@@ -6,7 +6,7 @@ import json
 import pytest
 
 from peagle.engine.llm_engine import LLMEngine
-from peagle.train.synth import read_prompts, synthesize
+from peagle.train.synth import read_prompts, read_responses, synthesize
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def prompt_files(tmp_path):
 
 
 def records(out):
-    return [json.loads(line) for f in sorted(out.glob("responses-*.jsonl")) for line in open(f)]
+    return list(read_responses(out))
 
 
 def test_formats_resume_and_torn_lines(tiny_chat_dir, prompt_files, tmp_path):
@@ -34,7 +34,8 @@ def test_formats_resume_and_torn_lines(tiny_chat_dir, prompt_files, tmp_path):
     out = tmp_path / "synth"
     assert synthesize(engine, prompt_files, out, num_prompts=5, max_new_tokens=8, shard_size=3, progress=False) == 5
     first = records(out)
-    assert len(first) == 5 and len(list(out.glob("responses-*.jsonl"))) == 2
+    assert len(first) == 5 and [f.name for f in sorted(out.iterdir()) if f.name.startswith("responses")] == \
+        ["responses-00000.jsonl.gz", "responses-00001.jsonl"]  # full shards are gzipped
     rec = first[0]
     assert rec["prompt_token_ids"][:1] == [1] and 1 <= len(rec["response_token_ids"]) <= 8
     assert rec["response"] == engine.tokenizer.decode(rec["response_token_ids"], skip_special_tokens=True)

@@ -29,12 +29,10 @@ from pathlib import Path
 
 import torch
 
+from peagle.prompts import MT_BENCH, read_prompt_file
+
 # torch's default pool size, read before anything (the engine) changes it: HF runs with this.
 DEFAULT_TORCH_THREADS = torch.get_num_threads()
-
-# The project's shared data sits beside the checkout (../shared/data); PEAGLE_DATA overrides.
-DATA = Path(os.environ.get("PEAGLE_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
-MT_BENCH = DATA / "bench" / "mt_bench" / "question.jsonl"
 
 
 def log(msg: str) -> None:
@@ -47,13 +45,7 @@ def median(xs):
 
 
 def load_prompts(path: Path, n: int) -> list[str]:
-    out = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                out.append(json.loads(line)["turns"][0])
-            if len(out) == n:
-                break
+    out = [p.text for p in read_prompt_file(path, "mt-bench")][:n]
     if len(out) < n:
         raise SystemExit(f"{path} has only {len(out)} questions, {n} asked for")
     return out

@@ -2,56 +2,60 @@
 
 Prompts come from JSONL files in the shared formats (``turns``: the first user turn; ``question``;
 ``prompt``). Each finished response is appended to a shard at once and flushed, so a killed run
-loses only the requests in flight; re-running with the same arguments skips what is done.
+loses only the requests in flight; re-running with the same arguments skips what is done. A full
+shard is gzipped (about 4x smaller), so the data a head was trained on can live in git.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
 import random
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
+from peagle.prompts import read_prompts
 from peagle.engine.sampling import SamplingParams
 
 SHARD = "responses-{:05d}.jsonl"
 
 
-@dataclass
-class Prompt:
-    id: str
-    source: str
-    text: str
+def shards(out_dir: Path) -> list[Path]:
+    """Response shards in order: finished ones (``.jsonl.gz``) and the open one (``.jsonl``)."""
+    return sorted([*out_dir.glob("responses-*.jsonl.gz"), *out_dir.glob("responses-*.jsonl")],
+                  key=lambda p: p.name.split(".")[0])
 
 
-def read_prompts(files: list[str]) -> list[Prompt]:
-    out = []
-    for f in files:
-        path = Path(f)
-        with open(path) as fh:
-            for n, line in enumerate(fh):
-                if not line.strip():
-                    continue
-                rec = json.loads(line)
-                if "turns" in rec:
-                    text = rec["turns"][0] if rec["turns"] else ""
-                elif "question" in rec:
-                    text = rec["question"]
-                elif "prompt" in rec:
-                    text = rec["prompt"]
-                else:
-                    raise ValueError(f"{path}:{n + 1}: no 'turns', 'question' or 'prompt' field")
-                rid = str(rec.get("id", rec.get("question_id", rec.get("task_id", n))))
-                if isinstance(text, str) and text.strip():
-                    out.append(Prompt(f"{path.stem}:{rid}", path.stem, text))
-    return out
+def _records(shard: Path) -> Iterator[dict]:
+    with (gzip.open(shard, "rt") if shard.suffix == ".gz" else open(shard)) as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
+def read_responses(out_dir: str | os.PathLike) -> Iterator[dict]:
+    """Every record ``peagle synth`` wrote to ``out_dir``, in order."""
+    for shard in shards(Path(out_dir)):
+        yield from _records(shard)
+
+
+def close_shard(path: Path) -> None:
+    """Gzip a full shard (temp file, rename, then remove the plain one: a kill loses nothing)."""
+    tmp = path.with_name(path.name + ".gz.tmp")
+    with open(path, "rb") as src, gzip.open(tmp, "wb") as dst:
+        dst.write(src.read())
+    os.replace(tmp, path.with_name(path.name + ".gz"))
+    path.unlink()
 
 
 def done_ids(out_dir: Path) -> set[str]:
-    """Ids already written; a torn last line (a kill mid-write) is cut off."""
-    done = set()
-    for shard in sorted(out_dir.glob("responses-*.jsonl")):
+    """Ids already written; a torn last line of the open shard (a kill mid-write) is cut off."""
+    done = {r["id"] for f in out_dir.glob("responses-*.jsonl.gz") for r in _records(f)}
+    for shard in out_dir.glob("responses-*.jsonl"):
+        if shard.with_name(shard.name + ".gz").exists():  # killed between gzip and unlink
+            shard.unlink()
+            continue
         good = 0
         with open(shard, "rb") as fh:
             for line in fh:
@@ -78,14 +82,11 @@ def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_
     prompts = prompts[:num_prompts] if num_prompts else prompts
     done = done_ids(out)
     todo = [p for p in prompts if p.id not in done]
-    shards = sorted(out.glob("responses-*.jsonl"))
-    shard_no, in_shard = len(shards), 0
-    if shards:  # keep filling the last shard while it has room
-        in_shard = sum(1 for _ in open(shards[-1]))
-        if in_shard < shard_size:
-            shard_no -= 1
-        else:
-            in_shard = 0
+    existing = shards(out)
+    shard_no, in_shard = len(existing), 0
+    if existing and existing[-1].suffix == ".jsonl":  # keep filling the open shard
+        shard_no -= 1
+        in_shard = sum(1 for _ in open(existing[-1]))
     meta = {"prompt_files": [str(f) for f in prompt_files], "num_prompts": len(prompts), "seed": seed,
             "max_new_tokens": max_new_tokens, "temperature": temperature}
     (out / "synth_config.json").write_text(json.dumps(meta, indent=2))
@@ -119,6 +120,7 @@ def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_
                     bar.update(1)
                 if in_shard >= shard_size:
                     fh.close()
+                    close_shard(out / SHARD.format(shard_no))
                     shard_no, in_shard = shard_no + 1, 0
                     fh = open(out / SHARD.format(shard_no), "a")
     finally:

@@ -1,0 +1,201 @@
+"""``peagle bench offline``: the engine in-process, no HTTP. For each method (parallel, eagle3, none)
+and K it runs the workload with a closed-loop client that keeps ``concurrency`` requests in flight
+(the engine's ``max_num_seqs`` is the same number), and reports tok/s, latencies and acceptance.
+``bench sweep`` runs the same cells over a larger grid."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from peagle.bench.workload import Workload, add_dataset_args, encode, load_workload, messages
+
+if TYPE_CHECKING:
+    from peagle.engine.llm_engine import LLMEngine
+    from peagle.models.drafter import Drafter
+    from peagle.models.llama import LlamaModel
+
+METHODS = ("parallel", "eagle3", "none")
+
+
+@dataclass
+class Models:
+    """Loaded once and shared by every engine of a run."""
+    target: LlamaModel
+    drafter: Drafter | None
+    tokenizer: object
+    path: Path                   # the target's folder (HF baselines load it)
+    max_model_len: int | None = None
+
+    @classmethod
+    def load(cls, target: str | None, drafter: str | None, need_drafter: bool,
+             max_model_len: int | None = None) -> "Models":
+        from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
+
+        model, path = load_target(target)
+        tok = load_tokenizer(path)
+        head = load_drafter_for(model, path, drafter, tok) if need_drafter else None
+        return cls(model, head, tok, path, max_model_len)
+
+    def engine(self, method: str, k: int, concurrency: int) -> LLMEngine:
+        from peagle.engine.llm_engine import EngineConfig, LLMEngine
+
+        cfg = EngineConfig(method=method, num_speculative_tokens=k or 1, max_num_seqs=concurrency,
+                           max_model_len=self.max_model_len)
+        return LLMEngine(self.target, self.drafter if method != "none" else None, cfg, self.tokenizer)
+
+
+@dataclass
+class _Conversation:
+    turns: list[str]
+    answers: list[str] = field(default_factory=list)
+
+
+def run_closed_loop(engine: LLMEngine, work: Workload, temperature: float = 0.0, seed: int = 0, bar=None):
+    """Send every request of ``work``, ``engine.cfg.max_num_seqs`` at a time (a new one as soon as
+    one finishes; the next turn of a conversation goes first). Returns (records, speculation
+    counters of this run, wall seconds)."""
+    from peagle.bench.metrics import RequestRecord, spec_delta
+    from peagle.engine.sampling import SamplingParams
+    from peagle.engine.sequence import SpecStats
+
+    tok = engine.tokenizer
+    todo = deque(_Conversation(work.turns(p)) for p in work.prompts)
+    live: dict[str, tuple[_Conversation, RequestRecord]] = {}
+    records: list[RequestRecord] = []
+    before = SpecStats()
+    before.merge(engine.stats)
+    n = 0
+    t0 = time.perf_counter()
+    while todo or live:
+        while todo and len(live) < engine.cfg.max_num_seqs:
+            conv = todo.popleft()
+            ids = encode(tok, messages(conv.turns, conv.answers), work.chat)
+            rec = RequestRecord(start_time=time.perf_counter(), prompt_len=len(ids))
+            records.append(rec)
+            params = SamplingParams(temperature=temperature, max_tokens=work.output_len,
+                                    seed=None if temperature == 0 else seed + n)
+            n += 1
+            try:
+                live[engine.add_request(ids, params).request_id] = (conv, rec)
+            except ValueError as e:  # e.g. a prompt longer than max_model_len: a failed request
+                rec.error = str(e)
+                if bar is not None:
+                    bar.update(len(conv.turns) - len(conv.answers))
+        result = engine.step()
+        now = time.perf_counter()
+        for seq in result.updated:
+            live[seq.request_id][1].chunk(now)
+        for seq in result.finished:
+            conv, rec = live.pop(seq.request_id)
+            rec.output_tokens, rec.text = len(seq.output_ids), seq.text
+            conv.answers.append(seq.text)
+            if len(conv.answers) < len(conv.turns):
+                todo.appendleft(conv)
+            if bar is not None:
+                bar.update(1)
+    return records, spec_delta(engine.stats, before), time.perf_counter() - t0
+
+
+def run_cell(models: Models, work: Workload, method: str, k: int, concurrency: int, temperature: float = 0.0,
+             seed: int = 0, bar=None) -> dict:
+    """One (method, K, concurrency) measurement on a fresh engine, after a short warm-up request."""
+    from peagle.bench.metrics import spec_summary, summarize
+    from peagle.engine.sampling import SamplingParams
+
+    engine = models.engine(method, k, concurrency)
+    warm = encode(models.tokenizer, messages(work.prompts[0].turns[:1], []), work.chat)
+    engine.generate([warm[:engine.max_model_len - 8]], SamplingParams(max_tokens=4))
+    records, stats, duration = run_closed_loop(engine, work, temperature, seed, bar)
+    cell = {"dataset": work.name, "method": method, "k": 0 if method == "none" else k, "concurrency": concurrency}
+    cell.update(summarize(records, duration))
+    cell.update(spec_summary(stats))
+    return cell
+
+
+def grid_cells(models: Models, methods: list[str], ks: list[int],
+               concurrencies: list[int]) -> list[tuple[str, int, int]]:
+    """(method, K, concurrency) to run: ``none`` once per concurrency; P-EAGLE only up to the K its
+    head was trained for (the engine refuses more)."""
+    trained = models.drafter.cfg.trained_k if models.drafter is not None else None
+    cells = []
+    for c in concurrencies:
+        for m in methods:
+            for k in ([0] if m == "none" else ks):
+                if not (m == "parallel" and trained is not None and k > trained):
+                    cells.append((m, k, c))
+    return cells
+
+
+def parse_list(text: str, kind=int) -> list:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected a comma-separated list, got {text!r}") from None
+    if not values:
+        raise ValueError(f"expected a comma-separated list, got {text!r}")
+    return values
+
+
+def check_grid(methods: list[str], ks: list[int], concurrencies: list[int]) -> None:
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}")
+    if min(ks) < 1 or min(concurrencies) < 1:
+        raise ValueError("K and concurrency values must be >= 1")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None, help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--drafter", default=None, help="vLLM-format head folder (default: the target's)")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--methods", default="parallel,eagle3,none", help="comma-separated: parallel, eagle3, none")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("-k", "--num-speculative-tokens", default="3,7", help="comma-separated K values")
+    p.add_argument("--max-concurrency", type=int, default=1, help="requests in flight (= the engine's max_num_seqs)")
+    add_dataset_args(p, num_prompts=20, output_len=128)
+    p.add_argument("--json", action="store_true", help="print one JSON object with every cell")
+    p.add_argument("--disable-tqdm", action="store_true")
+
+
+def main(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    methods, ks = parse_list(args.methods, str), parse_list(args.num_speculative_tokens)
+    check_grid(methods, ks, [args.max_concurrency])
+    work = load_workload(args, args.dataset_name, args.dataset_path)
+    models = Models.load(args.target, args.drafter, any(m != "none" for m in methods), args.max_model_len)
+    cells = grid_cells(models, methods, ks, [args.max_concurrency])
+    bar = tqdm(total=len(cells) * work.num_requests, desc="bench offline", unit="req", file=sys.stderr,
+               disable=args.disable_tqdm)
+    results = [run_cell(models, work, m, k, c, args.temperature, args.seed, bar) for m, k, c in cells]
+    bar.close()
+    if args.json:
+        print(json.dumps({"dataset": work.name, "num_prompts": len(work.prompts), "output_len": work.output_len,
+                          "concurrency": args.max_concurrency, "cells": results}))
+    else:
+        print(table(results))
+    return 0
+
+
+def table(cells: list[dict]) -> str:
+    """One Markdown row per cell: AL, acceptance, per-position acceptance, throughput, latencies."""
+    out = ["| method | K | C | AL | acceptance rate | per-position acceptance | output tok/s | mean TTFT ms "
+           "| mean TPOT ms | completed |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        al = "-" if c["acceptance_length"] is None else f"{c['acceptance_length']:.2f}"
+        rate = "-" if c["acceptance_rate"] is None else f"{c['acceptance_rate']:.2f}"
+        pos = " ".join(f"{x:.2f}" for x in c.get("spec_decode_per_position_acceptance_rates", [])) or "-"
+        out.append(f"| {c['method']} | {c['k'] or '-'} | {c['concurrency']} | {al} | {rate} | {pos} | "
+                   f"{c['output_throughput']:.1f} | {c['mean_ttft_ms']:.1f} | {c['mean_tpot_ms']:.1f} | "
+                   f"{c['completed']}/{c['completed'] + c['failed']} |")
+    return "\n".join(out)

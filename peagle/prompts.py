@@ -1,0 +1,121 @@
+"""Prompt files, read in one place for benchmarks and for training-data synthesis.
+
+Formats (one JSON object per line; ``.gz`` is read transparently; a ``.json`` file holding a list
+of such objects works too):
+
+* ``mt-bench``, ``spec_bench``: ``turns`` (user turns; MT-Bench has two), optional ``category``;
+* ``humaneval``, ``custom``: ``prompt``;
+* ``sharegpt``: ``turns``, or vLLM's ShareGPT ``conversations`` (``from``/``value``; human turns kept);
+* ``auto`` (training prompt files): the first of ``turns``, ``question``, ``prompt``.
+
+Every record becomes a :class:`Prompt` holding all its user turns; single-turn users take the first.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+# The project's shared data sits beside the checkout (../shared/data); PEAGLE_DATA overrides.
+DATA = Path(os.environ.get("PEAGLE_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+MT_BENCH = DATA / "bench" / "mt_bench" / "question.jsonl"
+HUMANEVAL = DATA / "bench" / "humaneval" / "HumanEval.jsonl.gz"
+
+# the fields that may hold the prompt, in order of preference
+FORMATS: dict[str, tuple[str, ...]] = {
+    "mt-bench": ("turns",),
+    "humaneval": ("prompt",),
+    "spec_bench": ("turns",),
+    "sharegpt": ("turns", "conversations"),
+    "custom": ("prompt",),
+    "auto": ("turns", "question", "prompt"),
+}
+DATASETS = tuple(f for f in FORMATS if f != "auto")
+DEFAULT_PATHS = {"mt-bench": MT_BENCH, "humaneval": HUMANEVAL}
+
+
+@dataclass
+class Prompt:
+    id: str              # "<file stem>:<record id>": stable across runs (synthesis resumes by it)
+    source: str          # the file stem
+    turns: list[str]     # the user turns, in order (at least one, non-empty)
+    category: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.turns[0]
+
+
+def dataset_path(name: str, path: str | os.PathLike | None) -> Path:
+    """``path``, or the shared copy of MT-Bench / HumanEval when none is given."""
+    if name not in FORMATS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if path is not None:
+        return Path(path)
+    if name in DEFAULT_PATHS:
+        return DEFAULT_PATHS[name]
+    raise ValueError(f"the {name} dataset needs --dataset-path")
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict]]:
+    """(0-based line number, record) for every non-blank line (or list item of a ``.json`` file)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            if path.suffix == ".json":
+                data = json.load(fh)
+                if not isinstance(data, list):
+                    raise ValueError(f"{path}: a .json dataset must hold a list of records")
+                yield from enumerate(data)
+                return
+            for n, line in enumerate(fh):
+                if line.strip():
+                    try:
+                        yield n, json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}:{n + 1}: not valid JSON ({e})") from None
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such dataset file: {path}") from None
+
+
+def _user_turns(rec: dict, key: str) -> list[str]:
+    value = rec[key]
+    if key == "conversations":
+        return [c.get("value") for c in value if isinstance(c, dict) and c.get("from") in ("human", "user")]
+    return list(value) if isinstance(value, list) else [value]
+
+
+def read_prompt_file(path: str | os.PathLike, fmt: str = "auto", category: str | None = None) -> list[Prompt]:
+    """The prompts of one file in format ``fmt`` (see the module docstring), in file order; records
+    whose first turn is empty are skipped, and ``category`` keeps only that category."""
+    path = Path(path)
+    fields = FORMATS.get(fmt)
+    if fields is None:
+        raise ValueError(f"unknown dataset {fmt!r}; choose one of {', '.join(DATASETS)}")
+    source = Path(path.name.removesuffix(".gz")).stem
+    out = []
+    for n, rec in _records(path):
+        key = next((f for f in fields if f in rec), None) if isinstance(rec, dict) else None
+        if key is None:
+            names = [f"'{f}'" for f in fields]
+            wanted = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+            raise ValueError(f"{path}:{n + 1}: no {wanted} field")
+        if category is not None and rec.get("category") != category:
+            continue
+        turns = []
+        for t in _user_turns(rec, key):
+            if not isinstance(t, str) or not t.strip():
+                break
+            turns.append(t)
+        if turns:
+            rid = rec.get("id", rec.get("question_id", rec.get("task_id", n)))
+            out.append(Prompt(f"{source}:{rid}", source, turns, rec.get("category")))
+    return out
+
+
+def read_prompts(files: list[str]) -> list[Prompt]:
+    """Training prompt files (format ``auto``), concatenated."""
+    return [p for f in files for p in read_prompt_file(f)]

@@ -1,0 +1,265 @@
+"""Benchmarks: the metric arithmetic on hand-made streams, the Prometheus speculation counters, the
+dataset readers, ``bench serve`` against a live ``peagle serve``, and tiny ``bench offline`` /
+``bench sweep`` runs that write the table and the plots."""
+from __future__ import annotations
+
+import gzip
+import json
+from types import SimpleNamespace
+
+import pytest
+from test_serve import KEY, server  # noqa: F401  (the live tiny server fixture)
+
+from peagle.bench.metrics import RequestRecord, parse_spec_counters, spec_delta, spec_summary, summarize
+from peagle.bench.offline import grid_cells
+from peagle.bench.workload import load_workload, messages, render
+from peagle.cli import build_parser, main
+from peagle.prompts import HUMANEVAL, MT_BENCH, read_prompt_file, read_prompts
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+def test_metrics_on_recorded_streams():
+    # a completions stream: 3 chunks (5 tokens: speculative chunks carry several), then usage
+    a = RequestRecord(start_time=10.0)
+    for t, data in [(10.10, {"choices": [{"text": "Hel"}]}), (10.15, {"choices": [{"text": "lo"}]}),
+                    (10.20, {"choices": [{"text": "!", "finish_reason": "length"}]}),
+                    (10.25, {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 5}})]:
+        a.event(data, t)
+    assert a.success and a.text == "Hello!" and (a.prompt_len, a.output_tokens) == (7, 5)
+    assert a.ttft == pytest.approx(0.1) and a.itl == pytest.approx([0.05, 0.05])
+    assert a.latency == pytest.approx(0.2)   # the usage chunk is not output
+    # a chat stream: 2 chunks
+    b = RequestRecord(start_time=20.0)
+    b.event({"choices": [{"delta": {"role": "assistant", "content": "Hi"}}]}, 20.3)
+    b.event({"choices": [{"delta": {"content": " there"}, "finish_reason": "stop"}]}, 20.4)
+    b.event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}, 20.41)
+    assert b.text == "Hi there"
+    failed = RequestRecord(start_time=30.0, error="HTTP 503")
+
+    r = summarize([a, b, failed], duration=2.0)
+    assert (r["completed"], r["failed"], r["total_input_tokens"], r["total_output_tokens"]) == (2, 1, 10, 7)
+    expect = {
+        "request_throughput": 1.0, "output_throughput": 3.5, "total_token_throughput": 8.5,
+        "mean_ttft_ms": 200, "median_ttft_ms": 200, "std_ttft_ms": 100, "p99_ttft_ms": 298,
+        "mean_tpot_ms": 62.5, "median_tpot_ms": 62.5,        # (200-100)/4 = 25 and (400-300)/1 = 100
+        "mean_itl_ms": 200 / 3, "median_itl_ms": 50, "p99_itl_ms": 99,   # 50, 50, 100
+        "mean_e2el_ms": 300, "median_e2el_ms": 300, "p99_e2el_ms": 398,
+    }
+    for key, value in expect.items():
+        assert r[key] == pytest.approx(value), key
+    empty = summarize([failed], duration=1.0)
+    assert empty["completed"] == 0 and empty["mean_ttft_ms"] == 0.0
+
+
+PEAGLE_METRICS = """\
+# HELP peagle:spec_decode_num_drafts_total Verify rounds with drafts
+# TYPE peagle:spec_decode_num_drafts_total counter
+peagle:spec_decode_num_drafts_total 10.0
+peagle:spec_decode_num_drafts_created 1.7e+09
+peagle:spec_decode_num_draft_tokens_total 30.0
+peagle:spec_decode_num_accepted_tokens_total 12.0
+peagle:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 7.0
+peagle:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 4.0
+peagle:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 1.0
+peagle:generation_tokens_total 99.0
+"""
+
+
+def test_spec_counters_and_acceptance():
+    after = parse_spec_counters(PEAGLE_METRICS)
+    assert (after.num_drafts, after.num_draft_tokens, after.num_accepted_tokens) == (10, 30, 12)
+    assert after.accepted_per_pos == [7, 4, 1]
+    before = parse_spec_counters("peagle:spec_decode_num_drafts_total 4\npeagle:spec_decode_num_draft_tokens_total 12\n"
+                                 "peagle:spec_decode_num_accepted_tokens_total 3\n"
+                                 'peagle:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 2\n'
+                                 'peagle:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 1\n')
+    s = spec_summary(spec_delta(after, before))   # 6 rounds, 18 drafted, 9 accepted: 5, 3, 1 by position
+    assert s["acceptance_length"] == pytest.approx(2.5) and s["acceptance_rate"] == pytest.approx(0.5)
+    assert s["spec_decode_acceptance_rate"] == pytest.approx(50.0)
+    assert s["spec_decode_per_position_acceptance_rates"] == pytest.approx([5 / 6, 0.5, 1 / 6])
+    assert (s["spec_decode_num_drafts"], s["spec_decode_draft_tokens"], s["spec_decode_accepted_tokens"]) == (6, 18, 9)
+    # vLLM's names, two engines summed, other labels around the position
+    vllm = "\n".join(f'vllm:spec_decode_{name}_total{{engine="{e}",model_name="m"{pos}}} {v}'
+                     for e in (0, 1) for name, pos, v in [("num_drafts", "", 5), ("num_draft_tokens", "", 15),
+                                                          ("num_accepted_tokens", "", 6),
+                                                          ("num_accepted_tokens_per_pos", ',position="0"', 4),
+                                                          ("num_accepted_tokens_per_pos", ',position="1"', 2)])
+    v = parse_spec_counters(vllm)
+    assert (v.num_drafts, v.num_draft_tokens, v.num_accepted_tokens, v.accepted_per_pos) == (10, 30, 12, [8, 4])
+    assert parse_spec_counters("peagle:generation_tokens_total 5\n") is None
+    assert spec_summary(None) == {"acceptance_length": None, "acceptance_rate": None}
+
+
+# ----------------------------------------------------------------------------- datasets
+
+def write_jsonl(path, rows, gz=False):
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if gz:
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_dataset_readers(tmp_path):
+    mt = write_jsonl(tmp_path / "question.jsonl", [
+        {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+        {"question_id": 82, "category": "coding", "turns": ["Sort a list.", "In C."]},
+        {"question_id": 83, "category": "coding", "turns": ["", "skipped: empty first turn"]}])
+    ps = read_prompt_file(mt, "mt-bench")
+    assert [p.id for p in ps] == ["question:81", "question:82"] and ps[0].turns == ["Write a poem.", "Now shorter."]
+    assert ps[0].text == "Write a poem." and ps[1].category == "coding"
+    assert [p.id for p in read_prompt_file(mt, "spec_bench", category="coding")] == ["question:82"]
+    he = write_jsonl(tmp_path / "HumanEval.jsonl.gz", [{"task_id": "HumanEval/0", "prompt": "def f():\n"}], gz=True)
+    (p,) = read_prompt_file(he, "humaneval")
+    assert (p.id, p.source, p.turns) == ("HumanEval:HumanEval/0", "HumanEval", ["def f():\n"])
+    sg = write_jsonl(tmp_path / "sg.jsonl", [{"id": "a", "turns": ["one", "two", "three"]}])
+    assert read_prompt_file(sg, "sharegpt")[0].turns == ["one", "two", "three"]
+    conv = tmp_path / "sharegpt.json"   # vLLM's ShareGPT file: a JSON list with conversations
+    conv.write_text(json.dumps([{"id": "x", "conversations": [{"from": "human", "value": "hi"},
+                                                              {"from": "gpt", "value": "hello"},
+                                                              {"from": "human", "value": "bye"}]}]))
+    assert read_prompt_file(conv, "sharegpt")[0].turns == ["hi", "bye"]
+    custom = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "p0"}, {"prompt": "p1"}])
+    assert [p.id for p in read_prompt_file(custom, "custom")] == ["c:0", "c:1"]
+    assert [p.text for p in read_prompts([str(mt), str(custom)])] == ["Write a poem.", "Sort a list.", "p0", "p1"]
+    with pytest.raises(ValueError, match=r"c.jsonl:1: no 'turns' field"):
+        read_prompt_file(custom, "mt-bench")
+    with pytest.raises(ValueError, match="unknown dataset"):
+        read_prompt_file(custom, "alpaca")
+    with pytest.raises(FileNotFoundError, match="no such dataset file"):
+        read_prompt_file(tmp_path / "missing.jsonl", "custom")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
+        read_prompt_file(tmp_path / "bad.jsonl", "custom")
+
+
+@pytest.mark.skipif(not (MT_BENCH.is_file() and HUMANEVAL.is_file()), reason="the shared data is not here")
+def test_shared_benchmark_files():
+    mt = read_prompt_file(MT_BENCH, "mt-bench")
+    assert len(mt) == 80 and all(len(p.turns) == 2 for p in mt)
+    assert len(read_prompt_file(HUMANEVAL, "humaneval")) == 164
+
+
+def test_workload_selection_and_rendering(tmp_path, tiny_chat_dir):
+    from peagle.models.loader import load_tokenizer
+
+    path = write_jsonl(tmp_path / "c.jsonl", [{"prompt": f"p{i}"} for i in range(10)])
+
+    def workload(*flags):
+        args = build_parser().parse_args(["bench", "offline", "--dataset-name", "custom", "--dataset-path", str(path),
+                                          *flags])
+        return load_workload(args, args.dataset_name, args.dataset_path)
+
+    a, b = workload("--num-prompts", "4"), workload("--num-prompts", "4")
+    assert [p.id for p in a.prompts] == [p.id for p in b.prompts] != [f"c:{i}" for i in range(4)]  # seeded shuffle
+    assert [p.id for p in workload("--num-prompts", "3", "--disable-shuffle").prompts] == ["c:0", "c:1", "c:2"]
+    assert a.output_len == 128 and workload("--output-len", "9").output_len == 9 and a.chat
+    assert messages(["q1", "q2"], ["a1"]) == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+                                              {"role": "user", "content": "q2"}]
+    tok = load_tokenizer(tiny_chat_dir)
+    text = render(tok, messages(["q1", "q2"], ["a1"]), chat=True)
+    assert text.index("q1") < text.index("a1") < text.index("q2") and text.endswith("<|im_start|>assistant\n")
+    assert render(tok, messages(["q1"], []), chat=False) == "q1"
+
+
+def test_grid_skips_k_beyond_the_trained_k():
+    models = SimpleNamespace(drafter=SimpleNamespace(cfg=SimpleNamespace(trained_k=3)))
+    cells = grid_cells(models, ["parallel", "eagle3", "none"], [1, 5], [1, 4])
+    assert cells == [("parallel", 1, 1), ("eagle3", 1, 1), ("eagle3", 5, 1), ("none", 0, 1),
+                     ("parallel", 1, 4), ("eagle3", 1, 4), ("eagle3", 5, 4), ("none", 0, 4)]
+
+
+# ----------------------------------------------------------------------------- live runs
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    return write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Name {i} colours."} for i in range(4)])
+
+
+def test_bench_serve_against_peagle_serve(server, tiny_chat_dir, prompts_file, tmp_path, monkeypatch, capsys):  # noqa: F811
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    out = tmp_path / "result.json"
+    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{server}", "--model", str(tiny_chat_dir),
+               "--served-model-name", "tiny", "--dataset-name", "custom", "--dataset-path", str(prompts_file),
+               "--num-prompts", "4", "--max-concurrency", "2", "--temperature", "0", "--custom-output-len", "8",
+               "--ignore-eos", "--save-result", "--result-filename", str(out), "--disable-tqdm"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    res = json.loads(out.read_text())
+    for key in ("completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
+                "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+                "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "max_concurrency",
+                "acceptance_length", "acceptance_rate", "spec_decode_acceptance_length"):
+        assert key in res, key
+    assert (res["completed"], res["failed"], res["total_output_tokens"]) == (4, 0, 32)
+    assert res["max_concurrency"] == 2 and res["model_id"] == str(tiny_chat_dir)
+    # the server runs P-EAGLE with K=3: AL and acceptance come from its /metrics
+    assert res["spec_decode_num_drafts"] > 0 and res["acceptance_length"] >= 1.0
+    assert len(res["spec_decode_per_position_acceptance_rates"]) == 3
+    assert "Serving Benchmark Result" in printed.out and "Acceptance length:" in printed.out
+
+
+def test_bench_serve_errors_are_one_line(tiny_chat_dir, prompts_file, capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]   # nothing listens here once closed
+    tok = ["--tokenizer", str(tiny_chat_dir)]
+    for argv, msg in [([f"--port={port}", "--dataset-path", str(prompts_file), *tok], "cannot reach the server"),
+                      (["--dataset-path", str(prompts_file) + ".missing", *tok], "no such dataset file"),
+                      (["--dataset-path", str(prompts_file), "--model", "tiny"], "neither a local folder")]:
+        rc = main(["bench", "serve", "--dataset-name", "custom", *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 1 and err[-1].startswith("peagle: error: ") and msg in err[-1], err
+
+
+@pytest.fixture(scope="module")
+def head_dir(tiny_chat_dir, tmp_path_factory):
+    from peagle.models.drafter import save_drafter
+    from peagle.models.loader import choose_mask_token, init_drafter, load_target, load_tokenizer
+
+    target, path = load_target(str(tiny_chat_dir))
+    out = tmp_path_factory.mktemp("head")
+    save_drafter(init_drafter(target, 1, choose_mask_token(load_tokenizer(path))), out)
+    return out
+
+
+def test_bench_offline_json(tiny_chat_dir, head_dir, prompts_file, capsys):
+    rc = main(["bench", "offline", "--target", str(tiny_chat_dir), "--drafter", str(head_dir), "-k", "2",
+               "--max-concurrency", "2", "--dataset-name", "custom", "--dataset-path", str(prompts_file),
+               "--num-prompts", "3", "--output-len", "6", "--json", "--disable-tqdm"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    res = json.loads(printed.out.strip().splitlines()[-1])
+    cells = {c["method"]: c for c in res["cells"]}
+    assert set(cells) == {"parallel", "eagle3", "none"} and res["concurrency"] == 2
+    for m in ("parallel", "eagle3"):
+        c = cells[m]
+        assert c["k"] == 2 and c["completed"] == 3 and c["spec_decode_num_drafts"] > 0
+        al = 1 + c["spec_decode_accepted_tokens"] / c["spec_decode_num_drafts"]
+        assert c["acceptance_length"] == pytest.approx(al)
+        assert len(c["spec_decode_per_position_acceptance_rates"]) == 2 and c["output_throughput"] > 0
+    assert cells["none"]["acceptance_length"] is None and cells["none"]["k"] == 0
+
+
+def test_bench_sweep_tiny(tiny_chat_dir, head_dir, prompts_file, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    rc = main(["bench", "sweep", "--target", str(tiny_chat_dir), "--drafter", str(head_dir), "-k", "1,2",
+               "--concurrency", "1,2", "--datasets", f"custom={prompts_file}", "--num-prompts", "2",
+               "--output-len", "6", "--prompt-lookup-num-tokens", "3", "--out", str(out), "--disable-tqdm"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    res = json.loads((out / "sweep.json").read_text())
+    assert len(res["cells"]) == 2 * (2 + 2 + 1)   # concurrency x (P-EAGLE K=1,2 + EAGLE-3 K=1,2 + none)
+    assert {(b["system"], b["completed"]) for b in res["baselines"]} == {("hf", 2), ("hf-prompt-lookup", 2)}
+    assert all(c["completed"] == 2 and c["output_throughput"] > 0 for c in res["cells"])
+    md = (out / "sweep.md").read_text()
+    for heading in ("Acceptance length (AL)", "| P-EAGLE | 2 |", "Output throughput", "P-EAGLE / EAGLE-3",
+                    "HF prompt lookup, 3 tokens"):
+        assert heading in md, heading
+    for png in ("throughput.png", "acceptance_length.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
