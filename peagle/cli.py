@@ -1,4 +1,4 @@
-"""``peagle`` command line: generate, init-drafter."""
+"""``peagle`` command line: generate, serve, synth, init-drafter, bench."""
 from __future__ import annotations
 
 import argparse
@@ -106,7 +106,86 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hidden(args: argparse.Namespace) -> int:
+    from peagle.models.loader import load_target
+    from peagle.train.data import load_records, write_hidden
+
+    target, _ = load_target(args.target)
+    records = load_records(args.data, args.max_len)
+    n = write_hidden(target, records, args.out, args.shard_docs)
+    print(f"wrote {n} hidden-state shards for {len(records)} documents to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from peagle.train.trainer import TrainConfig, train
+
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    res = train(cfg)
+    if res is not None and int(os.environ.get("RANK", "0")) == 0:
+        print(f"head written to {cfg.out}; held-out estimate: acceptance length {res['al']} at K={cfg.k}, "
+              f"per-depth accuracy {res['acc']}", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from peagle.models.drafter import save_drafter
+    from peagle.models.loader import load_drafter_for, load_target
+
+    target, path = load_target(args.target)
+    head = load_drafter_for(target, path, args.drafter)
+    head.cfg.check_target(target.cfg, target.aux_layers)
+    base = target.model.embed_tokens.weight if args.compact else None
+    save_drafter(head, args.out, getattr(torch, args.dtype), base_embedding=base)
+    form = "compact (embedding rows shared with the target left out)" if args.compact else "complete vLLM layout"
+    print(f"wrote {args.drafter} to {args.out}: {form}, {args.dtype}", file=sys.stderr)
+    return 0
+
+
+# `peagle train` flags: one per TrainConfig field (defaults live there); help for the less obvious.
+TRAIN_HELP = {
+    "data": "folder written by `peagle synth`", "out": "output: a vLLM-format head, checkpoint/ and train_log.jsonl",
+    "method": "peagle (parallel drafting) or eagle3 (training-time test, the baseline)",
+    "layers": "decoder layers of the head", "k": "depths trained: parallel groups (peagle) or unrolled steps (eagle3)",
+    "draft_vocab": "draft vocabulary size (the most frequent response tokens)",
+    "hidden": "folder written by `peagle hidden` (default: run the target online)",
+    "batch_size": "documents per process per step", "micro_tokens": "tokens packed into one micro-batch",
+    "segments": "sequence partition: segments per micro-batch (saves memory, same gradients)",
+    "r": "position sampling: depth d keeps (n-d)*max(r**d, r_min) anchors",
+    "eval_fraction": "share of documents held out (chosen by id hash)",
+    "save_every": "steps between atomic checkpoints", "resume": "continue from out/checkpoint",
+}
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    import dataclasses
+
+    from peagle.train.trainer import TrainConfig
+
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        names = [flag, "-k"] if f.name == "k" else [flag]
+        help_ = TRAIN_HELP.get(f.name)
+        if f.default is dataclasses.MISSING:
+            p.add_argument(*names, dest=f.name, required=True, help=help_)
+        elif isinstance(f.default, bool):
+            p.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
+        else:
+            kind = {"int | None": int, "str | None": str, "float": float, "int": int, "str": str}[str(f.type)]
+            p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    return args.bench_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from peagle.bench import offline, serve, sweep
+
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -166,6 +245,38 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     d.add_argument("--out", required=True)
     d.set_defaults(func=cmd_init_drafter)
+
+    h = sub.add_parser("hidden", help="the target's hidden states for synthesized data (offline training input)")
+    _add_target_args(h)
+    h.add_argument("--data", required=True, help="folder written by `peagle synth`")
+    h.add_argument("--out", required=True)
+    h.add_argument("--max-len", type=int, default=2048, help="documents are cut to this many tokens (as in train)")
+    h.add_argument("--shard-docs", type=int, default=256, help="documents per safetensors shard")
+    h.set_defaults(func=cmd_hidden)
+
+    t = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head; resumable; torchrun for many processes")
+    _add_train_args(t)
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("export", help="write a head in the complete vLLM layout (or the compact one)")
+    _add_target_args(e)
+    e.add_argument("--drafter", required=True)
+    e.add_argument("--out", required=True)
+    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    e.add_argument("--compact", action="store_true",
+                   help="leave out embedding rows equal to the target's (peagle loads it; vLLM needs the full form)")
+    e.set_defaults(func=cmd_export)
+
+    b = sub.add_parser("bench", help="benchmarks: serve (HTTP load, as vllm bench serve), offline, sweep")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    for name, module, text in [
+            ("serve", serve, "stream a dataset to an OpenAI-compatible server (flags as vllm bench serve)"),
+            ("offline", offline, "in-process: AL, per-position acceptance and tok/s per method and K"),
+            ("sweep", sweep, "method x K x concurrency x dataset grid with HF peers; JSON, Markdown, PNG")]:
+        bp = bsub.add_parser(name, help=text, description=module.__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_args(bp)
+        bp.set_defaults(func=cmd_bench, bench_main=module.main)
     return parser
 
 

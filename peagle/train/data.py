@@ -1,0 +1,148 @@
+"""Training data: the documents ``peagle synth`` wrote, the draft vocabulary, and the target's view
+of each document (auxiliary hidden states, final hidden state, greedy next token), computed online
+or read from the sharded safetensors ``peagle hidden`` writes."""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from peagle.models.layers import AttnMeta, CheckpointError
+from peagle.models.llama import LlamaModel
+from peagle.train.objective import Doc
+from peagle.train.synth import read_responses
+
+HIDDEN_SHARD = "hidden-{:05d}.safetensors"
+
+
+@dataclass
+class Record:
+    """A synthesized document: prompt and response token ids."""
+
+    id: str
+    ids: list[int]
+    prompt_len: int
+
+
+def load_records(data_dir: str | os.PathLike, max_len: int) -> list[Record]:
+    """Every response in ``data_dir`` (prompt + response, cut to ``max_len`` tokens) with at least
+    three response tokens, in the order synthesis wrote them."""
+    if not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"no training data at {data_dir}: run `peagle synth --out {data_dir}` first")
+    out = []
+    for r in read_responses(data_dir):
+        ids = (r["prompt_token_ids"] + r["response_token_ids"])[:max_len]
+        if len(ids) - len(r["prompt_token_ids"]) >= 3:
+            out.append(Record(r["id"], ids, len(r["prompt_token_ids"])))
+    if not out:
+        raise ValueError(f"{data_dir} holds no usable responses")
+    return out
+
+
+def is_eval(record_id: str, fraction: float) -> bool:
+    """The held-out slice, chosen by a hash of the id so it stays put as more data is synthesized."""
+    return int(hashlib.sha1(record_id.encode()).hexdigest()[:8], 16) < fraction * 2 ** 32
+
+
+def draft_vocab(records: list[Record], size: int, vocab_size: int) -> torch.Tensor:
+    """The ``size`` target ids most frequent in the responses, sorted (EAGLE-3's reduced vocabulary);
+    when fewer distinct ids occur, the rest are the lowest unused ids."""
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"draft vocabulary size must be in 1..{vocab_size}, got {size}")
+    counts = collections.Counter(t for r in records for t in r.ids[r.prompt_len:])
+    ids = [t for t, _ in counts.most_common(size)]
+    if len(ids) < size:
+        used = set(ids)
+        ids += [t for t in range(vocab_size) if t not in used][:size - len(ids)]
+    return torch.tensor(sorted(ids))
+
+
+@torch.no_grad()
+def target_view(target: LlamaModel, ids: list[int], chunk: int = 512) -> tuple[torch.Tensor, ...]:
+    """One prefill of ``ids``: (aux hidden states, final normed hidden state, greedy next token)."""
+    n = len(ids)
+    pos = torch.arange(n)
+    meta = AttnMeta(pos, [0, n], [pos], [pos])
+    final, taps = target.hidden(torch.tensor(ids), pos, target.make_caches(n), meta)
+    argmax = torch.cat([target.logits(final[i:i + chunk]).argmax(-1) for i in range(0, n, chunk)])
+    return taps, final, argmax
+
+
+def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.PathLike, shard_docs: int = 256,
+                 progress: bool = True) -> int:
+    """``peagle hidden``: the target's view of every record, float16, ``shard_docs`` documents a
+    shard. Shard i always holds records ``[i*shard_docs, (i+1)*shard_docs)``; finished shards are
+    kept on a re-run (each is written to a temp file and renamed), so a kill loses one shard."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shards = [records[i:i + shard_docs] for i in range(0, len(records), shard_docs)]
+    todo = [i for i in range(len(shards)) if not (out / HIDDEN_SHARD.format(i)).exists()]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(records), initial=len(records) - sum(len(shards[i]) for i in todo),
+                   desc="hidden", unit="doc")
+    meta = {"target_hidden_size": str(target.cfg.hidden_size), "aux_layers": json.dumps(list(target.aux_layers))}
+    for i in todo:
+        taps, final, argmax = [], [], []
+        for rec in shards[i]:
+            t, f, a = target_view(target, rec.ids)
+            taps.append(t.half())
+            final.append(f.half())
+            argmax.append(a.int())
+            if bar is not None:
+                bar.update(1)
+        lens = torch.tensor([len(r.ids) for r in shards[i]])
+        tensors = {"taps": torch.cat(taps), "final": torch.cat(final), "argmax": torch.cat(argmax),
+                   "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])}
+        tmp = out / (HIDDEN_SHARD.format(i) + ".tmp")
+        save_file(tensors, str(tmp), metadata={**meta, "ids": json.dumps([r.id for r in shards[i]])})
+        os.replace(tmp, out / HIDDEN_SHARD.format(i))
+    if bar is not None:
+        bar.close()
+    return len(todo)
+
+
+class HiddenSource:
+    """The target's view of a record: read from ``peagle hidden`` shards when ``hidden_dir`` is
+    given, else computed by running ``target`` in-process (online)."""
+
+    def __init__(self, target: LlamaModel, hidden_dir: str | os.PathLike | None = None):
+        self.target = target
+        self.where: dict[str, tuple[Path, int, int]] = {}
+        if hidden_dir is None:
+            return
+        files = sorted(Path(hidden_dir).glob("hidden-*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no hidden-state shards in {hidden_dir}: run `peagle hidden` first")
+        for f in files:
+            with safe_open(str(f), "pt") as fh:
+                meta = fh.metadata() or {}
+                offsets = fh.get_tensor("offsets").tolist()
+            if (int(meta.get("target_hidden_size", -1)) != target.cfg.hidden_size
+                    or json.loads(meta.get("aux_layers", "null")) != list(target.aux_layers)):
+                raise CheckpointError(f"{f} was written for another target (hidden size "
+                                      f"{meta.get('target_hidden_size')}, aux layers {meta.get('aux_layers')})")
+            for j, rid in enumerate(json.loads(meta["ids"])):
+                self.where[rid] = (f, offsets[j], offsets[j + 1])
+
+    def doc(self, rec: Record) -> Doc:
+        ids = torch.tensor(rec.ids)
+        if not self.where:
+            taps, final, argmax = target_view(self.target, rec.ids)
+            return Doc(ids, rec.prompt_len, taps, final, argmax)
+        if rec.id not in self.where:
+            raise KeyError(f"record {rec.id} has no hidden states: re-run `peagle hidden` on the same data")
+        f, lo, hi = self.where[rec.id]
+        if hi - lo != len(rec.ids):
+            raise CheckpointError(f"{f}: record {rec.id} has {hi - lo} rows, the data has {len(rec.ids)} tokens")
+        with safe_open(str(f), "pt") as fh:
+            rows = [fh.get_slice(name)[lo:hi] for name in ("taps", "final", "argmax")]
+        return Doc(ids, rec.prompt_len, rows[0].float(), rows[1].float(), rows[2].long())

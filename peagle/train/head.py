@@ -1,0 +1,48 @@
+"""The head being trained: a :class:`Drafter` whose embedding table is the target's, frozen, except
+the mask token's row, which is learned (PEAGLE.md §1). Initialised from the target where that
+helps: its LM-head rows for the draft vocabulary and its final norm."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from peagle.models.drafter import Drafter, DrafterConfig
+from peagle.models.llama import LlamaModel
+
+
+class TrainHead(Drafter):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__(cfg)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.mask_embedding = nn.Parameter(torch.zeros(cfg.hidden_size))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        e = self.embed_tokens(ids)
+        return torch.where((ids == self.cfg.mask_token_id)[:, None], self.mask_embedding, e)
+
+    @classmethod
+    def for_target(cls, target: LlamaModel, num_layers: int, draft_ids: torch.Tensor, mask_token_id: int,
+                   trained_k: int, seed: int = 0) -> "TrainHead":
+        cfg = DrafterConfig.for_target(target.cfg, num_layers, draft_ids.shape[0], mask_token_id,
+                                       target.aux_layers, trained_k)
+        head = cls(cfg)
+        head.init_weights(seed)
+        with torch.no_grad():
+            emb = target.model.embed_tokens.weight
+            head.embed_tokens.weight.copy_(emb)
+            head.mask_embedding.copy_(emb[mask_token_id])
+            head.lm_head.weight.copy_(target.lm_weight[draft_ids])
+            head.norm.weight.copy_(target.model.norm.weight)
+        head.set_vocab_map(draft_ids)
+        return head
+
+    def trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def to_drafter(self) -> Drafter:
+        """The plain vLLM-format head: the learned mask row written into the embedding table."""
+        out = Drafter(self.cfg)
+        sd = {k: v.detach().clone() for k, v in self.state_dict().items() if k != "mask_embedding"}
+        sd["embed_tokens.weight"][self.cfg.mask_token_id] = self.mask_embedding.detach()
+        out.load_state_dict(sd)
+        return out.eval()

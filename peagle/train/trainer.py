@@ -1,0 +1,306 @@
+"""``peagle train``: fit a P-EAGLE (or, for comparison, an EAGLE-3) head to a target on the responses
+``peagle synth`` wrote, on one process or many (``torchrun --nproc_per_node N``).
+
+A step takes ``batch_size`` documents per process from a seeded per-epoch permutation, packs them
+into micro-batches, runs the objective (:mod:`peagle.train.objective`) on each, and divides every
+loss by one global count of supervised elements; gradients are summed across processes once per
+step (data parallel, synchronised only after the last micro-batch and segment). Position sampling
+is seeded per document, so N processes reproduce one process with an N-times larger batch.
+
+Checkpoints (weights, optimizer, scheduler, RNG, step) are written atomically every
+``save_every`` steps; ``--resume`` continues exactly from the last one. The output folder is always
+a vLLM-format head (``config.json`` + ``model.safetensors``), refreshed at every checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from peagle.models.drafter import save_drafter
+from peagle.train.data import HiddenSource, Record, draft_vocab, is_eval, load_records
+from peagle.train.head import TrainHead
+from peagle.train.objective import METHODS, Batch, Objective, auto_segments, evaluate, sample_elements
+
+STATE = "checkpoint/state.pt"
+LOG = "train_log.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    data: str
+    out: str
+    target: str | None = None
+    method: str = "peagle"
+    layers: int = 1
+    k: int = 8                       # depths trained (P-EAGLE: parallel groups; EAGLE-3: unrolled steps)
+    draft_vocab: int = 8192
+    mask_token_id: int | None = None  # default: a spare special token of the tokenizer
+    hidden: str | None = None        # `peagle hidden` output; None computes the target's states online
+    epochs: float = 1.0
+    max_steps: int | None = None
+    batch_size: int = 8              # documents per process per step
+    micro_tokens: int = 1024         # documents are packed into micro-batches of about this many tokens
+    segments: int = 1                # sequence partition (more are used when a micro-batch needs them)
+    max_elements: int = 8192         # elements one segment may hold
+    lr: float = 5e-4
+    min_lr: float = 5e-5
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    r: float = 0.7                   # position sampling: depth d keeps (n - d) * max(r**d, r_min) anchors
+    r_min: float = 0.2
+    max_len: int = 2048
+    eval_fraction: float = 0.02
+    eval_docs: int = 64
+    eval_every: int = 100
+    save_every: int = 50
+    log_every: int = 10
+    seed: int = 0
+    resume: bool = False
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        for name in ("layers", "k", "batch_size", "micro_tokens", "segments", "save_every", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if not (0 < self.r <= 1 and 0 < self.r_min <= 1):
+            raise ValueError("r and r_min must be in (0, 1]")
+
+
+# Settings a resumed run must share with the run it continues.
+RESUME_KEYS = ("method", "layers", "k", "draft_vocab", "batch_size", "micro_tokens", "r", "r_min", "max_len",
+               "eval_fraction", "seed", "lr", "min_lr", "warmup_steps", "weight_decay")
+
+
+def lr_lambda(cfg: TrainConfig, total_steps: int):
+    """Linear warm-up, then cosine decay to ``min_lr``."""
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        t = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        return (cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))) / cfg.lr
+    return f
+
+
+def doc_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """Position sampling for one document in one epoch: the same whichever process draws it."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+
+
+def micro_batches(items: list, lengths: list[int], budget: int) -> list[list]:
+    """Consecutive groups of about ``budget`` tokens (a longer document goes alone)."""
+    groups, cur, used = [], [], 0
+    for item, n in zip(items, lengths):
+        if cur and used + n > budget:
+            groups.append(cur)
+            cur, used = [], 0
+        cur.append(item)
+        used += n
+    return groups + [cur] if cur else groups
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        from peagle.models.loader import choose_mask_token, load_target, load_tokenizer
+
+        self.cfg = cfg
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("gloo")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world))
+        self.out = Path(cfg.out)
+        self.target, path = load_target(cfg.target)
+        self.target.requires_grad_(False)
+        records = load_records(cfg.data, cfg.max_len)
+        self.eval_records = [r for r in records if is_eval(r.id, cfg.eval_fraction)][:cfg.eval_docs]
+        held = {r.id for r in self.eval_records}
+        self.train_records = [r for r in records if r.id not in held]
+        self.steps_per_epoch = len(self.train_records) // (self.world * cfg.batch_size)
+        if self.steps_per_epoch < 1:
+            raise ValueError(f"{len(self.train_records)} training documents are fewer than one step's "
+                             f"{self.world * cfg.batch_size} (processes x --batch-size)")
+        self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
+        self.source = HiddenSource(self.target, cfg.hidden)
+
+        state = self._load_state() if cfg.resume else None
+        if state is not None:
+            draft_ids, mask_id = state["draft_ids"], state["mask_token_id"]
+        else:
+            draft_ids = draft_vocab(self.train_records, cfg.draft_vocab, self.target.cfg.vocab_size)
+            mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else choose_mask_token(load_tokenizer(path))
+        self.head = TrainHead.for_target(self.target, cfg.layers, draft_ids, mask_id, cfg.k, cfg.seed)
+        self.head.cfg.check_target(self.target.cfg, self.target.aux_layers)
+        if cfg.method == "eagle3":  # EAGLE-3 never reads the mask token or mask_hidden
+            self.head.mask_hidden.requires_grad_(False)
+            self.head.mask_embedding.requires_grad_(False)
+        self.objective = Objective(self.head, cfg.method, cfg.k, self.target.lm_weight[draft_ids])
+        self.opt = torch.optim.AdamW(self.head.trainable(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
+        self.step, self.tokens, self.elapsed = 0, 0, 0.0
+        self.last_eval: dict | None = None
+        if state is not None:
+            self._restore(state)
+
+    # ------------------------------------------------------------------ one step
+    def _my_docs(self, step: int) -> list[tuple[int, Record]]:
+        epoch, i = divmod(step, self.steps_per_epoch)
+        perm = torch.randperm(len(self.train_records), generator=torch.Generator().manual_seed(self.cfg.seed * 7919 + epoch))
+        n = self.world * self.cfg.batch_size
+        chosen = perm[i * n:(i + 1) * n].tolist()[self.rank::self.world]
+        return [(j, self.train_records[j]) for j in chosen]
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        epoch = self.step // self.steps_per_epoch
+        mine = self._my_docs(self.step)
+        groups = micro_batches(mine, [len(r.ids) for _, r in mine], cfg.micro_tokens)
+        work = []
+        for group in groups:
+            batch = Batch.pack([self.source.doc(r) for _, r in group])
+            gens = [doc_generator(cfg.seed, epoch, j) for j, _ in group] if cfg.method == "peagle" else None
+            el = sample_elements(batch, cfg.k, cfg.r, cfg.r_min, gens)
+            work.append((batch, el))
+        counts = torch.tensor([float(sum(self.objective.count(b, e) for b, e in work)),
+                               float(sum(b.ids.shape[0] for b, _ in work))])
+        if self.world > 1:
+            dist.all_reduce(counts)
+        n_sup = max(1.0, float(counts[0]))
+        loss, correct, count = 0.0, torch.zeros(cfg.k), torch.zeros(cfg.k)
+        for batch, el in work:
+            s = self.objective.run(batch, el, auto_segments(batch, el, cfg.segments, cfg.max_elements),
+                                   1.0 / n_sup, backward=True)
+            loss += s.loss
+            correct += torch.tensor(s.correct, dtype=torch.float)
+            count += torch.tensor(s.count, dtype=torch.float)
+        params = self.head.trainable()
+        if self.world > 1:  # data parallel: one all-reduce of all gradients per step
+            flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params])
+            dist.all_reduce(flat)
+            for p, g in zip(params, flat.split([p.numel() for p in params])):
+                p.grad = g.view_as(p).clone()
+            totals = torch.cat([torch.tensor([loss]), correct, count])
+            dist.all_reduce(totals)
+            loss, correct, count = float(totals[0]), totals[1:cfg.k + 1], totals[cfg.k + 1:]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens += int(counts[1])
+        return {"step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4), "loss": round(loss / n_sup, 5),
+                "acc": [round(float(c / max(n, 1)), 4) for c, n in zip(correct, count)],
+                "grad_norm": round(float(grad_norm), 4), "lr": self.sched.get_last_lr()[0], "tokens": self.tokens}
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> dict | None:
+        cfg = self.cfg
+        lead = self.rank == 0
+        bar = None
+        if lead and cfg.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step")
+        self._log({"event": "start", "step": self.step, "total_steps": self.total_steps, "world_size": self.world,
+                   "train_docs": len(self.train_records), "eval_docs": len(self.eval_records),
+                   "config": dataclasses.asdict(cfg)})
+        t0 = time.perf_counter() - self.elapsed
+        while self.step < self.total_steps:
+            rec = self.train_step()
+            self.elapsed = time.perf_counter() - t0
+            rec["elapsed_s"] = round(self.elapsed, 1)
+            last = self.step == self.total_steps
+            if self.step % cfg.log_every == 0 or last:
+                self._log(rec)
+            if self.step % cfg.eval_every == 0 or last:
+                self.evaluate()
+            if self.step % cfg.save_every == 0 or last:
+                self.save()
+            if bar is not None:
+                post = {"loss": rec["loss"], "acc0": rec["acc"][0]}
+                if self.last_eval:
+                    post["eval_AL"] = self.last_eval["al"]
+                bar.set_postfix(post)
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        return self.last_eval
+
+    def evaluate(self) -> None:
+        if self.rank == 0 and self.eval_records:
+            self.head.eval()
+            res = evaluate(self.objective, [self.source.doc(r) for r in self.eval_records], self.cfg.k,
+                           self.cfg.max_elements)
+            self.head.train()
+            self.last_eval = {"step": self.step, "tokens": self.tokens, **res}
+            self._log({"event": "eval", **self.last_eval, "elapsed_s": round(self.elapsed, 1)})
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self) -> None:
+        """The vLLM-format head in ``out`` and the training state in ``out/checkpoint``, each atomically."""
+        if self.rank == 0:
+            save_drafter(self.head.to_drafter(), self.out)
+            state = {
+                "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "last_eval": self.last_eval,
+                "config": dataclasses.asdict(self.cfg), "world_size": self.world,
+                "draft_ids": self.head.to_target_ids(torch.arange(self.head.cfg.draft_vocab_size)),
+                "mask_token_id": self.head.cfg.mask_token_id,
+                "head": {k: v for k, v in self.head.state_dict().items() if k != "embed_tokens.weight"},
+                "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            }
+            path = self.out / STATE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        if self.world > 1:
+            dist.barrier()
+
+    def _load_state(self) -> dict | None:
+        path = self.out / STATE
+        if not path.is_file():
+            return None
+        state = torch.load(path, weights_only=False)
+        old = state["config"]
+        diff = [f"{k}: {old.get(k)!r} -> {getattr(self.cfg, k)!r}" for k in RESUME_KEYS if old.get(k) != getattr(self.cfg, k)]
+        if state["world_size"] != self.world:
+            diff.append(f"processes: {state['world_size']} -> {self.world}")
+        if diff:
+            raise ValueError(f"--resume with settings that differ from the checkpoint in {path}: " + "; ".join(diff))
+        return state
+
+    def _restore(self, state: dict) -> None:
+        self.head.load_state_dict(state["head"], strict=False)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        self.step, self.tokens, self.elapsed = state["step"], state["tokens"], state["elapsed"]
+        self.last_eval = state["last_eval"]
+
+    def _log(self, rec: dict) -> None:
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            with open(self.out / LOG, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+
+def train(cfg: TrainConfig) -> dict | None:
+    """Train (or resume) and return the last evaluation."""
+    trainer = Trainer(cfg)
+    try:
+        return trainer.run()
+    finally:
+        if trainer.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,193 @@
+"""``peagle hidden`` / ``train`` / ``export`` on a tiny target: the trained folder is a head the engine
+runs losslessly, training resumes exactly (also after kill -9), two torchrun processes equal one
+process with the doubled batch, offline hidden states equal online ones, and heads learn."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from peagle.engine.llm_engine import EngineConfig, LLMEngine
+from peagle.engine.sampling import SamplingParams
+from peagle.models.drafter import load_drafter
+from peagle.models.loader import load_target
+from peagle.train.data import HiddenSource, draft_vocab, load_records, write_hidden
+from peagle.train.synth import synthesize
+from peagle.train.trainer import STATE, Trainer, TrainConfig, train
+
+K = 4
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tiny_chat_dir, tmp_path_factory):
+    """Responses the tiny target wrote for a few dozen prompts."""
+    d = tmp_path_factory.mktemp("train-data")
+    prompts = d / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Question number {i}: tell me about {w}."}) + "\n"
+                               for i, w in enumerate(["cats", "rivers", "maths", "rain", "music", "bread"] * 5)))
+    engine = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", max_num_seqs=16, max_model_len=256)
+    synthesize(engine, [str(prompts)], d / "synth", max_new_tokens=40, batch_size=16, progress=False)
+    return d / "synth"
+
+
+def config(tiny_chat_dir, synth_dir, out, **kw) -> TrainConfig:
+    base = dict(data=str(synth_dir), out=str(out), target=str(tiny_chat_dir), k=K, draft_vocab=512, batch_size=4,
+                micro_tokens=128, eval_fraction=0.25, eval_every=3, save_every=2, warmup_steps=2, lr=3e-3,
+                progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def head_tensors(out) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "model.safetensors"))
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synth_dir, tmp_path, method):
+    cfg = config(tiny_chat_dir, synth_dir, tmp_path / "head", method=method, max_steps=4)
+    res = train(cfg)
+    assert res is not None and len(res["acc"]) == K and res["al"] >= 1.0 and res["anchors"] > 0
+    log = [json.loads(line) for line in open(tmp_path / "head" / "train_log.jsonl")]
+    assert [r["step"] for r in log if r.get("event") == "eval"] == [3, 4]
+    target, _ = load_target(str(tiny_chat_dir))
+    head = load_drafter(tmp_path / "head")
+    assert head.cfg.draft_vocab_size == 512 and head.cfg.trained_k == K
+    engine_method = "parallel" if method == "peagle" else "eagle3"
+    prompt = load_records(synth_dir, 256)[0].ids[:20]
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    ref = LLMEngine(target, None, EngineConfig(method="none")).generate([prompt], params)[0].token_ids
+    out = LLMEngine(target, head, EngineConfig(method=engine_method, num_speculative_tokens=K)).generate([prompt], params)[0]
+    assert out.token_ids == ref
+
+
+def test_resume_continues_exactly(tiny_chat_dir, synth_dir, tmp_path):
+    train(config(tiny_chat_dir, synth_dir, tmp_path / "straight", max_steps=6))
+    cut = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "cut", max_steps=6))
+    for _ in range(3):
+        cut.train_step()
+    cut.save()  # as if killed right after the checkpoint of step 3
+    resumed = train(config(tiny_chat_dir, synth_dir, tmp_path / "cut", max_steps=6, resume=True))
+    a, b = head_tensors(tmp_path / "straight"), head_tensors(tmp_path / "cut")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["step"] == 6
+
+
+def test_resume_refuses_changed_settings(tiny_chat_dir, synth_dir, tmp_path):
+    train(config(tiny_chat_dir, synth_dir, tmp_path / "h", max_steps=2))
+    with pytest.raises(ValueError, match="k: 4 -> 3"):
+        Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", max_steps=2, k=3, resume=True))
+
+
+def cli(*args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "peagle.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def train_args(tiny_chat_dir, synth_dir, out, *extra):
+    return ["train", "--target", str(tiny_chat_dir), "--data", str(synth_dir), "--out", str(out), "-k", str(K),
+            "--draft-vocab", "512", "--batch-size", "4", "--micro-tokens", "128", "--eval-fraction", "0.25",
+            "--warmup-steps", "2", "--lr", "3e-3", "--max-steps", "8", "--eval-every", "100", "--no-progress", *extra]
+
+
+def test_kill_9_loses_at_most_one_interval(tiny_chat_dir, synth_dir, tmp_path):
+    straight = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "a", "--save-every", "1"))
+    assert straight.wait(timeout=300) == 0, straight.stdout.read()
+    victim = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "b", "--save-every", "1"))
+    state = tmp_path / "b" / STATE
+    deadline = time.time() + 240
+    while time.time() < deadline and not (state.exists() and torch.load(state, weights_only=False)["step"] >= 3):
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    step = torch.load(state, weights_only=False)["step"]
+    assert 3 <= step < 8  # killed mid-run; the checkpoint on disk is whole
+    again = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "b", "--save-every", "1", "--resume"))
+    assert again.wait(timeout=300) == 0, again.stdout.read()
+    a, b = head_tensors(tmp_path / "a"), head_tensors(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_torchrun_processes_equal_one_with_the_doubled_batch(tiny_chat_dir, synth_dir, tmp_path):
+    one = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "one", "--batch-size", "4", "--max-steps", "3"))
+    assert one.wait(timeout=300) == 0, one.stdout.read()
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    args = train_args(tiny_chat_dir, synth_dir, tmp_path / "two", "--batch-size", "2", "--max-steps", "3")
+    two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517", "-m", "peagle.cli", *args],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert two.returncode == 0, two.stdout + two.stderr
+    a, b = head_tensors(tmp_path / "one"), head_tensors(tmp_path / "two")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_offline_hidden_states_equal_online(tiny_chat_dir, synth_dir, tmp_path):
+    target, _ = load_target(str(tiny_chat_dir))
+    records = load_records(synth_dir, 256)
+    assert write_hidden(target, records, tmp_path / "hidden", shard_docs=7, progress=False) == -(-len(records) // 7)
+    assert write_hidden(target, records, tmp_path / "hidden", shard_docs=7, progress=False) == 0  # resumed: all done
+    online, offline = HiddenSource(target), HiddenSource(target, tmp_path / "hidden")
+    for rec in records[:5]:
+        a, b = online.doc(rec), offline.doc(rec)
+        assert torch.equal(a.argmax, b.argmax) and torch.equal(a.ids, b.ids)
+        torch.testing.assert_close(b.taps, a.taps, rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(b.final, a.final, rtol=2e-3, atol=2e-3)
+    res = train(config(tiny_chat_dir, synth_dir, tmp_path / "off", hidden=str(tmp_path / "hidden"), max_steps=3))
+    assert res["anchors"] > 0
+
+
+def test_hidden_shards_for_another_target_are_refused(tiny_chat_dir, synth_dir, tmp_path):
+    target, _ = load_target(str(tiny_chat_dir))
+    records = load_records(synth_dir, 256)
+    write_hidden(target, records[:4], tmp_path / "hidden", progress=False)
+    other = dataclasses.replace(target.cfg, hidden_size=target.cfg.hidden_size + 1)
+    target.cfg = other
+    with pytest.raises(Exception, match="written for another target"):
+        HiddenSource(target, tmp_path / "hidden")
+
+
+def test_draft_vocabulary_is_the_most_frequent_response_tokens(synth_dir):
+    records = load_records(synth_dir, 256)
+    vocab = draft_vocab(records, 16, 49152)
+    counts = torch.bincount(torch.tensor([t for r in records for t in r.ids[r.prompt_len:]]), minlength=49152)
+    assert vocab.tolist() == sorted(vocab.tolist()) and len(set(vocab.tolist())) == 16
+    assert counts[vocab].min() >= counts.sort(descending=True).values[15]
+    with pytest.raises(ValueError, match="draft vocabulary size"):
+        draft_vocab(records, 0, 49152)
+
+
+def test_heads_learn(tiny_chat_dir, synth_dir, tmp_path):
+    """More training gives a better held-out acceptance estimate than none (the tiny target's
+    greedy text repeats itself, which a head picks up within a few dozen steps)."""
+    cfg = config(tiny_chat_dir, synth_dir, tmp_path / "learn", max_steps=40, eval_every=40, save_every=40, lr=1e-2)
+    trainer = Trainer(cfg)
+    trainer.evaluate()
+    before = trainer.last_eval
+    after = trainer.run()
+    assert after["acc"][0] > before["acc"][0] + 0.1 and after["al"] > before["al"], (before, after)
+
+
+def test_export_writes_the_complete_vllm_layout_and_the_compact_one(tiny_chat_dir, synth_dir, tmp_path):
+    train(config(tiny_chat_dir, synth_dir, tmp_path / "h", max_steps=2))
+    full = tmp_path / "full"
+    compact = tmp_path / "compact"
+    for out, extra in ((full, []), (compact, ["--compact"])):
+        p = cli("export", "--target", str(tiny_chat_dir), "--drafter", str(tmp_path / "h"), "--out", str(out),
+                "--dtype", "float32", *extra)
+        assert p.wait(timeout=120) == 0, p.stdout.read()
+    f, c = head_tensors(full), head_tensors(compact)
+    assert "embed_tokens.weight" in f and "embed_tokens.weight" not in c
+    mask_id = json.loads((full / "config.json").read_text())["ptd_token_id"]
+    assert c["embed_tokens.rows"].tolist() == [mask_id]  # only the learned mask row differs from the target
+    target, _ = load_target(str(tiny_chat_dir))
+    base = target.model.embed_tokens.weight
+    a, b = load_drafter(full).state_dict(), load_drafter(compact, base_embedding=base).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

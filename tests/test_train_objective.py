@@ -1,0 +1,202 @@
+"""The training objective sees what inference sees: the training forward of every (anchor, depth)
+element equals the drafter's output in the engine's own paged-cache passes, for P-EAGLE and for
+EAGLE-3; documents packed together do not see each other; sequence partition changes nothing but
+memory; position sampling keeps what §4 says."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import native_from_hf, tiny_hf
+
+from peagle.models.layers import AttnMeta
+from peagle.train.data import target_view
+from peagle.train.head import TrainHead
+from peagle.train.objective import Batch, Doc, Objective, chain_mask, sample_elements, segments
+
+MASK = 159
+K = 5
+
+
+@pytest.fixture(scope="module")
+def target():
+    return native_from_hf(tiny_hf("llama"))
+
+
+def make_doc(target, n: int, prompt_len: int, seed: int) -> Doc:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 150, (n,), generator=g)
+    taps, final, argmax = target_view(target, ids.tolist())
+    return Doc(ids, prompt_len, taps, final, argmax)
+
+
+def make_head(target, seed=0, dtype=torch.float32) -> TrainHead:
+    draft_ids = torch.arange(0, 160, 2)  # half the vocabulary: some labels fall outside it
+    head = TrainHead.for_target(target, 2, draft_ids, MASK, trained_k=K, seed=seed)
+    with torch.no_grad():  # make the learned pieces differ from their initial copies
+        head.mask_embedding.normal_()
+        head.mask_hidden.normal_()
+    return head.to(dtype)
+
+
+def inference_pass(drafter, ids, hidden, positions):
+    """One drafter pass over a fresh paged cache holding exactly these rows (positions 0..)."""
+    n = ids.shape[0]
+    slots = torch.arange(n)
+    meta = AttnMeta(slots, [0, n], [slots], [positions])
+    return drafter(ids, hidden, positions, drafter.make_caches(n), meta)
+
+
+def test_peagle_training_forward_equals_inference(target):
+    doc = make_doc(target, 40, 12, seed=1)
+    head = make_head(target)
+    obj = Objective(head, "peagle", K, target.lm_weight[head.to_target_ids(torch.arange(80))])
+    batch = Batch.pack([doc])
+    el = sample_elements(batch, K, 1.0, 1.0, None)
+    with torch.no_grad():
+        train_out = obj.forward(batch, el)
+    drafter = head.to_drafter()
+    for a in (11, 20, 33):
+        # the engine's drafter batch after verifying up to position a: x[1..a+1] paired with g[0..a],
+        # then K-1 mask slots (PEAGLE.md §3)
+        ids = torch.cat([doc.ids[1:a + 2], torch.full((K - 1,), MASK)])
+        with torch.no_grad():
+            hidden = torch.cat([drafter.project(doc.taps[:a + 1]), drafter.mask_feature().expand(K - 1, -1)])
+            normed, _ = inference_pass(drafter, ids, hidden, torch.arange(a + K))
+        for d in range(K):
+            row = ((el.tok == a) & (el.depth == d)).nonzero()
+            if row.numel():
+                torch.testing.assert_close(train_out[row[0, 0]], normed[a + d], atol=1e-5, rtol=1e-5)
+
+
+def test_eagle3_training_forward_equals_autoregressive_inference(target):
+    doc = make_doc(target, 40, 12, seed=2)
+    head = make_head(target)
+    obj = Objective(head, "eagle3", K, target.lm_weight[head.to_target_ids(torch.arange(80))])
+    batch = Batch.pack([doc])
+    el = sample_elements(batch, K, 1.0, 1.0, None)
+    with torch.no_grad():
+        train_out = obj.forward(batch, el)
+    drafter = head.to_drafter()
+    a = 25
+    n = a + K
+    caches, slots = drafter.make_caches(n), torch.arange(n)
+    with torch.no_grad():
+        # first pass: verified context; then one row per depth: token x[a+d+1] and the head's own
+        # pre-norm output of the previous row (the engine's EAGLE-3 loop, fed the true tokens)
+        pos = torch.arange(a + 1)
+        normed, pre = drafter(doc.ids[1:a + 2], drafter.project(doc.taps[:a + 1]), pos, caches,
+                              AttnMeta(slots[:a + 1], [0, a + 1], [slots[:a + 1]], [pos]))
+        outs, h = [normed[a]], pre[a:a + 1]
+        for d in range(1, K):
+            p = torch.tensor([a + d])
+            normed, h = drafter(doc.ids[a + d + 1:a + d + 2], h, p, caches,
+                                AttnMeta(slots[a + d:a + d + 1], [0, 1], [slots[:a + d + 1]], [p]))
+            outs.append(normed[0])
+    for d in range(K):
+        row = ((el.tok == a) & (el.depth == d)).nonzero()[0, 0]
+        torch.testing.assert_close(train_out[row], outs[d], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_packed_documents_do_not_see_each_other(target, method):
+    docs = [make_doc(target, 30, 8, seed=3), make_doc(target, 22, 5, seed=4)]
+    head = make_head(target)
+    obj = Objective(head, method, K, target.lm_weight[head.to_target_ids(torch.arange(80))])
+    packed = Batch.pack(docs)
+    el = sample_elements(packed, K, 1.0, 1.0, None)
+    with torch.no_grad():
+        out = obj.forward(packed, el)
+        offset = 0
+        for doc in docs:
+            alone = Batch.pack([doc])
+            el1 = sample_elements(alone, K, 1.0, 1.0, None)
+            out1 = obj.forward(alone, el1)
+            for i in range(len(el1)):
+                j = ((el.tok == el1.tok[i] + offset) & (el.depth == el1.depth[i])).nonzero()[0, 0]
+                torch.testing.assert_close(out[j], out1[i], atol=1e-5, rtol=1e-5)
+            offset += len(doc.ids)
+
+
+def saved_bytes(fn) -> int:
+    """Largest total size of tensors autograd keeps for backward within one forward+backward of ``fn``."""
+    peak, live = [0], [0]
+
+    def pack(t):
+        live[0] += t.numel() * t.element_size()
+        peak[0] = max(peak[0], live[0])
+        return t
+
+    class Reset:
+        def __call__(self):
+            live[0] = 0
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(Reset())
+    return peak[0]
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_sequence_partition_gradients_equal_and_memory_falls(target, method):
+    docs = [make_doc(target, 48, 10, seed=5), make_doc(target, 30, 6, seed=6)]
+    head = make_head(target, dtype=torch.float64)
+    tgt_head = target.lm_weight[head.to_target_ids(torch.arange(80))].double()
+    obj = Objective(head, method, K, tgt_head)
+    batch = Batch.pack([Doc(d.ids, d.prompt_len, d.taps.double(), d.final.double(), d.argmax) for d in docs])
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    el = sample_elements(batch, K, 0.8, 0.2, gens if method == "peagle" else None)
+    count = obj.count(batch, el)
+    grads, peaks = {}, {}
+    for s in (1, 4):
+        head.zero_grad()
+        peaks[s] = 0
+        for seg in segments(batch, el, s):  # measure each segment's own forward+backward
+            def one(reset, seg=seg):
+                reset()
+                sub = Objective(head, method, K, tgt_head)
+                normed = sub.forward(batch, seg[0])
+                rows = seg[1] & batch.supervised_from(seg[0].tok)
+                loss, _, _ = sub.score(batch, seg[0].select(rows), normed[rows])
+                (loss / count).backward()
+            peaks[s] = max(peaks[s], saved_bytes(one))
+        grads[s] = {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
+    assert grads[1].keys() == grads[4].keys() and len(grads[1]) > 5
+    for n in grads[1]:
+        rel = (grads[4][n] - grads[1][n]).norm() / grads[1][n].norm().clamp(min=1e-30)
+        assert rel <= 1e-5, (n, float(rel))
+    assert peaks[4] < 0.8 * peaks[1], peaks
+    # the objective's own segment loop gives the same gradient
+    head.zero_grad()
+    obj.run(batch, el, 4, 1.0 / count, backward=True)
+    for n, p in head.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, grads[1][n], rtol=1e-9, atol=1e-12)
+
+
+def test_position_sampling_follows_the_recipe(target):
+    doc = make_doc(target, 200, 20, seed=7)
+    batch = Batch.pack([doc])
+    r, r_min, k = 0.7, 0.2, 8
+    el = sample_elements(batch, k, r, r_min, [torch.Generator().manual_seed(0)])
+    n_valid = 200 - 2 - 19          # anchors 19..197 have a depth-0 label
+    assert int((el.depth == 0).sum()) == 198            # every row with a label is depth-0 context
+    prev = set(range(19, 198))
+    for d in range(1, k):
+        kept = el.tok[el.depth == d].tolist()
+        assert len(kept) == min(len([a for a in prev if a <= 197 - d]), round((n_valid - d) * max(r ** d, r_min)))
+        assert set(kept) <= prev and kept == sorted(kept)
+        prev = set(kept)
+    again = sample_elements(batch, k, r, r_min, [torch.Generator().manual_seed(0)])
+    assert torch.equal(el.tok, again.tok)
+
+
+def test_chain_mask_rule():
+    batch = Batch.pack([Doc(torch.arange(6), 1, torch.zeros(6, 3), torch.zeros(6, 1), torch.zeros(6, dtype=torch.long)),
+                        Doc(torch.arange(4), 1, torch.zeros(4, 3), torch.zeros(4, 1), torch.zeros(4, dtype=torch.long))])
+    el = sample_elements(batch, 3, 1.0, 1.0, None)
+    m = chain_mask(batch, el, el)
+    for i in range(len(el)):
+        for j in range(len(el)):
+            qa, qd, ka, kd = int(el.tok[i]), int(el.depth[i]), int(el.tok[j]), int(el.depth[j])
+            same = int(batch.doc[qa]) == int(batch.doc[ka])
+            want = same and ((kd == 0 and ka <= qa) or (ka == qa and kd <= qd))
+            assert bool(m[i, j]) == want
