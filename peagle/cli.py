@@ -98,8 +98,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from peagle.engine.llm_engine import LLMEngine
     from peagle.train.synth import synthesize
 
+    # KV for a full batch of typical documents (prompt + response); rarer long ones are preempted
+    kv_tokens = args.batch_size * min(args.max_model_len, 1024)
     engine = LLMEngine.from_pretrained(args.target, method="none", max_num_seqs=args.batch_size,
-                                       max_model_len=args.max_model_len)
+                                       max_model_len=args.max_model_len, kv_cache_tokens=kv_tokens)
     n = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
                    args.seed, args.batch_size, args.shard_size)
     print(f"wrote {n} responses to {args.out}", file=sys.stderr)
@@ -230,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--max-model-len", type=int, default=2048)
     y.add_argument("--temperature", type=float, default=0.0)
     y.add_argument("--seed", type=int, default=0)
-    y.add_argument("--batch-size", type=int, default=16, help="requests decoded together")
+    y.add_argument("--batch-size", type=int, default=64, help="requests decoded together")
     y.add_argument("--shard-size", type=int, default=2000, help="responses per JSONL shard")
     y.set_defaults(func=cmd_synth)
 

@@ -101,24 +101,29 @@ def test_batch_equals_alone_and_survives_kv_exhaustion(llama):
 
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
 def test_drafter_never_reads_unwritten_kv(llama, method):
-    """The KV pools start uninitialised: a pass whose context reached a slot no row ever wrote would
-    pick up garbage (NaN here), which even a zero attention weight spreads to every row."""
-    class Checked(Drafter):
+    """No attention context reaches a position that no row has written (rows of rejected drafts
+    write nothing): with the pools full of stale garbage every drafter output is exactly what it is
+    with zeroed pools (keys outside a context only ever get zero weight)."""
+    class Recording(Drafter):
         def forward(self, *args):
             normed, pre = super().forward(*args)
-            assert torch.isfinite(normed).all()
+            self.seen.append(normed.clone())
             return normed, pre
 
     random_head = init_drafter(llama, 2, MASK, seed=4)
-    head = Checked(random_head.cfg)
-    head.load_state_dict(random_head.state_dict())
-    engine = make_engine(llama, head.eval(), method, 5)
-    for cache in engine.drafter_caches + engine.target_caches:
-        cache.k.fill_(float("nan"))
-        cache.v.fill_(float("nan"))
-    params = SamplingParams(max_tokens=30, ignore_eos=True)
-    ref = make_engine(llama, None, "none").generate(prompts(3), params)
-    assert [o.token_ids for o in engine.generate(prompts(3), params)] == [o.token_ids for o in ref]
+    runs = []
+    for fill in (0.0, 1e4):
+        head = Recording(random_head.cfg)
+        head.load_state_dict(random_head.state_dict())
+        head.seen = []
+        engine = make_engine(llama, head.eval(), method, 5)
+        for cache in engine.drafter_caches + engine.target_caches:
+            cache.k.normal_(0, fill) if fill else cache.k.zero_()
+            cache.v.normal_(0, fill) if fill else cache.v.zero_()
+        engine.generate(prompts(3), SamplingParams(max_tokens=30, ignore_eos=True))
+        runs.append(head.seen)
+    assert len(runs[0]) == len(runs[1]) > 5
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 def test_abort_returns_blocks(llama):

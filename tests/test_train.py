@@ -134,6 +134,9 @@ def test_offline_hidden_states_equal_online(tiny_chat_dir, synth_dir, tmp_path):
     records = load_records(synth_dir, 256)
     assert write_hidden(target, records, tmp_path / "hidden", shard_docs=7, progress=False) == -(-len(records) // 7)
     assert write_hidden(target, records, tmp_path / "hidden", shard_docs=7, progress=False) == 0  # resumed: all done
+    # more data arrived: only the last shard, which now holds more documents, is redone
+    assert write_hidden(target, records[:-1], tmp_path / "hidden2", shard_docs=7, progress=False) == -(-(len(records) - 1) // 7)
+    assert write_hidden(target, records, tmp_path / "hidden2", shard_docs=7, progress=False) == 1
     online, offline = HiddenSource(target), HiddenSource(target, tmp_path / "hidden")
     for rec in records[:5]:
         a, b = online.doc(rec), offline.doc(rec)

@@ -189,7 +189,7 @@ class LLMEngine:
             ctx.append(all_slots)
             q_pos.append(pos)
             q_start.append(q_start[-1] + pos.shape[0])
-        return AttnMeta(torch.cat(slot_mapping), q_start, ctx, q_pos)
+        return AttnMeta(torch.cat(slot_mapping), q_start, ctx, q_pos, self.cfg.block_size)
 
     @torch.inference_mode()
     def step(self) -> StepResult:

@@ -164,6 +164,41 @@ def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torc
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+GROUP_MAX_ROWS = 16  # sequences with at most this many query rows (decoding, verifying) attend as one batch
+
+
+@dataclass
+class DecodeGroup:
+    """Sequences with few query rows, padded into one batched attention call per layer (on CPU one
+    call per sequence costs more in dispatch than the arithmetic). ``rows[b, j]``: the flat query row
+    (padding repeats a row of the same sequence; ``valid`` marks real ones); ``blocks[b, i]``: the KV
+    block holding key positions ``i*block_size ...`` (padding: the first block), gathered whole;
+    ``masks``: ``[B, rows, keys]`` per window."""
+
+    seqs: list[int]
+    rows: torch.Tensor
+    valid: torch.Tensor
+    blocks: torch.Tensor
+    block_size: int
+    masks: dict[int | None, torch.Tensor]
+
+    def gather(self, pool: torch.Tensor) -> torch.Tensor:
+        """``[B, keys, Hkv, d]`` from a ``[num_slots, Hkv, d]`` pool (block rows are contiguous)."""
+        B, nb = self.blocks.shape
+        rows = pool.view(-1, self.block_size * pool.shape[1] * pool.shape[2])
+        return rows.index_select(0, self.blocks.flatten()).view(B, nb * self.block_size, *pool.shape[1:])
+
+
+def causal_mask(pos: torch.Tensor, n_ctx: torch.Tensor, length: int, window: int | None) -> torch.Tensor:
+    """``[..., rows, length]``: key l is visible to a query at ``pos`` iff l <= pos, l < n_ctx, and
+    (with a sliding window) l > pos - window."""
+    keys = torch.arange(length)
+    m = (keys <= pos[..., None]) & (keys < n_ctx[..., None, None])
+    if window:
+        m &= keys > pos[..., None] - window
+    return m
+
+
 @dataclass
 class AttnMeta:
     """Where one forward's tokens sit in the paged KV cache.
@@ -171,52 +206,70 @@ class AttnMeta:
     ``slot_mapping[t]`` is the cache slot token t writes its key/value to (-1: write nothing).
     Sequence i owns query rows ``q_start[i]:q_start[i+1]`` and attends to the cache slots
     ``ctx_slots[i]`` (its whole context in position order, this step's tokens included);
-    ``q_pos[i]`` holds the positions of its query rows, which gives the causal mask.
+    ``q_pos[i]`` holds the positions of its query rows, which gives the causal mask. Contexts start
+    at a block boundary of ``block_size`` slots (the paged cache's layout).
     """
 
     slot_mapping: torch.Tensor
     q_start: list[int]
     ctx_slots: list[torch.Tensor]
     q_pos: list[torch.Tensor]
+    block_size: int = 1
     masks: dict[int | None, list[torch.Tensor | None]] = field(default_factory=dict)
     ctx: list[slice | torch.Tensor] = field(default_factory=list)
+    singles: list[int] = field(default_factory=list)
+    group: DecodeGroup | None = None
     write_rows: torch.Tensor | None = None
 
     def prepare(self, *windows: int | None) -> "AttnMeta":
-        """Build what every layer shares, once per forward: for each attention window the layers
-        use (None: full causal attention, the default) the boolean ``[n_q, ctx]`` masks (None where
-        plain causal decoding needs none), each context as a slice where its slots are contiguous
-        (a view instead of a gather), and the rows that write KV."""
+        """Build what every layer shares, once per forward, for each attention window the layers use
+        (None: full causal attention, the default): the :class:`DecodeGroup` of short sequences
+        when there are several, and for every other sequence its boolean ``[n_q, ctx]`` mask (None
+        where plain causal decoding needs none) and its context as a slice where its slots are
+        contiguous (a view instead of a gather); then the rows that write KV."""
         windows = windows or (None,)
+        short = [i for i, pos in enumerate(self.q_pos) if pos.shape[0] <= GROUP_MAX_ROWS]
+        self.group = self._group(short, windows) if len(short) > 1 else None
+        self.singles = [i for i in range(len(self.q_pos)) if self.group is None or i not in short]
         self.masks, self.ctx = {w: [] for w in windows}, []
-        for slots, pos in zip(self.ctx_slots, self.q_pos):
+        for i in self.singles:
+            slots, pos = self.ctx_slots[i], self.q_pos[i]
             first, n_ctx = int(slots[0]), slots.shape[0]
             contiguous = int(slots[-1]) - first == n_ctx - 1 and bool((slots.diff() == 1).all())
             self.ctx.append(slice(first, first + n_ctx) if contiguous else slots)
             decoding = pos.shape[0] == 1 and int(pos[0]) == n_ctx - 1
             for w in windows:
-                if decoding and not (w and n_ctx > w):
-                    self.masks[w].append(None)
-                    continue
-                keys = torch.arange(n_ctx)
-                m = keys[None, :] <= pos[:, None]
-                if w:
-                    m &= keys[None, :] > pos[:, None] - w
-                self.masks[w].append(m)
+                plain = decoding and not (w and n_ctx > w)
+                self.masks[w].append(None if plain else causal_mask(pos, torch.tensor(n_ctx), n_ctx, w))
         keep = self.slot_mapping >= 0
         if not bool(keep.all()):
             self.write_rows = keep.nonzero().squeeze(1)
             self.slot_mapping = self.slot_mapping[self.write_rows]
         return self
 
+    def _group(self, seqs: list[int], windows: tuple[int | None, ...]) -> DecodeGroup:
+        n_q = torch.tensor([self.q_pos[i].shape[0] for i in seqs])
+        n_ctx = torch.tensor([self.ctx_slots[i].shape[0] for i in seqs])
+        Q, L = int(n_q.max()), int(n_ctx.max())
+        j = torch.minimum(torch.arange(Q)[None, :], n_q[:, None] - 1)              # padding repeats the last row
+        rows = torch.tensor([self.q_start[i] for i in seqs])[:, None] + j
+        pos = torch.stack([self.q_pos[i][j[b]] for b, i in enumerate(seqs)])
+        bs = self.block_size
+        nb = -(-L // bs)
+        firsts = [self.ctx_slots[i][::bs] // bs for i in seqs]
+        blocks = torch.stack([torch.cat([f, f[:1].expand(nb - f.shape[0])]) for f in firsts])
+        return DecodeGroup(seqs, rows, torch.arange(Q)[None, :] < n_q[:, None], blocks, bs,
+                           {w: causal_mask(pos, n_ctx, nb * bs, w) for w in windows})
+
 
 class KVCache:
-    """One layer's paged key/value pool: ``[num_slots, kv_heads, head_dim]`` each. Left
-    uninitialised (the OS maps pages as they are written): every slot is written before it is read."""
+    """One layer's paged key/value pool: ``[num_slots, kv_heads, head_dim]`` each. Zeroed once:
+    batched attention reads whole blocks, and a masked key still multiplies its value by a zero
+    weight, which never-written memory could turn into NaN (stale values of freed blocks are finite)."""
 
     def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str):
-        self.k = torch.empty(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
+        self.k = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
 
     def write(self, meta: AttnMeta, k: torch.Tensor, v: torch.Tensor) -> None:
         if meta.write_rows is not None:
@@ -242,32 +295,33 @@ class DenseKV:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
            sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Grouped-query attention for one sequence: q ``[n, H, d]``, k/v ``[L, Hkv, d]`` -> ``[n, H*d]``.
+    """Grouped-query attention: q ``[B, n, H, d]``, k/v ``[B, L, Hkv, d]``, mask ``[B, n, L]`` (True:
+    attend; None: all) -> ``[B, n, H*d]``.
 
     The query heads that share a KV head are folded into the query axis, so SDPA runs its fast
     kernel without repeating K/V (``enable_gqa`` falls back to the slow math path on CPU); a
     single unmasked query (decoding) is two small batched matmuls, cheaper than SDPA's setup.
     Attention sinks (GPT-OSS: a learned logit per head joins every row's softmax denominator, so a
     query may attend to "nothing") are spelled out, as SDPA cannot express them."""
-    n, H, d = q.shape
-    Hkv = k.shape[1]
+    B, n, H, d = q.shape
+    Hkv = k.shape[2]
     g = H // Hkv
+    kt, vt = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)                          # [B, Hkv, L, d]
     if n == 1 and mask is None and sinks is None:
-        scores = torch.bmm(q.view(Hkv, g, d) * d ** -0.5, k.permute(1, 2, 0)).softmax(-1)
-        return torch.bmm(scores, v.transpose(0, 1)).reshape(1, H * d)
-    q = q.view(n, Hkv, g, d).permute(1, 2, 0, 3).reshape(Hkv, g * n, d)
-    if mask is not None and g > 1:
-        mask = mask.repeat(g, 1)
+        scores = torch.matmul(q.view(B, Hkv, g, d) * d ** -0.5, kt.transpose(-1, -2)).softmax(-1)
+        return torch.matmul(scores, vt).reshape(B, 1, H * d)
+    qt = q.view(B, n, Hkv, g, d).permute(0, 2, 3, 1, 4).reshape(B, Hkv, g * n, d)
+    if mask is not None:
+        mask = mask[:, None].repeat(1, 1, g, 1)                                     # [B, 1, g*n, L]
     if sinks is None:
-        o = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
     else:
-        scores = torch.bmm(q * d ** -0.5, k.permute(1, 2, 0))  # [Hkv, g*n, L]
+        scores = torch.matmul(qt * d ** -0.5, kt.transpose(-1, -2))                 # [B, Hkv, g*n, L]
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        sink = sinks.to(scores.dtype).view(Hkv, g, 1, 1).expand(Hkv, g, n, 1).reshape(Hkv, g * n, 1)
-        probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
-        o = torch.bmm(probs, v.transpose(0, 1))
-    return o.view(Hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, H * d)
+        sink = sinks.to(scores.dtype).view(1, Hkv, g, 1, 1).expand(B, Hkv, g, n, 1).reshape(B, Hkv, g * n, 1)
+        o = torch.matmul(torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1], vt)
+    return o.view(B, Hkv, g, n, d).permute(0, 3, 1, 2, 4).reshape(B, n, H * d)
 
 
 class Attention(nn.Module):
@@ -301,12 +355,21 @@ class Attention(nn.Module):
         q, k, v = qk[:, :self.heads], qk[:, self.heads:], qkv[:, nqk:]
         if isinstance(cache, DenseKV):  # training: meta is the [T, keys] boolean mask
             k, v = cache.extend(k, v)
-            return self.o_proj(attend(q, k, v, meta, self.sinks))
+            return self.o_proj(attend(q[None], k[None], v[None], meta[None], self.sinks)[0])
         cache.write(meta, k, v)
-        masks = meta.masks[self.sliding_window]
-        outs = [attend(q[meta.q_start[i]:meta.q_start[i + 1]], cache.k[ctx], cache.v[ctx], mask, self.sinks)
-                for i, (ctx, mask) in enumerate(zip(meta.ctx, masks))]
-        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))
+        w = self.sliding_window
+        outs = [attend(q[None, meta.q_start[i]:meta.q_start[i + 1]], cache.k[ctx][None], cache.v[ctx][None],
+                       None if mask is None else mask[None], self.sinks)[0]
+                for i, ctx, mask in zip(meta.singles, meta.ctx, meta.masks[w])]
+        grp = meta.group
+        if grp is None:
+            return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))
+        out = q.new_empty(T, self.heads * self.head_dim)
+        o = attend(q[grp.rows], grp.gather(cache.k), grp.gather(cache.v), grp.masks[w], self.sinks)
+        out[grp.rows[grp.valid]] = o[grp.valid]
+        for i, oi in zip(meta.singles, outs):
+            out[meta.q_start[i]:meta.q_start[i + 1]] = oi
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):

@@ -78,12 +78,21 @@ def target_view(target: LlamaModel, ids: list[int], chunk: int = 512) -> tuple[t
 def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.PathLike, shard_docs: int = 256,
                  progress: bool = True) -> int:
     """``peagle hidden``: the target's view of every record, float16, ``shard_docs`` documents a
-    shard. Shard i always holds records ``[i*shard_docs, (i+1)*shard_docs)``; finished shards are
-    kept on a re-run (each is written to a temp file and renamed), so a kill loses one shard."""
+    shard. Shard i always holds records ``[i*shard_docs, (i+1)*shard_docs)``; a re-run keeps the
+    shards that already hold exactly those records (each is written to a temp file and renamed, so
+    a kill loses one shard) and redoes the rest, such as a last shard that more synthesis extended."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     shards = [records[i:i + shard_docs] for i in range(0, len(records), shard_docs)]
-    todo = [i for i in range(len(shards)) if not (out / HIDDEN_SHARD.format(i)).exists()]
+
+    def done(i: int) -> bool:
+        f = out / HIDDEN_SHARD.format(i)
+        if not f.exists():
+            return False
+        with safe_open(str(f), "pt") as fh:
+            return json.loads((fh.metadata() or {}).get("ids", "[]")) == [r.id for r in shards[i]]
+
+    todo = [i for i in range(len(shards)) if not done(i)]
     bar = None
     if progress:
         from tqdm import tqdm

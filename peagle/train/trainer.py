@@ -119,7 +119,7 @@ class Trainer:
         self.rank = int(os.environ.get("RANK", "0"))
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("gloo")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world))
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // self.world))
         self.out = Path(cfg.out)
         self.target, path = load_target(cfg.target)
         self.target.requires_grad_(False)
