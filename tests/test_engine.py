@@ -85,6 +85,20 @@ def test_lossless_oracle_head_deep_acceptance(llama, method):
                 assert out.stats.acceptance_length > min(k, 4) * 0.75 + 0.5
 
 
+@pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
+def test_every_request_of_a_batch_equals_itself_alone(llama, method):
+    """Batches of 1..16 requests with different prompt lengths and lengths of output: requests join
+    and leave mid-flight, decode and verify rows share attention batches with prefills."""
+    drafter = init_drafter(llama, 1, MASK, seed=2)
+    ps = prompts(16, seed=9)
+    params = [SamplingParams(max_tokens=6 + (5 * i) % 17, ignore_eos=True) for i in range(16)]
+    alone = [make_engine(llama, drafter, method, 3).generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
+    for n in (1, 2, 5, 11, 16):
+        engine = make_engine(llama, drafter, method, 3, max_num_seqs=n)
+        assert [o.token_ids for o in engine.generate(ps, params)] == alone, (method, n)
+        assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
 def test_batch_equals_alone_and_survives_kv_exhaustion(llama):
     drafter = init_drafter(llama, 1, MASK, seed=2)
     ps = prompts(9, seed=5)
