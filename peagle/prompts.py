@@ -119,3 +119,18 @@ def read_prompt_file(path: str | os.PathLike, fmt: str = "auto", category: str |
 def read_prompts(files: list[str]) -> list[Prompt]:
     """Training prompt files (format ``auto``), concatenated."""
     return [p for f in files for p in read_prompt_file(f)]
+
+
+def render(tokenizer, msgs: list[dict], chat: bool) -> str:
+    """The prompt text: the chat template with the generation prompt, or (without a template)
+    the turns joined by blank lines."""
+    if chat and tokenizer.chat_template:
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return "\n\n".join(m["content"] for m in msgs)
+
+
+def encode(tokenizer, msgs: list[dict], chat: bool) -> list[int]:
+    """Token ids of :func:`render`'s text (the chat template carries its own special tokens). The
+    engine, the server and the benchmarks all encode prompts here."""
+    templated = chat and bool(tokenizer.chat_template)
+    return tokenizer(render(tokenizer, msgs, chat), add_special_tokens=not templated)["input_ids"]

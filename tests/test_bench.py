@@ -12,7 +12,8 @@ from test_serve import KEY, server  # noqa: F401  (the live tiny server fixture)
 
 from peagle.bench.metrics import RequestRecord, parse_spec_counters, spec_delta, spec_summary, summarize
 from peagle.bench.offline import grid_cells
-from peagle.bench.workload import load_workload, messages, render
+from peagle.bench.workload import load_workload, messages
+from peagle.prompts import render
 from peagle.cli import build_parser, main
 from peagle.prompts import HUMANEVAL, MT_BENCH, read_prompt_file, read_prompts
 

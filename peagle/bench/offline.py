@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from peagle.bench.workload import Workload, add_dataset_args, encode, load_workload, messages
+from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
+from peagle.prompts import encode
 
 if TYPE_CHECKING:
     from peagle.engine.llm_engine import LLMEngine

@@ -17,8 +17,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from peagle.bench.workload import (Workload, add_dataset_args, encode, load_tokenizer_for, load_workload, messages,
-                                   render)
+from peagle.bench.workload import Workload, add_dataset_args, load_tokenizer_for, load_workload, messages
+from peagle.prompts import encode, render
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from peagle.bench.offline import Models, add_model_args, check_grid, grid_cells, parse_list, run_cell
-from peagle.bench.workload import Workload, add_dataset_args, encode, load_workload, messages
+from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
+from peagle.prompts import encode
 
 LABELS = {"parallel": "P-EAGLE", "eagle3": "EAGLE-3", "none": "no speculation"}
 

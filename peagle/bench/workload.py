@@ -93,21 +93,6 @@ def messages(turns: list[str], answers: list[str]) -> list[dict]:
     return out
 
 
-def render(tokenizer, msgs: list[dict], chat: bool) -> str:
-    """The prompt text: the chat template with the generation prompt, or (without a template)
-    the turns joined by blank lines."""
-    if chat and tokenizer.chat_template:
-        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    return "\n\n".join(m["content"] for m in msgs)
-
-
-def encode(tokenizer, msgs: list[dict], chat: bool) -> list[int]:
-    """Token ids of :func:`render`'s text, as ``LLMEngine.encode_prompt`` makes them (the template
-    carries its own special tokens)."""
-    templated = chat and bool(tokenizer.chat_template)
-    return tokenizer(render(tokenizer, msgs, chat), add_special_tokens=not templated)["input_ids"]
-
-
 def load_tokenizer_for(name: str | None):
     """The tokenizer that renders prompts: a local folder, GGUF or the default model (``None`` or its
     name) through the loader; anything else is a hub id (tokenizer files only)."""

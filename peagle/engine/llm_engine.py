@@ -105,14 +105,13 @@ class LLMEngine:
         head = load_drafter_for(model, path, drafter, tokenizer) if method != "none" else None
         return cls(model, head, config, tokenizer)
 
-    def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
-        """Token ids of ``prompt``, wrapped in the chat template when ``chat`` (and the model has one)."""
-        tok = self.tokenizer
-        if chat and tok.chat_template:
-            text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                           add_generation_prompt=True)
-            return tok(text, add_special_tokens=False)["input_ids"]
-        return tok(prompt)["input_ids"]
+    def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
+        """Token ids of ``prompt`` (a user message, or a list of chat messages), wrapped in the chat
+        template when ``chat`` (and the model has one)."""
+        from peagle.prompts import encode
+
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return encode(self.tokenizer, msgs, chat)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,

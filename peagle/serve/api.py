@@ -176,9 +176,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
         tok = llm.tokenizer
         if not tok.chat_template:
             return error(400, "this model has no chat template; use /v1/completions")
-        text = tok.apply_chat_template([m.model_dump() for m in req.messages], tokenize=False,
-                                       add_generation_prompt=True)
-        return await run(req, tok(text, add_special_tokens=False)["input_ids"], None, chat=True)
+        return await run(req, llm.encode_prompt([m.model_dump() for m in req.messages]), None, chat=True)
 
     return app
 
