@@ -145,6 +145,10 @@ def test_offline_hidden_states_equal_online(tiny_chat_dir, synth_dir, tmp_path):
         torch.testing.assert_close(b.final, a.final, rtol=2e-3, atol=2e-3)
     res = train(config(tiny_chat_dir, synth_dir, tmp_path / "off", hidden=str(tmp_path / "hidden"), max_steps=3))
     assert res["anchors"] > 0
+    # documents synthesized after `peagle hidden` ran are left out, with a note, until it runs again
+    write_hidden(target, records[:-1], tmp_path / "hidden3", shard_docs=7, progress=False)
+    partial = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "part", hidden=str(tmp_path / "hidden3")))
+    assert len(partial.train_records) + len(partial.eval_records) == len(records) - 1
 
 
 def test_hidden_shards_for_another_target_are_refused(tiny_chat_dir, synth_dir, tmp_path):

@@ -142,6 +142,10 @@ class HiddenSource:
             for j, rid in enumerate(json.loads(meta["ids"])):
                 self.where[rid] = (f, offsets[j], offsets[j + 1])
 
+    def has(self, rec: Record) -> bool:
+        """Whether this source can give ``rec``'s hidden states (online: always)."""
+        return not self.where or rec.id in self.where
+
     def doc(self, rec: Record) -> Doc:
         ids = torch.tensor(rec.ids)
         if not self.where:

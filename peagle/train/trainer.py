@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,14 @@ class Trainer:
         self.target, path = load_target(cfg.target)
         self.target.requires_grad_(False)
         records = load_records(cfg.data, cfg.max_len)
+        self.source = HiddenSource(self.target, cfg.hidden)
+        covered = [r for r in records if self.source.has(r)]
+        if not covered:
+            raise ValueError(f"none of the {len(records)} documents in {cfg.data} has hidden states in {cfg.hidden}")
+        if len(covered) < len(records) and self.rank == 0:
+            print(f"peagle: {len(records) - len(covered)} of {len(records)} documents have no hidden states in "
+                  f"{cfg.hidden} yet and are left out (run `peagle hidden` again to add them)", file=sys.stderr)
+        records = covered
         self.eval_records = [r for r in records if is_eval(r.id, cfg.eval_fraction)][:cfg.eval_docs]
         held = {r.id for r in self.eval_records}
         self.train_records = [r for r in records if r.id not in held]
@@ -132,7 +141,6 @@ class Trainer:
             raise ValueError(f"{len(self.train_records)} training documents are fewer than one step's "
                              f"{self.world * cfg.batch_size} (processes x --batch-size)")
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
-        self.source = HiddenSource(self.target, cfg.hidden)
 
         state = self._load_state() if cfg.resume else None
         if state is not None:
