@@ -143,7 +143,8 @@ def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torc
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-GROUP_MAX_ROWS = 16  # sequences with at most this many query rows (decoding, verifying) attend as one batch
+GROUP_MAX_ROWS = 16     # sequences with at most this many query rows (decoding, verifying) attend in batches
+GROUP_MAX_PADDING = 1.25  # ... of sequences whose contexts, padded to the longest, hold at most 25% padding
 
 
 @dataclass
@@ -197,19 +198,28 @@ class AttnMeta:
     masks: dict[int | None, list[torch.Tensor | None]] = field(default_factory=dict)
     ctx: list[slice | torch.Tensor] = field(default_factory=list)
     singles: list[int] = field(default_factory=list)
-    group: DecodeGroup | None = None
+    groups: list[DecodeGroup] = field(default_factory=list)
     write_rows: torch.Tensor | None = None
 
     def prepare(self, *windows: int | None) -> "AttnMeta":
         """Build what every layer shares, once per forward, for each attention window the layers use
-        (None: full causal attention, the default): the :class:`DecodeGroup` of short sequences
-        when there are several, and for every other sequence its boolean ``[n_q, ctx]`` mask (None
-        where plain causal decoding needs none) and its context as a slice where its slots are
-        contiguous (a view instead of a gather); then the rows that write KV."""
+        (None: full causal attention, the default): :class:`DecodeGroup` batches of short sequences
+        of similar context length, and for every other sequence its boolean ``[n_q, ctx]`` mask
+        (None where plain causal decoding needs none) and its context as a slice where its slots
+        are contiguous (a view instead of a gather); then the rows that write KV."""
         windows = windows or (None,)
-        short = [i for i, pos in enumerate(self.q_pos) if pos.shape[0] <= GROUP_MAX_ROWS]
-        self.group = self._group(short, windows) if len(short) > 1 else None
-        self.singles = [i for i in range(len(self.q_pos)) if self.group is None or i not in short]
+        n_ctx = [s.shape[0] for s in self.ctx_slots]
+        short = sorted((i for i, pos in enumerate(self.q_pos) if pos.shape[0] <= GROUP_MAX_ROWS), key=n_ctx.__getitem__)
+        batches, cur = [], []
+        for i in short:  # by growing length: a batch ends before padding would pass the bound
+            if cur and (len(cur) + 1) * n_ctx[i] > GROUP_MAX_PADDING * (sum(n_ctx[j] for j in cur) + n_ctx[i]):
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+        batches = [b for b in batches + [cur] if len(b) > 1]
+        self.groups = [self._group(b, windows) for b in batches]
+        grouped = {i for b in batches for i in b}
+        self.singles = [i for i in range(len(self.q_pos)) if i not in grouped]
         self.masks, self.ctx = {w: [] for w in windows}, []
         for i in self.singles:
             slots, pos = self.ctx_slots[i], self.q_pos[i]
@@ -340,12 +350,12 @@ class Attention(nn.Module):
         outs = [attend(q[None, meta.q_start[i]:meta.q_start[i + 1]], cache.k[ctx][None], cache.v[ctx][None],
                        None if mask is None else mask[None], self.sinks)[0]
                 for i, ctx, mask in zip(meta.singles, meta.ctx, meta.masks[w])]
-        grp = meta.group
-        if grp is None:
+        if not meta.groups:
             return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))
         out = q.new_empty(T, self.heads * self.head_dim)
-        o = attend(q[grp.rows], grp.gather(cache.k), grp.gather(cache.v), grp.masks[w], self.sinks)
-        out[grp.rows[grp.valid]] = o[grp.valid]
+        for grp in meta.groups:
+            o = attend(q[grp.rows], grp.gather(cache.k), grp.gather(cache.v), grp.masks[w], self.sinks)
+            out[grp.rows[grp.valid]] = o[grp.valid]
         for i, oi in zip(meta.singles, outs):
             out[meta.q_start[i]:meta.q_start[i + 1]] = oi
         return self.o_proj(out)
