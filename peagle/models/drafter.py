@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from peagle.models.layers import (MLP, Attention, AttnMeta, DenseKV, KVCache, Linear, RMSNorm, Rotary, embedding,
+from peagle.models.layers import (MLP, Attention, AttnMeta, ChainMask, DenseKV, KVCache, Linear, RMSNorm, Rotary, embedding,
                                   check_checkpoint, fuse_checkpoint, linear, parse_rope,
                                   read_safetensors, split_checkpoint)
 from peagle.models.llama import CheckpointError, DecoderLayer, ModelConfig
@@ -199,10 +199,10 @@ class Drafter(nn.Module):
         return self.fc(self.mask_hidden.reshape(1, -1))[0]
 
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                caches: list[KVCache] | list[DenseKV], meta: AttnMeta | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                caches: list[KVCache] | list[DenseKV], meta: AttnMeta | ChainMask) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden`` is already at the head's width. Returns (normed, pre-norm) hidden states:
         the first feeds :meth:`logits`, the second is what EAGLE-3 feeds back. With
-        :class:`DenseKV` caches (training), ``meta`` is a boolean ``[queries, keys]`` mask."""
+        :class:`DenseKV` caches (training), ``meta`` is a :class:`ChainMask`."""
         if isinstance(meta, AttnMeta):
             meta.prepare()
         rope = self.rotary.table(positions, hidden.dtype)

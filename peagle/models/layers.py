@@ -270,7 +270,7 @@ class KVCache:
 class DenseKV:
     """Training's stand-in for :class:`KVCache`: one layer's keys and values, kept in the autograd
     graph and extended by each forward, so EAGLE-3's unrolled passes (training-time test) attend to
-    what earlier passes computed. The forward's ``meta`` is then a ``[queries, keys]`` boolean mask."""
+    what earlier passes computed. The forward's ``meta`` is then a :class:`ChainMask`."""
 
     def __init__(self):
         self.k: torch.Tensor | None = None
@@ -280,6 +280,33 @@ class DenseKV:
         self.k = k if self.k is None else torch.cat([self.k, k])
         self.v = v if self.v is None else torch.cat([self.v, v])
         return self.k, self.v
+
+
+@dataclass
+class ChainMask:
+    """Which keys a training query sees, in the shape of P-EAGLE's attention rule: part of the first
+    ``n_context`` keys (the depth-0 context; ``context[q, j]``) and at most a few keys of its own
+    chain (``chain[q, c]``: a key index, -1 for none). Same result as a dense ``[queries, keys]``
+    mask at a fraction of the work: a query never sees another anchor's deeper elements."""
+
+    context: torch.Tensor  # [queries, n_context] bool
+    chain: torch.Tensor    # [queries, C] long
+
+
+def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask) -> torch.Tensor:
+    """Grouped-query attention under a :class:`ChainMask`: q ``[T, H, d]``, k/v ``[S, Hkv, d]`` ->
+    ``[T, H*d]``; one softmax over the context keys and the chain keys together."""
+    T, H, d = q.shape
+    Hkv = k.shape[1]
+    n0 = m.context.shape[1]
+    qg = q.view(T, Hkv, H // Hkv, d) * d ** -0.5
+    s0 = torch.einsum("thgd,shd->hgts", qg, k[:n0]).masked_fill(~m.context, float("-inf"))
+    idx = m.chain.clamp(min=0)
+    kc, vc = k[idx], v[idx]                                                      # [T, C, Hkv, d]
+    sc = torch.einsum("thgd,tchd->hgtc", qg, kc).masked_fill(m.chain < 0, float("-inf"))
+    p = torch.cat([s0, sc], dim=-1).softmax(-1)
+    o = torch.einsum("hgts,shd->thgd", p[..., :n0], v[:n0]) + torch.einsum("hgtc,tchd->thgd", p[..., n0:], vc)
+    return o.reshape(T, H * d)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -332,7 +359,7 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(heads)) if sinks else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache | DenseKV,
-                meta: AttnMeta | torch.Tensor) -> torch.Tensor:
+                meta: AttnMeta | ChainMask) -> torch.Tensor:
         T = x.shape[0]
         qkv = self.qkv_proj(x).view(T, self.heads + 2 * self.kv_heads, self.head_dim)
         nqk = self.heads + self.kv_heads
@@ -342,9 +369,9 @@ class Attention(nn.Module):
             qk = qkv[:, :nqk]
         qk = apply_rope(qk, rope)
         q, k, v = qk[:, :self.heads], qk[:, self.heads:], qkv[:, nqk:]
-        if isinstance(cache, DenseKV):  # training: meta is the [T, keys] boolean mask
+        if isinstance(cache, DenseKV):  # training: meta is a ChainMask
             k, v = cache.extend(k, v)
-            return self.o_proj(attend(q[None], k[None], v[None], meta[None], self.sinks)[0])
+            return self.o_proj(attend_chain(q, k, v, meta))
         cache.write(meta, k, v)
         w = self.sliding_window
         outs = [attend(q[None, meta.q_start[i]:meta.q_start[i + 1]], cache.k[ctx][None], cache.v[ctx][None],

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from peagle.models.drafter import Drafter
-from peagle.models.layers import DenseKV
+from peagle.models.layers import ChainMask, DenseKV
 
 METHODS = ("peagle", "eagle3")
 
@@ -102,12 +102,20 @@ def sample_elements(batch: Batch, k: int, r: float, r_min: float, gens: list[tor
     return Elements(torch.cat(tok), torch.cat([torch.full_like(t, d) for d, t in enumerate(tok)]))
 
 
-def chain_mask(batch: Batch, q: Elements, kv: Elements) -> torch.Tensor:
-    """The ``[len(q), len(kv)]`` boolean attention mask of §4 (True: may attend)."""
-    same_doc = batch.doc[q.tok][:, None] == batch.doc[kv.tok][None, :]
-    context = (kv.depth[None, :] == 0) & (kv.tok[None, :] <= q.tok[:, None])
-    chain = (kv.tok[None, :] == q.tok[:, None]) & (kv.depth[None, :] <= q.depth[:, None])
-    return same_doc & (context | chain)
+def chain_mask(batch: Batch, q: Elements, kv: Elements) -> ChainMask:
+    """§4's attention rule for queries ``q`` over keys ``kv`` (depth-major, so the depth-0 context
+    keys come first): ``(a_q, d_q)`` sees ``(a_k, d_k)`` iff same document and either ``d_k == 0
+    and a_k <= a_q`` or ``a_k == a_q and d_k <= d_q``."""
+    n0 = int((kv.depth == 0).sum())
+    k0 = kv.tok[:n0]
+    context = (batch.doc[q.tok][:, None] == batch.doc[k0][None, :]) & (k0[None, :] <= q.tok[:, None])
+    deep = (kv.depth > 0).nonzero().squeeze(1)
+    c = int(kv.depth.max()) if deep.numel() else 0
+    table = torch.full((batch.ids.shape[0], c + 1), -1, dtype=torch.long)    # (anchor row, depth) -> key
+    table[kv.tok[deep], kv.depth[deep]] = deep
+    chain = table[q.tok][:, 1:]
+    chain = torch.where(torch.arange(1, c + 1)[None, :] <= q.depth[:, None], chain, -1)
+    return ChainMask(context, chain)
 
 
 def segments(batch: Batch, el: Elements, num_segments: int) -> list[tuple[Elements, torch.Tensor]]:
@@ -197,7 +205,8 @@ class Objective:
         want = batch.argmax[label]
         supervised = self.in_draft[want]
         correct = self.head.to_target_ids(logits.argmax(-1)) == want
-        p = (batch.final[label[supervised]] @ self.target_head.t()).float().softmax(-1)
+        rows, inverse = label[supervised].unique(return_inverse=True)  # depths share label rows
+        p = (batch.final[rows] @ self.target_head.t()).float().softmax(-1)[inverse]
         loss = -(p * F.log_softmax(logits[supervised].float(), -1)).sum()
         return loss, correct, supervised
 

@@ -49,7 +49,7 @@ class TrainConfig:
     epochs: float = 1.0
     max_steps: int | None = None
     batch_size: int = 8              # documents per process per step
-    micro_tokens: int = 1024         # documents are packed into micro-batches of about this many tokens
+    micro_tokens: int = 512          # documents are packed into micro-batches of about this many tokens
     segments: int = 1                # sequence partition (more are used when a micro-batch needs them)
     max_elements: int = 8192         # elements one segment may hold
     lr: float = 5e-4
