@@ -167,7 +167,7 @@ def test_workload_selection_and_rendering(tmp_path, tiny_chat_dir):
 
 
 def test_grid_skips_k_beyond_the_trained_k():
-    models = SimpleNamespace(drafter=SimpleNamespace(cfg=SimpleNamespace(trained_k=3)))
+    models = SimpleNamespace(trained_k=3)
     cells = grid_cells(models, ["parallel", "eagle3", "none"], [1, 5], [1, 4])
     assert cells == [("parallel", 1, 1), ("eagle3", 1, 1), ("eagle3", 5, 1), ("none", 0, 1),
                      ("parallel", 1, 4), ("eagle3", 1, 4), ("eagle3", 5, 4), ("none", 0, 4)]

@@ -570,3 +570,19 @@ def test_choose_mask_token_on_default_tokenizer():
     ids2 = ids2["input_ids"] if not isinstance(ids2, list) else ids2
     assert m not in ids2
     assert m not in tok("plain text without any template at all.")["input_ids"]
+
+
+def test_default_heads_per_method(tmp_path, monkeypatch):
+    """A target's shipped P-EAGLE head serves `parallel`; `eagle3` takes its EAGLE-3 head when one ships."""
+    from peagle.models import loader
+
+    monkeypatch.setattr(loader, "HEADS", tmp_path)
+    target = tmp_path / "models" / "Tiny"
+    assert loader.default_drafter_path(target) is None
+    for name in ("Tiny", "Tiny-eagle3"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        if name == "Tiny":
+            assert loader.default_drafter_path(target, "eagle3") == tmp_path / "Tiny"  # falls back
+    assert loader.default_drafter_path(target, "parallel") == tmp_path / "Tiny"
+    assert loader.default_drafter_path(target, "eagle3") == tmp_path / "Tiny-eagle3"

@@ -26,29 +26,38 @@ METHODS = ("parallel", "eagle3", "none")
 
 @dataclass
 class Models:
-    """Loaded once and shared by every engine of a run."""
+    """Loaded once and shared by every engine of a run: the target and a head per speculative method."""
     target: LlamaModel
-    drafter: Drafter | None
+    heads: dict[str, Drafter]
     tokenizer: object
     path: Path                   # the target's folder (HF baselines load it)
     max_model_len: int | None = None
 
     @classmethod
-    def load(cls, target: str | None, drafter: str | None, need_drafter: bool,
+    def load(cls, target: str | None, drafter: str | None, eagle3_drafter: str | None, methods: list[str],
              max_model_len: int | None = None) -> "Models":
+        """``drafter`` serves both methods unless ``eagle3_drafter`` is given; with neither, each
+        method takes the target's shipped head for it."""
         from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
 
         model, path = load_target(target)
         tok = load_tokenizer(path)
-        head = load_drafter_for(model, path, drafter, tok) if need_drafter else None
-        return cls(model, head, tok, path, max_model_len)
+        heads = {m: load_drafter_for(model, path, (eagle3_drafter or drafter) if m == "eagle3" else drafter, tok, m)
+                 for m in methods if m != "none"}
+        return cls(model, heads, tok, path, max_model_len)
+
+    @property
+    def trained_k(self) -> int | None:
+        """The K the P-EAGLE head was trained for (the engine refuses more)."""
+        head = self.heads.get("parallel")
+        return head.cfg.trained_k if head is not None else None
 
     def engine(self, method: str, k: int, concurrency: int) -> LLMEngine:
         from peagle.engine.llm_engine import EngineConfig, LLMEngine
 
         cfg = EngineConfig(method=method, num_speculative_tokens=k or 1, max_num_seqs=concurrency,
                            max_model_len=self.max_model_len)
-        return LLMEngine(self.target, self.drafter if method != "none" else None, cfg, self.tokenizer)
+        return LLMEngine(self.target, self.heads.get(method), cfg, self.tokenizer)
 
 
 @dataclass
@@ -123,7 +132,7 @@ def grid_cells(models: Models, methods: list[str], ks: list[int],
                concurrencies: list[int]) -> list[tuple[str, int, int]]:
     """(method, K, concurrency) to run: ``none`` once per concurrency; P-EAGLE only up to the K its
     head was trained for (the engine refuses more)."""
-    trained = models.drafter.cfg.trained_k if models.drafter is not None else None
+    trained = models.trained_k
     cells = []
     for c in concurrencies:
         for m in methods:
@@ -153,7 +162,9 @@ def check_grid(methods: list[str], ks: list[int], concurrencies: list[int]) -> N
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--drafter", default=None, help="vLLM-format head folder (default: the target's)")
+    p.add_argument("--drafter", default=None, help="vLLM-format head folder (default: the target's P-EAGLE head)")
+    p.add_argument("--eagle3-drafter", default=None,
+                   help="head for the eagle3 method (default: --drafter, else the target's EAGLE-3 head)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--methods", default="parallel,eagle3,none", help="comma-separated: parallel, eagle3, none")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -174,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
     methods, ks = parse_list(args.methods, str), parse_list(args.num_speculative_tokens)
     check_grid(methods, ks, [args.max_concurrency])
     work = load_workload(args, args.dataset_name, args.dataset_path)
-    models = Models.load(args.target, args.drafter, any(m != "none" for m in methods), args.max_model_len)
+    models = Models.load(args.target, args.drafter, args.eagle3_drafter, methods, args.max_model_len)
     cells = grid_cells(models, methods, ks, [args.max_concurrency])
     bar = tqdm(total=len(cells) * work.num_requests, desc="bench offline", unit="req", file=sys.stderr,
                disable=args.disable_tqdm)

@@ -65,7 +65,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = SweepConfig.from_args(args)
     workloads = [load_workload(args, name, path) for name, path in cfg.datasets]
-    res = run_sweep(cfg, workloads, args.target, args.drafter, args.max_model_len, progress=not args.disable_tqdm)
+    res = run_sweep(cfg, workloads, args.target, args.drafter, args.eagle3_drafter, args.max_model_len,
+                    progress=not args.disable_tqdm)
     write_outputs(res, cfg.out)
     print(res["markdown"])
     print(f"peagle: wrote {cfg.out}/sweep.json, sweep.md, throughput.png, acceptance_length.png", file=sys.stderr)
@@ -73,14 +74,14 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = None, drafter: str | None = None,
-              max_model_len: int | None = None, progress: bool = True) -> dict:
+              eagle3_drafter: str | None = None, max_model_len: int | None = None, progress: bool = True) -> dict:
     import torch
     from tqdm import tqdm
 
     from peagle.bench.baseline import DEFAULT_TORCH_THREADS, cpu_name
 
     hf_threads = cfg.hf_threads or DEFAULT_TORCH_THREADS
-    models = Models.load(target, drafter, any(m != "none" for m in cfg.methods), max_model_len)
+    models = Models.load(target, drafter, eagle3_drafter, cfg.methods, max_model_len)
     cells = grid_cells(models, cfg.methods, cfg.ks, cfg.concurrencies)
     n_base = 2 if cfg.baselines else 0
     bar = tqdm(total=sum(w.num_requests for w in workloads) * (len(cells) + n_base), desc="bench sweep",
@@ -99,7 +100,7 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
     bar.close()
     res = {
         "config": {**asdict(cfg), "out": str(cfg.out), "target": target, "drafter": drafter,
-                   "trained_k": models.drafter.cfg.trained_k if models.drafter is not None else None,
+                   "eagle3_drafter": eagle3_drafter, "trained_k": models.trained_k,
                    "num_prompts": {w.name: len(w.prompts) for w in workloads},
                    "output_len": workloads[0].output_len, "chat_template": workloads[0].chat,
                    "multi_turn": workloads[0].multi_turn},
@@ -203,7 +204,8 @@ def markdown(res: dict) -> str:
     concurrencies = sorted({c["concurrency"] for c in cells})
     c0 = concurrencies[0]
     spec = [m for m in ("parallel", "eagle3") if any(c["method"] == m for c in cells)]
-    out = [f"# Sweep: {cfg['target'] or 'SmolLM2-135M-Instruct'}, drafter {cfg['drafter'] or 'default'}",
+    heads = f"P-EAGLE head {cfg['drafter'] or 'default'}, EAGLE-3 head {cfg.get('eagle3_drafter') or cfg['drafter'] or 'default'}"
+    out = [f"# Sweep: {cfg['target'] or 'SmolLM2-135M-Instruct'}, {heads}",
            "",
            f"{', '.join(f'{n} ({k} prompts)' for n, k in cfg['num_prompts'].items())}; up to {cfg['output_len']} "
            f"output tokens; temperature {cfg['temperature']}; chat template "

