@@ -8,10 +8,11 @@ import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
 
+from peagle.models.drafter import DrafterConfig
 from peagle.models.layers import AttnMeta
 from peagle.train.data import target_view
 from peagle.train.head import TrainHead
-from peagle.train.objective import Batch, Doc, Objective, chain_mask, sample_elements, segments
+from peagle.train.objective import Batch, Doc, Objective, chain_mask, evaluate, sample_elements, segments
 
 MASK = 159
 K = 5
@@ -207,3 +208,38 @@ def test_chain_mask_rule():
             same = int(batch.doc[qa]) == int(batch.doc[ka])
             want = same and ((kd == 0 and ka <= qa) or (ka == qa and kd <= qd))
             assert bool(seen[i, j]) == want
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_mask_slots_learn_depth_dependent_predictions(method):
+    """Counting sequences (x[i+1] = x[i] + 1): the right draft at depth d is x[a+1] + d + 1, so a
+    P-EAGLE mask slot, whose inputs are the same at every depth, must infer its depth from the
+    attention context. A 1-layer head learns all depths within a hundred steps."""
+    torch.manual_seed(0)
+    V, H, k = 160, 64, 4
+    cfg = DrafterConfig(hidden_size=H, intermediate_size=128, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                        rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, max_position_embeddings=512,
+                        vocab_size=V, draft_vocab_size=V, target_hidden_size=H, aux_layer_ids=[0, 1, 2],
+                        mask_token_id=V - 1, trained_k=k)
+    head = TrainHead(cfg)
+    head.init_weights(0)
+    features = torch.randn(V, 3 * H)  # the target's taps: a fixed feature per token
+
+    def doc(n=48):
+        ids = (int(torch.randint(0, 150, (1,))) + torch.arange(n)) % 150 + 5
+        nxt = torch.cat([ids[1:], ids[-1:]])  # the target's next token; its distribution is one-hot
+        return Doc(ids, 8, features[ids], 8 * torch.nn.functional.one_hot(nxt, V).float(), nxt)
+
+    obj = Objective(head, method, k, torch.eye(V))
+    opt = torch.optim.AdamW(head.trainable(), lr=3e-3)
+    held_out = [doc() for _ in range(4)]
+    assert evaluate(obj, held_out, k)["al"] < 1.1
+    for step in range(120):
+        batch = Batch.pack([doc() for _ in range(4)])
+        gens = [torch.Generator().manual_seed(step * 10 + i) for i in range(4)] if method == "peagle" else None
+        el = sample_elements(batch, k, 0.8, 0.5, gens)
+        obj.run(batch, el, 1, 1.0 / obj.count(batch, el), backward=True)
+        opt.step()
+        opt.zero_grad()
+    res = evaluate(obj, held_out, k)
+    assert res["al"] > 4.5 and min(res["acc"]) > 0.9, res

@@ -221,7 +221,9 @@ class Drafter(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
-        """Random init for a fresh head (normal(0, std) matrices, unit norms, identity vocab map)."""
+        """Random init for a fresh head: normal(0, std) everywhere but unit norms. ``mask_hidden`` gets
+        the same small scale: it enters the mask slots' residual stream as ``fc(mask_hidden)``, and a
+        large constant there drowns what their attention reads, so every depth predicts one token."""
         g = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
             with torch.no_grad():
@@ -229,8 +231,6 @@ class Drafter(nn.Module):
                     p.fill_(1.0)
                 else:
                     p.copy_(torch.randn(p.shape, generator=g) * std)
-        with torch.no_grad():
-            self.mask_hidden.copy_(torch.randn(self.mask_hidden.shape, generator=g))
 
     def set_vocab_map(self, draft_to_target: torch.Tensor) -> None:
         """Set ``d2t`` (offsets) and ``t2d`` from the sorted target ids of the draft vocabulary."""
