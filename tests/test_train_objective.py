@@ -47,15 +47,19 @@ def inference_pass(drafter, ids, hidden, positions):
     return drafter(ids, hidden, positions, drafter.make_caches(n), meta)
 
 
-def test_peagle_training_forward_equals_inference(target):
-    doc = make_doc(target, 40, 12, seed=1)
+def training_forward(target, method: str, seed: int):
+    """A document, the head's training forward over all its elements, and the same head as a plain drafter."""
+    doc = make_doc(target, 40, 12, seed=seed)
     head = make_head(target)
-    obj = Objective(head, "peagle", K, target.lm_weight[head.to_target_ids(torch.arange(80))])
+    obj = Objective(head, method, K, target.lm_weight[head.to_target_ids(torch.arange(80))])
     batch = Batch.pack([doc])
     el = sample_elements(batch, K, 1.0, 1.0, None)
     with torch.no_grad():
-        train_out = obj.forward(batch, el)
-    drafter = head.to_drafter()
+        return doc, el, obj.forward(batch, el), head.to_drafter()
+
+
+def test_peagle_training_forward_equals_inference(target):
+    doc, el, train_out, drafter = training_forward(target, "peagle", seed=1)
     for a in (11, 20, 33):
         # the engine's drafter batch after verifying up to position a: x[1..a+1] paired with g[0..a],
         # then K-1 mask slots (PEAGLE.md §3)
@@ -70,14 +74,7 @@ def test_peagle_training_forward_equals_inference(target):
 
 
 def test_eagle3_training_forward_equals_autoregressive_inference(target):
-    doc = make_doc(target, 40, 12, seed=2)
-    head = make_head(target)
-    obj = Objective(head, "eagle3", K, target.lm_weight[head.to_target_ids(torch.arange(80))])
-    batch = Batch.pack([doc])
-    el = sample_elements(batch, K, 1.0, 1.0, None)
-    with torch.no_grad():
-        train_out = obj.forward(batch, el)
-    drafter = head.to_drafter()
+    doc, el, train_out, drafter = training_forward(target, "eagle3", seed=2)
     a = 25
     n = a + K
     caches, slots = drafter.make_caches(n), torch.arange(n)
