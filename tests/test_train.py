@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_public_heads import vllm_problems
 
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
@@ -56,6 +57,7 @@ def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synt
     assert res is not None and len(res["acc"]) == K and res["al"] >= 1.0 and res["anchors"] > 0
     log = [json.loads(line) for line in open(tmp_path / "head" / "train_log.jsonl")]
     assert [r["step"] for r in log if r.get("event") == "eval"] == [3, 4]
+    assert vllm_problems(tmp_path / "head", parallel_drafting=method == "peagle") == []
     target, _ = load_target(str(tiny_chat_dir))
     head = load_drafter(tmp_path / "head")
     assert head.cfg.draft_vocab_size == 512 and head.cfg.trained_k == K
