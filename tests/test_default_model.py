@@ -24,7 +24,7 @@ def default():
 
 def test_lossless_every_k_on_the_default_model(default):
     """Every K in 1..10 with a head that is right most of the time (deep acceptance, every kind of
-    rejection), and a few K with the random default head (rejections almost everywhere)."""
+    rejection), and a few K with the shipped default head (trained but weak: mostly rejections)."""
     target, tok, head = default
     base = LLMEngine(target, None, EngineConfig(method="none"), tok)
     ids = base.encode_prompt("Write a haiku about the sea.")

@@ -41,13 +41,16 @@ class OracleDrafter(Drafter):
         return torch.cat([tag, normed[:, 1:]], 1), torch.cat([tag, prenorm[:, 1:]], 1)
 
     def logits(self, normed):
+        if not hasattr(self, "_draft_id"):  # target id -> draft id (heads with a reduced draft vocabulary)
+            targets = self.to_target_ids(torch.arange(self.cfg.draft_vocab_size)).tolist()
+            self._draft_id = {t: d for d, t in enumerate(targets)}
         out = torch.zeros(normed.shape[0], self.cfg.draft_vocab_size)
         for r, p in enumerate(normed[:, 0].round().long().tolist()):
             i = p + 2
             tok = self.reference[i] if i < len(self.reference) else 0
             if i % self.wrong_every == 0:
-                tok = (tok + 1) % self.cfg.draft_vocab_size
-            out[r, tok] = 1.0
+                tok = (tok + 1) % self.cfg.vocab_size
+            out[r, self._draft_id.get(tok, 0)] = 1.0  # a token outside the draft vocabulary: another one
         return out
 
 
