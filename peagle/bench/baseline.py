@@ -3,8 +3,8 @@
 1. plain decoding: our engine (method ``none``) against HF transformers ``generate`` (greedy), same
    chat-templated MT-Bench prompts, same number of new tokens (HF: ``min_new_tokens`` = max, ours:
    ``ignore_eos``), one request at a time; decode tok/s = (new tokens - 1) / (total time - time to
-   first token), TTFT, and whether the greedy tokens agree. Optionally the speculative methods end to end (with whatever head
-   ``load_drafter_for`` gives: a random one until a trained head ships);
+   first token), TTFT, and whether the greedy tokens agree; the speculative methods end to end, each
+   with the head ``load_drafter_for`` gives for it (the shipped P-EAGLE and EAGLE-3 heads);
 2. the cost of one target pass over 1, 4, 8, 16 tokens at a context of ~256 tokens (ours, and
    HF's forward with a DynamicCache for reference);
 3. the cost of drafting K tokens: one parallel (P-EAGLE) drafter pass, and K sequential EAGLE-3
@@ -59,16 +59,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def blas_threads() -> str:
-    """numpy's OpenBLAS pool size (threadpoolctl when installed, else OpenBLAS's own default)."""
-    try:
-        import threadpoolctl
-        return ", ".join(str(i["num_threads"]) for i in threadpoolctl.threadpool_info()
-                         if i.get("user_api") == "blas") or "?"
-    except ImportError:
-        return os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count())
 
 
 # ----------------------------------------------------------------------------- other jobs' load
@@ -221,7 +211,7 @@ def bench_end_to_end(args, engines: dict, hf, prompts_ids: list[list[int]], bar)
             return add_rates(run_hf(hf, ids, n, args.hf_threads))
         return add_rates(run_ours(engines[name], ids, n))
 
-    # warm-up (first-call allocations, OpenBLAS thread start-up, HF's lazy set-up)
+    # warm-up (first-call allocations, thread-pool start-up, HF's lazy set-up)
     for name in systems:
         bar.set_postfix_str(f"warm-up {name}")
         settle(args)
@@ -290,9 +280,9 @@ def build_context(prompts_ids: list[list[int]], outputs: list[list[int]], length
 
 
 def settle(args) -> None:
-    """Pause before switching between HF (torch's OpenMP pool) and our engine (OpenBLAS's pool):
-    both pools spin for a while after their last job, and a spinning pool on 2 cores slows the
-    other one down badly."""
+    """Pause before switching between HF and our engine, which may size torch's pool differently:
+    a pool spins for a while after its last job, and spinning threads on 2 cores slow the next
+    run down badly."""
     if args.settle > 0:
         time.sleep(args.settle)
 
@@ -499,7 +489,7 @@ def markdown(res: dict) -> str:
     for name, s in e2e["systems"].items():
         label = "HF transformers `generate`" if name == "hf" else f"peagle `{name}`"
         threads = (f"torch {a['hf_threads']}" if name == "hf"
-                   else f"torch {res['env']['engine_torch_threads']} + OpenBLAS {res['env']['numpy_blas']}")
+                   else f"torch {res['env']['engine_torch_threads']}")
         ratio = "1.00" if name == "hf" else f"{s['ratio_vs_hf']:.2f} ({s['paired_ratio_vs_hf']:.2f})"
         al = "-" if s["acceptance_length"] is None else f"{s['acceptance_length']:.2f}"
         out.append(f"| {label} | {threads} | {fmt(s['decode_tok_s'])} | {fmt(s['decode_tok_s_min'])}-"
@@ -618,9 +608,10 @@ def main(argv=None) -> dict:
     engine = LLMEngine.from_pretrained(None, method="none")
     engine_threads = torch.get_num_threads()
     engines = {"none": engine}
-    drafter = load_drafter_for(engine.target, path, None, engine.tokenizer)   # random 1-layer head until one ships
-    for m in args.methods[1:]:
-        engines[m] = LLMEngine(engine.target, drafter, EngineConfig(method=m, num_speculative_tokens=args.k),
+    drafter = load_drafter_for(engine.target, path, None, engine.tokenizer)   # the shipped P-EAGLE head
+    for m in args.methods[1:]:   # each method with its own shipped head (P-EAGLE, EAGLE-3)
+        head = drafter if m == "parallel" else load_drafter_for(engine.target, path, None, engine.tokenizer, m)
+        engines[m] = LLMEngine(engine.target, head, EngineConfig(method=m, num_speculative_tokens=args.k),
                                engine.tokenizer)
     prompts_ids = [engine.encode_prompt(t, chat=True) for t in texts]
 
@@ -643,7 +634,7 @@ def main(argv=None) -> dict:
         "env": {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                 "transformers": transformers.__version__, "python": platform.python_version(),
                 "hf_torch_threads": args.hf_threads, "engine_torch_threads": engine_threads,
-                "numpy_blas": blas_threads(), "model": str(path), "dtype": "float32",
+                "model": str(path), "dtype": "float32",
                 "loadavg_start": load0, "loadavg_end": os.getloadavg(),
                 "wall_s": time.perf_counter() - t_start},
         "end_to_end": e2e,
