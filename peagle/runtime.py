@@ -1,0 +1,60 @@
+"""Where and in what precision peagle runs: ``--device`` and ``--dtype``, resolved as vLLM names them.
+
+``auto`` picks CUDA when present; the dtype is bfloat16 on CUDA and on CPUs that multiply bf16
+natively (AVX512_BF16 or AMX), float32 elsewhere (float16 has no fast CPU GEMM).
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+DEVICE_HELP = "auto (CUDA when present), cpu, cuda or cuda:N"
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """True where the CPU multiplies bf16 in hardware (AVX512_BF16 or AMX-BF16)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """``auto``/None -> ``cuda`` when available, else ``cpu``; anything else is checked."""
+    if isinstance(name, torch.device):
+        return name
+    if name in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}; use {DEVICE_HELP}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {name!r}; use {DEVICE_HELP}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} asked for, but CUDA is not available here")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r} asked for, but there are {torch.cuda.device_count()} CUDA devices")
+    return dev
+
+
+def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``auto``/None -> bfloat16 on CUDA and on native-bf16 CPUs, else float32."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name in (None, "", "auto"):
+        return torch.bfloat16 if device.type == "cuda" or cpu_has_native_bf16() else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
