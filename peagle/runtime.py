@@ -58,3 +58,12 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def to_device(data: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host list as a tensor on ``device``: built on the CPU (named, so a default device never
+    leaks in), then copied from pinned memory without blocking the host on CUDA."""
+    t = torch.tensor(data, dtype=dtype, device="cpu")
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t if device.type == "cpu" else t.to(device)

@@ -15,7 +15,8 @@ if DEVICE == "cpu":
 import pytest
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from peagle.models.layers import AttnMeta, configure_cpu_threads
+from peagle.models.attention import AttnMeta
+from peagle.models.layers import configure_cpu_threads
 from peagle.models.llama import LlamaModel, ModelConfig
 from peagle.models.loader import resolve_target
 
@@ -65,7 +66,7 @@ def run_full(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pos = torch.arange(n)
     caches = model.make_caches(n)
     with torch.inference_mode():
-        return model(ids, pos, caches, AttnMeta(pos, [0, n], [pos], [pos]))
+        return model(ids, pos, caches, AttnMeta.single(pos, 0, n))
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from conftest import native_from_hf, tiny_hf
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.models.drafter import Drafter, DrafterConfig, DrafterMismatchError, load_drafter, save_drafter
-from peagle.models.layers import AttnMeta
+from peagle.models.attention import AttnMeta
 from peagle.models.llama import CheckpointError
 from peagle.models.loader import choose_mask_token, init_drafter, load_tokenizer, resolve_target
 
@@ -266,13 +266,13 @@ def test_hand_built_head(tmp_path, nbr):
     # one forward over a P-EAGLE-style row layout (real features, then mask slots) against plain torch
     T = 7
     tok = torch.tensor([5, 17, 99, 3, MASK, MASK, MASK])
-    pos = torch.arange(10, 10 + T)
+    pos = torch.arange(T)
     hidden = torch.cat([taps[:4] @ tensors["fc.weight"].T,
                         (tensors["fc.weight"] @ tensors["mask_hidden"].flatten()).expand(3, 32)])
     slots = torch.randperm(32, generator=g)[:T]  # scattered cache slots
     caches = d.make_caches(32)
-    # the context is this step's rows only; RoPE positions start at 10 (q_pos indexes the context)
-    meta = AttnMeta(slots, [0, T], [slots], [torch.arange(T)])
+    # the context is this step's rows, in scattered slots
+    meta = AttnMeta.single(slots, 0, T)
     with torch.inference_mode():
         got_normed, got_pre = d(tok, hidden, pos, caches, meta)
         got_tokens = d.to_target_ids(d.logits(got_normed).argmax(-1))

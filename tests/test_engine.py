@@ -118,13 +118,14 @@ def test_batch_equals_alone_and_survives_kv_exhaustion(llama):
 
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
 def test_drafter_never_reads_unwritten_kv(llama, method):
-    """No attention context reaches a position that no row has written (rows of rejected drafts
-    write nothing): with the pools full of stale garbage every drafter output is exactly what it is
-    with zeroed pools (keys outside a context only ever get zero weight)."""
+    """No row whose output is used reads a position that no row has written (rows of rejected
+    drafts write nothing, and their outputs are discarded): with the pools full of stale garbage
+    every output of a row that writes KV (context, bonus and mask rows, which hold every draft) is
+    exactly what it is with zeroed pools (keys outside a context only ever get zero weight)."""
     class Recording(Drafter):
-        def forward(self, *args):
-            normed, pre = super().forward(*args)
-            self.seen.append(normed.clone())
+        def forward(self, ids, hidden, positions, caches, meta):
+            normed, pre = super().forward(ids, hidden, positions, caches, meta)
+            self.seen.append(normed.clone() if meta.no_write is None else normed[~meta.no_write])
             return normed, pre
 
     random_head = init_drafter(llama, 2, MASK, seed=4)

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import native_from_hf, run_full, tiny_hf
-from peagle.models.layers import AttnMeta
+from peagle.models.attention import AttnMeta, Span
 from peagle.models.llama import SUPPORTED_ARCHITECTURES, CheckpointError, LlamaModel, ModelConfig, \
     UnsupportedModelError
 from peagle.models.loader import ModelNotFoundError, load_target
@@ -118,7 +118,7 @@ def test_logits_rows_subset():
     rows = torch.tensor([0, 7, 39, 20])
     pos = torch.arange(T)
     with torch.inference_mode():
-        sub, aux2 = model(ids, pos, model.make_caches(T), AttnMeta(pos, [0, T], [pos], [pos]), logits_rows=rows)
+        sub, aux2 = model(ids, pos, model.make_caches(T), AttnMeta.single(pos, 0, T), logits_rows=rows)
     assert sub.shape == (4, hf.config.vocab_size)
     assert (sub - full[rows]).abs().max().item() <= ATOL
     assert torch.equal(aux2, aux)  # taps always cover every row
@@ -175,7 +175,7 @@ def slot_layout(n: int, kind: str, seed: int = 0) -> torch.Tensor:
 def step(model, caches, ids, slots, start, end):
     """Feed positions start..end-1 of one sequence (its context is 0..end-1)."""
     pos = torch.arange(start, end)
-    meta = AttnMeta(slots[start:end], [0, end - start], [slots[:end]], [pos])
+    meta = AttnMeta.single(slots, start, end)
     with torch.inference_mode():
         logits, aux = model(ids[start:end], pos, caches, meta)
     return logits, aux
@@ -232,7 +232,7 @@ def test_two_sequences_in_one_flat_batch(fam):
     sb = slot_layout(13, "paged", seed=2) + 1000  # disjoint blocks
     ids = torch.cat([a, b])
     pos = torch.cat([torch.arange(29), torch.arange(13)])
-    meta = AttnMeta(torch.cat([sa, sb]), [0, 29, 42], [sa, sb], [torch.arange(29), torch.arange(13)])
+    meta = AttnMeta([Span(29, 29, sa.tolist(), 0), Span(13, 13, sb.tolist(), 0)], 1)
     caches = model.make_caches(1100)
     with torch.inference_mode():
         logits, aux = model(ids, pos, caches, meta)
@@ -256,7 +256,7 @@ def test_mixed_batch_decode_plus_chunk():
     step(model, caches, b, sb, 0, 11)
     ids = torch.cat([a[19:20], b[11:15]])
     pos = torch.cat([torch.tensor([19]), torch.arange(11, 15)])
-    meta = AttnMeta(torch.cat([sa[19:20], sb[11:15]]), [0, 1, 5], [sa, sb], [torch.tensor([19]), torch.arange(11, 15)])
+    meta = AttnMeta([Span(1, 20, sa.tolist(), 19), Span(4, 15, sb.tolist(), 11)], 1)
     with torch.inference_mode():
         logits, _ = model(ids, pos, caches, meta)
     assert (logits[0] - ref_a[19]).abs().max().item() <= ATOL

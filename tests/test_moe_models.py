@@ -16,7 +16,9 @@ from conftest import run_full
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.gpt_oss import GptOssModel, dequantize_mxfp4
-from peagle.models.layers import AttnMeta, CheckpointError, rope_frequencies
+from peagle.models.attention import AttnMeta, Span
+from peagle.models.checkpoint import CheckpointError
+from peagle.models.layers import rope_frequencies
 from peagle.models.llama import ModelConfig, UnsupportedModelError, build_target
 from peagle.models.loader import init_drafter, load_target
 from peagle.models.qwen3_moe import Qwen3MoeModel
@@ -164,7 +166,7 @@ def feed(model, caches, ids, slots, start, end):
     """Positions start..end-1 of one sequence whose context is 0..end-1."""
     pos = torch.arange(start, end)
     with torch.inference_mode():
-        return model(ids[start:end], pos, caches, AttnMeta(slots[start:end], [0, end - start], [slots[:end]], [pos]))
+        return model(ids[start:end], pos, caches, AttnMeta.single(slots, start, end))
 
 
 def test_incremental_decoding_past_the_window_equals_full_pass(pair):
@@ -193,7 +195,7 @@ def test_flat_batch_decode_next_to_prefill():
     feed(model, caches, a, sa, 0, 19)
     ids = torch.cat([a[19:], b])
     pos = torch.cat([torch.tensor([19]), torch.arange(13)])
-    meta = AttnMeta(torch.cat([sa[19:], sb]), [0, 1, 14], [sa, sb], [torch.tensor([19]), torch.arange(13)])
+    meta = AttnMeta([Span(1, 20, sa.tolist(), 19), Span(13, 13, sb.tolist(), 0)], 1)
     with torch.inference_mode():
         logits, _ = model(ids, pos, caches, meta)
     assert (logits[0] - ref_a[19]).abs().max().item() <= ATOL

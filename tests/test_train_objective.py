@@ -9,7 +9,7 @@ import torch
 from conftest import native_from_hf, tiny_hf
 
 from peagle.models.drafter import DrafterConfig
-from peagle.models.layers import AttnMeta
+from peagle.models.attention import AttnMeta
 from peagle.train.data import target_view
 from peagle.train.head import TrainHead
 from peagle.train.objective import Batch, Doc, Objective, chain_mask, evaluate, sample_elements, segments
@@ -42,8 +42,7 @@ def make_head(target, seed=0, dtype=torch.float32) -> TrainHead:
 def inference_pass(drafter, ids, hidden, positions):
     """One drafter pass over a fresh paged cache holding exactly these rows (positions 0..)."""
     n = ids.shape[0]
-    slots = torch.arange(n)
-    meta = AttnMeta(slots, [0, n], [slots], [positions])
+    meta = AttnMeta.single(torch.arange(n), 0, n)
     return drafter(ids, hidden, positions, drafter.make_caches(n), meta)
 
 
@@ -83,12 +82,12 @@ def test_eagle3_training_forward_equals_autoregressive_inference(target):
         # pre-norm output of the previous row (the engine's EAGLE-3 loop, fed the true tokens)
         pos = torch.arange(a + 1)
         normed, pre = drafter(doc.ids[1:a + 2], drafter.project(doc.taps[:a + 1]), pos, caches,
-                              AttnMeta(slots[:a + 1], [0, a + 1], [slots[:a + 1]], [pos]))
+                              AttnMeta.single(slots, 0, a + 1))
         outs, h = [normed[a]], pre[a:a + 1]
         for d in range(1, K):
             p = torch.tensor([a + d])
             normed, h = drafter(doc.ids[a + d + 1:a + d + 2], h, p, caches,
-                                AttnMeta(slots[a + d:a + d + 1], [0, 1], [slots[:a + d + 1]], [p]))
+                                AttnMeta.single(slots, a + d, a + d + 1))
             outs.append(normed[0])
     for d in range(K):
         row = ((el.tok == a) & (el.depth == d)).nonzero()[0, 0]

@@ -5,11 +5,7 @@ so one allocation covers both.
 """
 from __future__ import annotations
 
-import torch
-
 from peagle.engine.sequence import Sequence
-
-PADDING_SLOT_ID = -1
 
 
 class BlockManager:
@@ -40,7 +36,3 @@ class BlockManager:
     @property
     def num_free(self) -> int:
         return len(self.free)
-
-    def slots(self, seq: Sequence, positions: torch.Tensor) -> torch.Tensor:
-        table = torch.tensor(seq.block_table, dtype=torch.long)
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size

@@ -36,12 +36,13 @@ class DraftBatch:
 
 def expand_torch(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torch.Tensor,
                  num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int, mask_id: int) -> DraftBatch:
-    B = num_valid.shape[0]
+    B, dev = num_valid.shape[0], ids.device
     n = cu_num_tokens[1:] - cu_num_tokens[:-1]
     rows = n + num_masks
-    out_start = cu_num_tokens[:-1] + torch.arange(B) * num_masks
-    req = torch.repeat_interleave(torch.arange(B), rows)                 # request of each output row
-    j = torch.arange(int(rows.sum())) - torch.repeat_interleave(out_start, rows)  # row within request
+    out_start = cu_num_tokens[:-1] + torch.arange(B, device=dev) * num_masks
+    total = ids.shape[0] + B * num_masks
+    req = torch.repeat_interleave(torch.arange(B, device=dev), rows, output_size=total)   # request of each output row
+    j = torch.arange(total, device=dev) - torch.repeat_interleave(out_start, rows, output_size=total)  # row within request
     src = cu_num_tokens[:-1][req] + j                                    # its target row (if not a mask)
     valid = num_valid[req]
     masked = j >= n[req]
@@ -50,7 +51,7 @@ def expand_torch(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torc
     last_pos = positions[cu_num_tokens[:-1] + num_valid - 1]
     mask_pos = last_pos[req] + 1 + (j - n[req])
     sample = torch.cat([(out_start + num_valid - 1)[:, None],
-                        out_start[:, None] + n[:, None] + torch.arange(num_masks)[None, :]], dim=1)
+                        out_start[:, None] + n[:, None] + torch.arange(num_masks, device=dev)[None, :]], dim=1)
     return DraftBatch(
         input_ids=torch.where(masked, torch.full_like(tok, mask_id), tok),
         positions=torch.where(masked, mask_pos, positions[src.clamp(max=ids.shape[0] - 1)]),

@@ -16,13 +16,15 @@ from typing import Iterable
 
 import torch
 
-from peagle.engine.block_manager import PADDING_SLOT_ID, BlockManager
+from peagle.engine.block_manager import BlockManager
 from peagle.engine.expansion import expand
-from peagle.engine.sampling import SamplingParams, verify
+from peagle.engine.sampling import SamplingParams, verify, verify_greedy
 from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
+from peagle.models.attention import AttnMeta, Span
 from peagle.models.drafter import Drafter
-from peagle.models.layers import AttnMeta, configure_cpu_threads
+from peagle.models.layers import configure_cpu_threads
 from peagle.models.llama import LlamaModel
+from peagle.runtime import to_device
 
 METHODS = ("parallel", "eagle3", "none")
 
@@ -67,12 +69,15 @@ class LLMEngine:
     def __init__(self, target: LlamaModel, drafter: Drafter | None, config: EngineConfig, tokenizer=None,
                  eos_token_ids: Iterable[int] | None = None):
         self.target, self.drafter, self.cfg, self.tokenizer = target, drafter, config, tokenizer
-        if target.lm_weight.device.type == "cpu":
+        self.device = target.lm_weight.device
+        if self.device.type == "cpu":
             configure_cpu_threads()
         if config.method != "none":
             if drafter is None:
                 raise ValueError(f"method {config.method!r} needs a drafter")
             drafter.cfg.check_target(target.cfg, target.aux_layers)
+            if drafter.lm_head.weight.device != self.device:
+                raise ValueError(f"the drafter is on {drafter.lm_head.weight.device}, the target on {self.device}")
             tk = drafter.cfg.trained_k
             if config.method == "parallel" and tk is not None and config.num_speculative_tokens > tk:
                 raise ValueError(f"K={config.num_speculative_tokens} exceeds the K={tk} this head was trained for")
@@ -127,7 +132,7 @@ class LLMEngine:
             raise RequestError(f"prompt token ids must be in 0..{vocab - 1}")
         if -(-(len(prompt_ids) + 2 * self.cfg.k + 1) // self.cfg.block_size) > self.blocks.num_blocks:
             raise RequestError(f"the prompt has {len(prompt_ids)} tokens, more than the KV cache holds")
-        seq = Sequence(prompt_ids, params, request_id)
+        seq = Sequence(prompt_ids, params, request_id, self.device)
         self.waiting.append(seq)
         return seq
 
@@ -175,67 +180,68 @@ class LLMEngine:
         self.waiting.appendleft(seq)
 
     # ------------------------------------------------------------------ one step
-    def _meta(self, rows: list[tuple[Sequence, torch.Tensor, torch.Tensor | None]]) -> AttnMeta:
-        """Attention metadata for ``(seq, row positions, rows that write KV or None for all)``."""
-        slot_mapping, ctx, q_pos, q_start = [], [], [], [0]
-        for seq, pos, keep in rows:
-            all_slots = self.blocks.slots(seq, torch.arange(int(pos.max()) + 1))
-            slots = all_slots[pos]
-            if keep is not None:  # rows that write nothing must not stretch the context over unwritten slots
-                slots = torch.where(keep, slots, PADDING_SLOT_ID)
-                all_slots = all_slots[:int(pos[keep].max()) + 1]
-            slot_mapping.append(slots)
-            ctx.append(all_slots)
-            q_pos.append(pos)
-            q_start.append(q_start[-1] + pos.shape[0])
-        return AttnMeta(torch.cat(slot_mapping), q_start, ctx, q_pos, self.cfg.block_size)
-
     @torch.inference_mode()
     def step(self) -> StepResult:
+        """One target pass, verification and drafting, all on the model's device; one host sync
+        at the end reads every sequence's accepted count, emitted token and next drafts."""
         self._schedule()
         batch = list(self.running)
         result = StepResult()
         if not batch:
             return result
         # 1. one target pass: whole prompts for new sequences, [last token, drafts...] for the others
-        inputs, rows, logit_rows, offset = [], [], [], 0
+        ids, positions, spans, verify_rows, drafts = [], [], [], [], []
+        kmax = max(len(seq.drafts) for seq in batch)
         for seq in batch:
             if seq.num_cached == 0:
-                inp, start = list(seq.tokens), 0
-                logit_rows.append(offset + len(inp) - 1)
+                inp, start = seq.tokens, 0
             else:
                 inp, start = [seq.tokens[-1]] + seq.drafts, seq.num_tokens - 1
-                logit_rows.extend(range(offset, offset + len(inp)))
-            inputs.append(inp)
-            rows.append((seq, start, len(inp)))
-            offset += len(inp)
-        ids = torch.tensor([t for inp in inputs for t in inp])
-        pos = [torch.arange(start, start + n) for _, start, n in rows]
-        meta = self._meta([(seq, p, None) for (seq, _, _), p in zip(rows, pos)])
-        logits, taps = self.target(ids, torch.cat(pos), self.target_caches, meta, torch.tensor(logit_rows))
+            ids += inp
+            positions += range(start, start + len(inp))
+            spans.append(Span(len(inp), start + len(inp), seq.block_table, start))
+            k = len(seq.drafts) if seq.num_cached else 0
+            verify_rows.append(k + 1)
+            drafts.append(seq.drafts[:k] + [-1] * (kmax - k))
+        dev = self.device
+        ids_t, pos_t = to_device(ids, dev), to_device(positions, dev)
+        last = [0]
+        for span, n in zip(spans, verify_rows):
+            last.append(last[-1] + span.num_rows)
+        logit_rows = [r for span, end, n in zip(spans, last[1:], verify_rows) for r in range(end - n, end)]
+        logits, taps = self.target(ids_t, pos_t, self.target_caches, AttnMeta(spans, self.cfg.block_size),
+                                   to_device(logit_rows, dev))
 
-        # 2. verify, emit tokens, collect what the drafter reads
-        jobs, lrow, trow = [], 0, 0
-        for (seq, start, n), inp in zip(rows, inputs):
+        # 2. verify on the device
+        first = [0]
+        for n in verify_rows:
+            first.append(first[-1] + n)
+        rows = to_device([[f + min(j, n - 1) for j in range(kmax + 1)] for f, n in zip(first, verify_rows)], dev)
+        accepted, tokens = verify_greedy(logits, rows, to_device(drafts, dev))
+        for i, seq in enumerate(batch):
+            if not seq.params.greedy:
+                a, t = verify(logits[first[i]:first[i + 1]], drafts[i][:verify_rows[i] - 1], seq.params, seq.generator)
+                accepted[i], tokens[i] = a, t
+
+        # 3. propose the next drafts, then the one host sync
+        out = [accepted[:, None], tokens[:, None]]
+        if self.cfg.k:
+            num_valid = torch.where(to_device([seq.num_cached == 0 for seq in batch], dev, torch.bool),
+                                    to_device([s.num_rows for s in spans], dev), accepted + 1)
+            out.append(self._propose(spans, ids_t, pos_t, last, num_valid, tokens, taps))
+        packed = torch.cat(out, dim=1).tolist()
+
+        # 4. on the host: emit tokens, keep the drafts, retire finished sequences
+        for seq, span, row in zip(batch, spans, packed):
+            a, token, proposed = row[0], row[1], row[2:]
             prefill = seq.num_cached == 0
-            n_logits = 1 if prefill else n
-            drafts = [] if prefill else seq.drafts
-            accepted, token = verify(logits[lrow:lrow + n_logits], drafts, seq.params, seq.generator)
-            seq.stats.record(len(drafts), accepted)
-            self.stats.record(len(drafts), accepted)
-            valid = n if prefill else accepted + 1   # input rows whose KV stays valid
-            seq.num_cached = start + valid
-            seq.drafts = []
-            self._append(seq, drafts[:accepted] + [token])
+            verified = [] if prefill else seq.drafts
+            seq.stats.record(len(verified), a)
+            self.stats.record(len(verified), a)
+            seq.num_cached = span.start + (span.num_rows if prefill else a + 1)  # input rows whose KV stays valid
+            self._append(seq, verified[:a] + [token])
+            seq.drafts = [] if seq.finished else proposed[:self._num_drafts(seq)]
             result.updated.append(seq)
-            if not seq.finished and self.cfg.k:
-                jobs.append((seq, start, inp, valid, token, taps[trow:trow + n]))
-            lrow += n_logits
-            trow += n
-
-        # 3. propose the next drafts
-        if jobs:
-            self._propose(jobs)
         for seq in batch:
             if seq.finished:
                 self.running.remove(seq)
@@ -248,44 +254,34 @@ class LLMEngine:
         left = seq.params.max_tokens - len(seq.output_ids)
         return max(0, min(self.cfg.k, left - 1, self.max_model_len - seq.num_tokens))
 
-    def _propose(self, jobs: list[tuple[Sequence, int, list[int], int, int, torch.Tensor]]) -> None:
-        """Draft for each ``(seq, first position, target input rows, rows kept, bonus, target taps)``:
-        the verified batch is expanded as vLLM does (:mod:`peagle.engine.expansion`), one drafter pass
-        reads the drafts at the bonus and mask rows, and EAGLE-3 then continues one token at a time."""
-        d = self.drafter
+    def _propose(self, spans: list[Span], ids: torch.Tensor, positions: torch.Tensor, cu: list[int],
+                 num_valid: torch.Tensor, bonus: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+        """K drafts ``[B, K]`` for each sequence of the target pass (``spans``; ``cu`` its row
+        offsets; ``num_valid`` rows kept, ``bonus`` the emitted token, ``taps`` the target's aux
+        hidden states): the verified batch is expanded as vLLM does (:mod:`peagle.engine.expansion`),
+        one drafter pass reads the drafts at the bonus and mask rows, and EAGLE-3 then continues one
+        token at a time, feeding back the head's own pre-norm hidden state."""
+        d, dev = self.drafter, self.device
         parallel = self.cfg.method == "parallel"
         num_masks = self.cfg.k - 1 if parallel else 0
-        cu = torch.tensor([0] + [len(inp) for _, _, inp, *_ in jobs]).cumsum(0)
-        b = expand(torch.tensor([t for _, _, inp, *_ in jobs for t in inp]),
-                   torch.cat([torch.arange(start, start + len(inp)) for _, start, inp, *_ in jobs]),
-                   cu, torch.tensor([j[3] for j in jobs]), torch.tensor([j[4] for j in jobs]), num_masks,
-                   d.cfg.mask_token_id)
-        hidden = d.project(torch.cat([j[5] for j in jobs]))[b.hidden_map.clamp(min=0)]
+        b = expand(ids, positions, to_device(cu, dev), num_valid, bonus, num_masks, d.cfg.mask_token_id)
+        hidden = d.project(taps)[b.hidden_map.clamp(min=0)]
         if num_masks:
             hidden = torch.where(b.is_masked[:, None], d.mask_feature(), hidden)
-        bounds = (cu + torch.arange(len(jobs) + 1) * num_masks).tolist()
-        meta = self._meta([(seq, b.positions[lo:hi], ~b.is_rejected[lo:hi])
-                           for (seq, *_), lo, hi in zip(jobs, bounds[:-1], bounds[1:])])
+        bs = self.cfg.block_size
+        meta = AttnMeta([Span(s.num_rows + num_masks, s.ctx_len + num_masks, s.block_table) for s in spans], bs,
+                        no_write=b.is_rejected)
         normed, prenorm = d(b.input_ids, hidden, b.positions, self.drafter_caches, meta)
         rows = b.sample_idx.flatten()
-        out = d.to_target_ids(d.logits(normed[rows]).argmax(-1)).view(len(jobs), -1).tolist()
-        ks = [self._num_drafts(seq) for seq, *_ in jobs]
-        for (seq, *_), k, drafts in zip(jobs, ks, out):
-            seq.drafts = drafts[:k]
+        drafts = d.to_target_ids(d.logits(normed[rows]).argmax(-1)).view(len(spans), -1)
         if parallel:
-            return
-        # EAGLE-3: K-1 more one-token passes, each feeding back the head's own pre-norm hidden state
-        h = prenorm[rows]
-        last = b.positions[rows].tolist()
-        for step in range(1, max(ks)):
-            live = [i for i, k in enumerate(ks) if k > step]
-            meta = self._meta([(jobs[i][0], torch.tensor([last[i] + step]), None) for i in live])
-            ids = torch.tensor([jobs[i][0].drafts[-1] for i in live])
-            positions = torch.tensor([last[i] + step for i in live])
-            normed, pre = d(ids, h[live], positions, self.drafter_caches, meta)
-            for i, t in zip(live, d.to_target_ids(d.logits(normed).argmax(-1)).tolist()):
-                jobs[i][0].drafts.append(t)
-            h = h.index_copy(0, torch.tensor(live), pre)
+            return drafts
+        h, pos, out = prenorm[rows], b.positions[rows], [drafts[:, 0]]
+        for step in range(1, self.cfg.k):
+            meta = AttnMeta([Span(1, s.ctx_len + step, s.block_table) for s in spans], bs)
+            normed, h = d(out[-1], h, pos + step, self.drafter_caches, meta)
+            out.append(d.to_target_ids(d.logits(normed).argmax(-1)))
+        return torch.stack(out, dim=1)
 
     # ------------------------------------------------------------------ finishing
     def _append(self, seq: Sequence, tokens: list[int]) -> None:

@@ -59,24 +59,33 @@ def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return probs
 
 
-def verify(logits: torch.Tensor, drafts: list[int], p: SamplingParams,
-           gen: torch.Generator | None) -> tuple[int, int]:
-    """Check ``drafts`` against the target's ``logits`` (``[len(drafts)+1, vocab]``).
+def verify_greedy(logits: torch.Tensor, rows: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification of a batch on the device: ``rows[b, j]`` is the logit row of sequence b's
+    j-th verified position (padding repeats its last), ``drafts[b]`` its drafts (-1 pads). Returns
+    (accepted drafts ``[B]``, emitted token ``[B]``: the target's argmax after the accepted drafts)."""
+    best = logits.argmax(-1)[rows]                                        # [B, K+1]
+    accepted = (drafts == best[:, :-1]).int().cumprod(1).sum(1)
+    return accepted, best.gather(1, accepted[:, None])[:, 0]
 
-    Returns (number of accepted drafts, the token emitted after them: the target's correction
-    where a draft was rejected, else the bonus token).
-    """
-    if p.greedy:
-        target = logits.argmax(-1).tolist()
-        a = 0
-        while a < len(drafts) and drafts[a] == target[a]:
-            a += 1
-        return a, target[a]
+
+def verify(logits: torch.Tensor, drafts: torch.Tensor | list[int], p: SamplingParams,
+           gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling of one sequence's ``drafts`` against the target's ``logits``
+    (``[len(drafts)+1, vocab]``), on the device without a host sync.
+
+    Returns (number of accepted drafts, the token emitted after them: drawn from the residual
+    ``p`` without the draft where a draft was rejected, else the bonus token from the last row),
+    as 0-d tensors. A replacement is drawn for every position and the first rejection's is kept,
+    which leaves the distribution of what is emitted exactly ``p``'s."""
+    dev = logits.device
+    drafts = torch.as_tensor(drafts, dtype=torch.long, device=dev)
+    k = drafts.shape[0]
     probs = probs_from_logits(logits, p)
-    for i, d in enumerate(drafts):
-        if torch.rand((), generator=gen).item() < probs[i, d].item():
-            continue
-        residual = probs[i].clone()
-        residual[d] = 0.0
-        return i, int(torch.multinomial(residual, 1, generator=gen))
-    return len(drafts), int(torch.multinomial(probs[-1], 1, generator=gen))
+    idx = torch.arange(k, device=dev)
+    u = torch.rand(k, generator=gen, device=dev)
+    accepted = (u < probs[idx, drafts]).int().cumprod(0).sum()
+    residual = probs[:k].clone()
+    residual[idx, drafts] = 0.0
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs[:k])  # p(d) = 1: never used
+    choices = torch.multinomial(torch.cat([residual, probs[k:]]), 1, generator=gen)[:, 0]
+    return accepted, choices[accepted]

@@ -59,7 +59,8 @@ class SpecStats:
 
 
 class Sequence:
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None):
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                 device: torch.device | str = "cpu"):
         self.request_id = request_id if request_id is not None else str(next(_ids))
         self.prompt_ids = list(prompt_ids)
         self.tokens = list(prompt_ids)
@@ -71,7 +72,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.text = ""
         self.stats = SpecStats()
-        self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        self.generator = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
         self.finish_time: float | None = None

@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from peagle.models.layers import (MLP, Attention, AttnMeta, ChainMask, DenseKV, KVCache, Linear, RMSNorm, Rotary, embedding,
-                                  check_checkpoint, fuse_checkpoint, linear, parse_rope,
-                                  read_safetensors, split_checkpoint)
+from peagle.models.attention import Attention, AttnMeta, ChainMask, DenseKV, KVCache
+from peagle.models.checkpoint import check_checkpoint, fuse_checkpoint, read_safetensors, split_checkpoint
+from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope
 from peagle.models.llama import CheckpointError, DecoderLayer, ModelConfig
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -204,7 +204,7 @@ class Drafter(nn.Module):
         the first feeds :meth:`logits`, the second is what EAGLE-3 feeds back. With
         :class:`DenseKV` caches (training), ``meta`` is a :class:`ChainMask`."""
         if isinstance(meta, AttnMeta):
-            meta.prepare()
+            meta.prepare(positions, caches[0].num_slots)
         rope = self.rotary.table(positions, hidden.dtype)
         x = self.midlayer(self.embed(ids), hidden, rope, caches[0], meta)
         for i in range(1, self.cfg.num_layers):

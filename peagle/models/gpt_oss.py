@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from peagle.models.layers import CheckpointError
+from peagle.models.checkpoint import CheckpointError
 from peagle.models.llama import LlamaModel
 from peagle.models.moe import Experts, SparseMoE
 

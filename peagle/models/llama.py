@@ -13,8 +13,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from peagle.models.layers import (MLP, Attention, AttnMeta, CheckpointError, KVCache, Linear, RMSNorm, Rotary, embedding,
-                                  check_checkpoint, fuse_checkpoint, linear, parse_rope)
+from peagle.models.attention import Attention, AttnMeta, KVCache
+from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
+from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope
 
 
 class Target(NamedTuple):
@@ -240,7 +241,7 @@ class LlamaModel(nn.Module):
                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(final normed hidden states of ``rows`` (all if None), aux hidden states ``[T, 3*H]``):
         training reads the target's distribution over a draft vocabulary from the first."""
-        meta.prepare(*self.windows)
+        meta.prepare(positions, caches[0].num_slots, self.windows)
         x = self.model.embed_tokens(ids)
         rope = self.rotary.table(positions, x.dtype)
         taps: dict[int, torch.Tensor] = {}

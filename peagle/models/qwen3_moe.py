@@ -8,7 +8,8 @@ import re
 
 import torch
 
-from peagle.models.layers import MLP, CheckpointError
+from peagle.models.checkpoint import CheckpointError
+from peagle.models.layers import MLP
 from peagle.models.llama import LlamaModel
 from peagle.models.moe import Experts, SparseMoE
 

@@ -14,7 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from peagle.models.layers import AttnMeta, CheckpointError
+from peagle.models.attention import AttnMeta
+from peagle.models.checkpoint import CheckpointError
 from peagle.models.llama import LlamaModel
 from peagle.train.objective import Doc
 from peagle.train.synth import read_responses
@@ -69,7 +70,7 @@ def target_view(target: LlamaModel, ids: list[int], chunk: int = 512) -> tuple[t
     """One prefill of ``ids``: (aux hidden states, final normed hidden state, greedy next token)."""
     n = len(ids)
     pos = torch.arange(n)
-    meta = AttnMeta(pos, [0, n], [pos], [pos])
+    meta = AttnMeta.single(pos, 0, n)
     final, taps = target.hidden(torch.tensor(ids), pos, target.make_caches(n), meta)
     argmax = torch.cat([target.logits(final[i:i + chunk]).argmax(-1) for i in range(0, n, chunk)])
     return taps, final, argmax

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from peagle.models.drafter import Drafter
-from peagle.models.layers import ChainMask, DenseKV
+from peagle.models.attention import ChainMask, DenseKV
 
 METHODS = ("peagle", "eagle3")
 

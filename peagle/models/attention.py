@@ -1,0 +1,300 @@
+"""Attention over the paged KV cache (inference) and under a chain mask (training).
+
+A forward works on a flat batch of tokens (``[T, ...]``) from many sequences, as vLLM lays it out.
+:class:`AttnMeta` says where each sequence's rows are and which KV blocks hold its context. It is
+described on the host with plain ints (:class:`Span`); :meth:`AttnMeta.prepare` turns that into a
+few tensors on the model's device once per forward (slot mapping, block tables, masks derived from
+the rows' positions), so the layers run without host work or per-sequence tensor ops.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from peagle.models.layers import Linear, RMSNorm, apply_rope
+from peagle.runtime import to_device
+
+SHORT_ROWS = 64          # sequences with at most this many rows (decoding, verifying, drafting) attend in batches
+MAX_PADDING = 1.25       # ... of sequences whose contexts, padded to the longest, hold at most 25% padding
+
+
+@dataclass(frozen=True)
+class Span:
+    """One sequence's rows in a flat batch: ``num_rows`` consecutive rows whose keys, once this
+    pass has written its own, are positions ``0..ctx_len-1`` in the blocks of ``block_table``.
+    ``start`` is the first row's position when the rows are ``start, start+1, ...`` (None when the
+    positions are only known on the device, as for the drafter's expanded rows)."""
+
+    num_rows: int
+    ctx_len: int
+    block_table: list[int]
+    start: int | None = None
+
+
+@dataclass
+class Group:
+    """Sequences attended in one batched call. ``rows[b, j]``: the flat row of query j of sequence b
+    (padding repeats a real row, ``valid`` marks real ones; ``first`` set when the rows are the
+    contiguous range ``first .. first+B*Q-1``); keys are the first ``length`` slots of the blocks
+    ``blocks[b]`` (or ``kv_slice`` of the pool when one sequence's blocks are contiguous), or the
+    pass's own rows (``self_attend``: a whole prompt from position 0)."""
+
+    B: int
+    Q: int
+    length: int
+    block_size: int
+    rows: torch.Tensor | None = None
+    first: int | None = None
+    valid: torch.Tensor | None = None
+    blocks: torch.Tensor | None = None
+    kv_slice: slice | None = None
+    self_attend: bool = False
+    masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+
+
+class AttnMeta:
+    """Where one forward's rows sit in the paged KV cache (see the module docstring).
+
+    ``no_write`` (device bool ``[T]``) marks rows that write no KV (the drafter's rejected rows)."""
+
+    def __init__(self, spans: list[Span], block_size: int, no_write: torch.Tensor | None = None):
+        self.spans, self.block_size, self.no_write = spans, block_size, no_write
+        self.groups: list[Group] = []
+        self.slot_mapping: torch.Tensor | None = None
+
+    @classmethod
+    def single(cls, slots: torch.Tensor | list[int], start: int, end: int) -> "AttnMeta":
+        """One sequence feeding positions ``start..end-1``, position p's KV in ``slots[p]``
+        (a block table of block size 1: any slot layout)."""
+        return cls([Span(end - start, end, [int(s) for s in slots[:end]], start)], 1)
+
+    def prepare(self, positions: torch.Tensor, num_slots: int, windows: tuple[int | None, ...] = (None,)) -> "AttnMeta":
+        """Build the device tensors every layer shares; ``positions`` are the rows' positions on the
+        model's device, ``num_slots`` the pools' size (rows that write nothing go to a scratch slot
+        past it). Called by the model's forward, once."""
+        dev, bs = positions.device, self.block_size
+        spans = self.spans
+        firsts = [0]
+        for s in spans:
+            firsts.append(firsts[-1] + s.num_rows)
+        # slot of each row: its block table entry for its position (one gather over a padded table)
+        nb = max(len(s.block_table) for s in spans)
+        table = to_device([s.block_table + [0] * (nb - len(s.block_table)) for s in spans], dev)
+        seq_of_row = to_device([i for i, s in enumerate(spans) for _ in range(s.num_rows)], dev)
+        slots = table[seq_of_row, positions // bs] * bs + positions % bs
+        if self.no_write is not None:
+            slots = torch.where(self.no_write, num_slots, slots)
+        self.slot_mapping = slots
+
+        long = [i for i, s in enumerate(spans) if s.num_rows > SHORT_ROWS]
+        short = sorted((i for i, s in enumerate(spans) if s.num_rows <= SHORT_ROWS), key=lambda i: spans[i].ctx_len)
+        batches, cur = [], []
+        for i in short:  # by growing length: a batch ends before padding would pass the bound
+            if cur and (len(cur) + 1) * spans[i].ctx_len > MAX_PADDING * (sum(spans[j].ctx_len for j in cur) + spans[i].ctx_len):
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+        batches += [[i] for i in long] + ([cur] if cur else [])
+        self.groups = [self._group(b, firsts, positions, windows) for b in batches]
+        return self
+
+    def _group(self, seqs: list[int], firsts: list[int], positions: torch.Tensor,
+               windows: tuple[int | None, ...]) -> Group:
+        dev, bs = positions.device, self.block_size
+        spans = [self.spans[i] for i in seqs]
+        B, Q = len(spans), max(s.num_rows for s in spans)
+        L = max(s.ctx_len for s in spans)
+        g = Group(B, Q, L, bs)
+        if all(s.num_rows == Q for s in spans) and all(firsts[i] == firsts[seqs[0]] + b * Q for b, i in enumerate(seqs)):
+            g.first = firsts[seqs[0]]
+            qpos = positions[g.first:g.first + B * Q].view(B, Q)
+        else:
+            rows = [[firsts[i] + min(j, s.num_rows - 1) for j in range(Q)] for i, s in zip(seqs, spans)]
+            g.rows = to_device(rows, dev)
+            g.valid = to_device([[j < s.num_rows for j in range(Q)] for s in spans], dev, torch.bool)
+            qpos = positions[g.rows]
+        s0 = spans[0]
+        if B == 1 and s0.start == 0 and s0.num_rows == s0.ctx_len and Q > SHORT_ROWS:
+            g.self_attend = True  # a whole prompt: its keys are this pass's own rows
+        elif B == 1 and s0.block_table == list(range(s0.block_table[0], s0.block_table[0] + len(s0.block_table))):
+            first = s0.block_table[0] * bs
+            g.kv_slice = slice(first, first + L)
+        else:
+            nbk = -(-L // bs)
+            g.blocks = to_device([s.block_table[:nbk] + s.block_table[:1] * (nbk - len(s.block_table[:nbk]))
+                                  for s in spans], dev)
+            g.length = L if B == 1 else nbk * bs
+        decoding = B == 1 and Q == 1 and s0.start == s0.ctx_len - 1
+        keys = torch.arange(g.length, device=dev)
+        for w in windows:
+            if (decoding and not (w and L > w)) or (g.self_attend and w is None):
+                g.masks[w] = None  # all keys (decoding) or plain causal (is_causal)
+                continue
+            m = keys <= qpos[..., None]
+            if w:
+                m &= keys > qpos[..., None] - w
+            g.masks[w] = m
+        return g
+
+
+class KVCache:
+    """One layer's paged key/value pool: ``[num_slots + 1, kv_heads, head_dim]`` each, the last
+    slot a scratch row for rows that write nothing. Zeroed once: batched attention reads whole
+    blocks, and a masked key still multiplies its value by a zero weight, which never-written
+    memory could turn into NaN (stale values of freed blocks are finite)."""
+
+    def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str):
+        self.num_slots = num_slots
+        self.k = torch.zeros(num_slots + 1, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def write(self, meta: AttnMeta, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k.index_copy_(0, meta.slot_mapping, k)
+        self.v.index_copy_(0, meta.slot_mapping, v)
+
+    def keys_values(self, g: Group) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, length, Hkv, d]`` keys and values of a group (a view where the blocks are contiguous)."""
+        if g.kv_slice is not None:
+            return self.k[g.kv_slice][None], self.v[g.kv_slice][None]
+        B, nb = g.blocks.shape
+        out = []
+        for pool in (self.k, self.v):
+            per_block = pool[:self.num_slots].view(-1, g.block_size * pool.shape[1] * pool.shape[2])
+            kv = per_block.index_select(0, g.blocks.flatten()).view(B, nb * g.block_size, *pool.shape[1:])
+            out.append(kv[:, :g.length])
+        return out[0], out[1]
+
+
+class DenseKV:
+    """Training's stand-in for :class:`KVCache`: one layer's keys and values, kept in the autograd
+    graph and extended by each forward, so EAGLE-3's unrolled passes (training-time test) attend to
+    what earlier passes computed. The forward's ``meta`` is then a :class:`ChainMask`."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k])
+        self.v = v if self.v is None else torch.cat([self.v, v])
+        return self.k, self.v
+
+
+@dataclass
+class ChainMask:
+    """Which keys a training query sees, in the shape of P-EAGLE's attention rule: part of the first
+    ``n_context`` keys (the depth-0 context; ``context[q, j]``) and at most a few keys of its own
+    chain (``chain[q, c]``: a key index, -1 for none). Same result as a dense ``[queries, keys]``
+    mask at a fraction of the work: a query never sees another anchor's deeper elements."""
+
+    context: torch.Tensor  # [queries, n_context] bool
+    chain: torch.Tensor    # [queries, C] long
+
+
+def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask) -> torch.Tensor:
+    """Grouped-query attention under a :class:`ChainMask`: q ``[T, H, d]``, k/v ``[S, Hkv, d]`` ->
+    ``[T, H*d]``; one softmax over the context keys and the chain keys together."""
+    T, H, d = q.shape
+    Hkv = k.shape[1]
+    n0 = m.context.shape[1]
+    qg = q.view(T, Hkv, H // Hkv, d) * d ** -0.5
+    s0 = torch.einsum("thgd,shd->hgts", qg, k[:n0]).masked_fill(~m.context, float("-inf"))
+    idx = m.chain.clamp(min=0)
+    kc, vc = k[idx], v[idx]                                                      # [T, C, Hkv, d]
+    sc = torch.einsum("thgd,tchd->hgtc", qg, kc).masked_fill(m.chain < 0, float("-inf"))
+    p = torch.cat([s0, sc], dim=-1).softmax(-1)
+    o = torch.einsum("hgts,shd->thgd", p[..., :n0], v[:n0]) + torch.einsum("hgtc,tchd->thgd", p[..., n0:], vc)
+    return o.reshape(T, H * d)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+           sinks: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+    """Grouped-query attention: q ``[B, n, H, d]``, k/v ``[B, L, Hkv, d]``, mask ``[B, n, L]`` (True:
+    attend; None: all) -> ``[B, n, H*d]``.
+
+    The query heads that share a KV head are folded into the query axis, so SDPA runs its fast
+    kernel without repeating K/V (``enable_gqa`` falls back to the slow math path on CPU); a
+    single unmasked query (decoding) is two small batched matmuls, cheaper than SDPA's setup.
+    ``causal``: mask None means plain causal attention over a whole prompt (keys = queries).
+    Attention sinks (GPT-OSS: a learned logit per head joins every row's softmax denominator, so a
+    query may attend to "nothing") are spelled out, as SDPA cannot express them."""
+    B, n, H, d = q.shape
+    Hkv = k.shape[2]
+    g = H // Hkv
+    kt, vt = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)                          # [B, Hkv, L, d]
+    if causal and sinks is None:  # a whole prompt: SDPA's causal kernel, no mask materialised
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1),
+                                           is_causal=True)
+        return o.transpose(1, 2).reshape(B, n, H * d)
+    if causal:
+        mask = torch.ones(n, k.shape[1], dtype=torch.bool, device=q.device).tril()[None]
+    if n == 1 and mask is None and sinks is None:
+        scores = torch.matmul(q.view(B, Hkv, g, d) * d ** -0.5, kt.transpose(-1, -2)).softmax(-1)
+        return torch.matmul(scores, vt).reshape(B, 1, H * d)
+    qt = q.view(B, n, Hkv, g, d).permute(0, 2, 3, 1, 4).reshape(B, Hkv, g * n, d)
+    if mask is not None:
+        mask = mask[:, None].repeat(1, 1, g, 1)                                     # [B, 1, g*n, L]
+    if sinks is None:
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+    else:
+        scores = torch.matmul(qt * d ** -0.5, kt.transpose(-1, -2))                 # [B, Hkv, g*n, L]
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        sink = sinks.to(scores.dtype).view(1, Hkv, g, 1, 1).expand(B, Hkv, g, n, 1).reshape(B, Hkv, g * n, 1)
+        o = torch.matmul(torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1], vt)
+    return o.view(B, Hkv, g, n, d).permute(0, 3, 1, 2, 4).reshape(B, n, H * d)
+
+
+class Attention(nn.Module):
+    """Attention over the paged cache with the options the supported families need: q/k/v bias
+    (Qwen2), per-head q/k RMSNorm (Qwen3), a wider input (EAGLE-3's first layer), a sliding window
+    (Mistral; GPT-OSS on every other layer) and attention sinks (GPT-OSS). q, k and v are one fused
+    projection, as in vLLM (checkpoints keep separate names)."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, in_dim: int | None = None,
+                 qkv_bias: bool = False, o_bias: bool = False, qk_norm_eps: float | None = None,
+                 sliding_window: int | None = None, sinks: bool = False):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.sliding_window = sliding_window or None
+        self.qkv_proj = Linear(in_dim or hidden, (heads + 2 * kv_heads) * head_dim, qkv_bias)
+        self.o_proj = Linear(heads * head_dim, hidden, o_bias)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.sinks = nn.Parameter(torch.zeros(heads)) if sinks else None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache | DenseKV,
+                meta: AttnMeta | ChainMask) -> torch.Tensor:
+        T = x.shape[0]
+        qkv = self.qkv_proj(x).view(T, self.heads + 2 * self.kv_heads, self.head_dim)
+        nqk = self.heads + self.kv_heads
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qkv[:, :self.heads]), self.k_norm(qkv[:, self.heads:nqk])], dim=1)
+        else:
+            qk = qkv[:, :nqk]
+        qk = apply_rope(qk, rope)
+        q, k, v = qk[:, :self.heads], qk[:, self.heads:], qkv[:, nqk:]
+        if isinstance(cache, DenseKV):  # training: meta is a ChainMask
+            k, v = cache.extend(k, v)
+            return self.o_proj(attend_chain(q, k, v, meta))
+        cache.write(meta, k, v)
+        w = self.sliding_window
+        out = None if len(meta.groups) == 1 and meta.groups[0].first == 0 else q.new_empty(T, self.heads * self.head_dim)
+        for g in meta.groups:
+            if g.self_attend:
+                rows = slice(g.first, g.first + g.Q)
+                o = attend(q[rows][None], k[rows][None], v[rows][None], g.masks[w], self.sinks, causal=g.masks[w] is None)
+            else:
+                qg = q[g.first:g.first + g.B * g.Q].view(g.B, g.Q, *q.shape[1:]) if g.first is not None else q[g.rows]
+                keys, values = cache.keys_values(g)
+                o = attend(qg, keys, values, g.masks[w], self.sinks)
+            if out is None:
+                return self.o_proj(o.view(T, -1))
+            if g.first is not None:
+                out[g.first:g.first + g.B * g.Q] = o.view(g.B * g.Q, -1)
+            else:
+                out[g.rows[g.valid]] = o[g.valid]
+        return self.o_proj(out)

@@ -1,0 +1,89 @@
+"""Checkpoint names and files: reading safetensors lazily, checking names and shapes against a
+model, and fusing HF's separate q/k/v and gate/up projections into ours (and back)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from peagle.models.attention import Attention
+from peagle.models.layers import MLP
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: unreadable, corrupt, or not matching its config."""
+
+
+_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def check_checkpoint(sd: dict[str, torch.Tensor], model: nn.Module, optional: tuple[str, ...] = ()) -> None:
+    """Compare a checkpoint's on-disk names and shapes with what ``model`` expects, before fusing,
+    so errors name the tensors that are in the file. ``optional`` names may be absent."""
+    want = {k: tuple(v.shape) for k, v in split_checkpoint(model.state_dict(), model).items()}
+    missing = sorted(k for k in set(want) - set(sd) if k not in optional)
+    unexpected = sorted(set(sd) - set(want))
+    bad = [f"{k}: {tuple(sd[k].shape)} != {want[k]}" for k in want if k in sd and tuple(sd[k].shape) != want[k]]
+    if missing or unexpected or bad:
+        raise CheckpointError(f"weights do not match the config: missing {missing[:6]}, unexpected "
+                              f"{unexpected[:6]}, wrong shapes {bad[:6]}")
+
+
+def read_safetensors(path: Path, dtype: torch.dtype | None = None,
+                     device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """All tensors of a folder's ``*.safetensors`` files (sharded or not), or of one file, each read
+    once (lazily, from the memory-mapped file) and materialised straight in ``dtype`` (floating point
+    tensors; None keeps the file's) on ``device``: no float32 detour, no second copy."""
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files:
+        raise CheckpointError(f"no .safetensors weights in {path}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    t = st.get_tensor(name)
+                    tensors[name] = t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"corrupt or unreadable safetensors file {f}: {e}") from None
+    return tensors
+
+
+def fuse_checkpoint(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF/vLLM checkpoint names -> ours: stack q/k/v into qkv_proj and gate/up into gate_up_proj."""
+    out = dict(sd)
+    for key in sd:
+        for fused, parts in _FUSED.items():
+            if f".{parts[0]}." in f".{key}":
+                pre, suf = key.split(parts[0])
+                names = [pre + p + suf for p in parts]
+                if all(n in sd for n in names):
+                    out[pre + fused + suf] = torch.cat([sd[n] for n in names], dim=0)
+                    for n in names:
+                        out.pop(n)
+    return out
+
+
+def split_checkpoint(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Ours -> checkpoint names (the inverse of :func:`fuse_checkpoint`); sizes come from ``model``."""
+    out = dict(sd)
+    for name, mod in model.named_modules():
+        pre = f"{name}." if name else ""
+        if isinstance(mod, Attention):
+            q, kv = mod.heads * mod.head_dim, mod.kv_heads * mod.head_dim
+            fused, parts, sizes = "self_attn.qkv_proj", _FUSED["self_attn.qkv_proj"], [q, kv, kv]
+            pre = pre[: -len("self_attn.")]
+        elif isinstance(mod, MLP):
+            fused, parts, sizes = "mlp.gate_up_proj", _FUSED["mlp.gate_up_proj"], [mod.inter, mod.inter]
+            pre = pre[: -len("mlp.")]
+        else:
+            continue
+        for suf in (".weight", ".bias"):
+            key = pre + fused + suf
+            if key in out:
+                for part, t in zip(parts, out.pop(key).split(sizes, dim=0)):
+                    out[pre + part + suf] = t
+    return out
