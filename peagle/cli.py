@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+from peagle.runtime import add_runtime_args, dtype_name
+
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None,
@@ -21,8 +23,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("the prompt is empty")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop or [])
-    engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k,
-                                       max_num_seqs=1, max_model_len=args.max_model_len)
+    engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
+                                       device=args.device, max_num_seqs=1, max_model_len=args.max_model_len)
     ids = engine.encode_prompt(args.prompt, chat=args.chat)
     t0 = time.perf_counter()
     out = engine.generate([ids], params)[0]
@@ -31,6 +33,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = {
         "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
         "method": args.method, "k": 0 if args.method == "none" else args.k,
+        "device": str(engine.device), "dtype": dtype_name(engine.dtype),
         "num_prompt_tokens": len(ids), "num_output_tokens": len(out.token_ids),
         "acceptance_length": round(s.acceptance_length, 4),
         "per_position_acceptance": [round(x, 4) for x in s.per_position_acceptance],
@@ -44,7 +47,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         print(out.text)
         pos = ", ".join(f"{x:.2f}" for x in s.per_position_acceptance)
-        print(f"\n[{args.method}{'' if args.method == 'none' else f' K={args.k}'}] "
+        print(f"\n[{args.method}{'' if args.method == 'none' else f' K={args.k}'}, {engine.device} "
+              f"{dtype_name(engine.dtype)}] "
               f"{result['num_output_tokens']} tokens in {elapsed:.2f}s ({result['output_tokens_per_s']} tok/s), "
               f"acceptance length {s.acceptance_length:.2f}, per-position acceptance [{pos}]", file=sys.stderr)
     return 0
@@ -80,11 +84,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     spec = speculative_config(args.speculative_config)
     engine = LLMEngine.from_pretrained(args.target, spec["drafter"], method=spec["method"], k=spec["k"],
-                                       max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+                                       dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+                                       max_model_len=args.max_model_len)
     name = args.served_model_name or (args.target or "SmolLM2-135M-Instruct")
-    device = engine.target.lm_weight.device
     how = spec["method"] if spec["method"] == "none" else f"{spec['method']}, K={spec['k']}"
-    print(f"peagle: serving {name} on {device.type} ({how}) at http://{args.host}:{args.port}",
+    print(f"peagle: serving {name} on {engine.device} in {dtype_name(engine.dtype)} ({how}) "
+          f"at http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)
     async_engine = AsyncEngine(engine, max_queue=args.max_queue)
     try:
@@ -100,8 +105,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
     # KV for a full batch of typical documents (prompt + response); rarer long ones are preempted
     kv_tokens = args.batch_size * min(args.max_model_len, 1024)
-    engine = LLMEngine.from_pretrained(args.target, method="none", max_num_seqs=args.batch_size,
-                                       max_model_len=args.max_model_len, kv_cache_tokens=kv_tokens)
+    engine = LLMEngine.from_pretrained(args.target, method="none", dtype=args.dtype, device=args.device,
+                                       max_num_seqs=args.batch_size, max_model_len=args.max_model_len,
+                                       kv_cache_tokens=kv_tokens)
     n = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
                    args.seed, args.batch_size, args.shard_size)
     print(f"wrote {n} responses to {args.out}", file=sys.stderr)
@@ -198,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=7, help="draft tokens per round")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--max-model-len", type=int, default=None)
+    add_runtime_args(g)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -220,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--served-model-name", default=None)
     v.add_argument("--max-num-seqs", type=int, default=8)
     v.add_argument("--max-model-len", type=int, default=None)
+    add_runtime_args(v)
     v.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond which the server answers 503")
     v.set_defaults(func=cmd_serve)
 
@@ -230,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--num-prompts", type=int, default=None, help="the first N of the seeded shuffle (default: all)")
     y.add_argument("--max-new-tokens", type=int, default=512)
     y.add_argument("--max-model-len", type=int, default=2048)
+    add_runtime_args(y)
     y.add_argument("--temperature", type=float, default=0.0)
     y.add_argument("--seed", type=int, default=0)
     y.add_argument("--batch-size", type=int, default=64, help="requests decoded together")

@@ -60,6 +60,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def add_runtime_args(p) -> None:
+    """``--dtype`` and ``--device`` for a command-line parser, as vLLM names them."""
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="weights and activations: auto = bfloat16 on CUDA and on CPUs with native bf16, else float32")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
 def to_device(data: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
     """A host list as a tensor on ``device``: built on the CPU (named, so a default device never
     leaks in), then copied from pinned memory without blocking the host on CUDA."""

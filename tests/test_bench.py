@@ -223,7 +223,7 @@ def head_dir(tiny_chat_dir, tmp_path_factory):
     from peagle.models.drafter import save_drafter
     from peagle.models.loader import choose_mask_token, init_drafter, load_target, load_tokenizer
 
-    target, path = load_target(str(tiny_chat_dir))
+    target, path = load_target(str(tiny_chat_dir), "float32")
     out = tmp_path_factory.mktemp("head")
     save_drafter(init_drafter(target, 1, choose_mask_token(load_tokenizer(path))), out)
     return out

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def default():
-    target, path = load_target(None)
+    target, path = load_target(None, "float32")
     tok = load_tokenizer(path)
     return target, tok, load_drafter_for(target, path, None, tok)
 

@@ -279,7 +279,7 @@ def test_unsupported_architecture_lists_supported():
 def test_unsupported_architecture_via_load_target(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(UnsupportedModelError, match="LlamaForCausalLM"):
-        load_target(tmp_path)
+        load_target(tmp_path, "float32")
 
 
 @pytest.mark.parametrize("fam", ["llama", "llama-bias-tied", "qwen3"])
@@ -287,7 +287,7 @@ def test_load_target_from_saved_folder(tmp_path, fam):
     hf = tiny_hf(fam)
     hf.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").is_file()
-    model, path = load_target(tmp_path)
+    model, path = load_target(tmp_path, "float32")
     assert path == tmp_path
     ids = rand_ids(T, seed=12)
     ref, hs = hf_forward(hf, ids)
@@ -303,7 +303,7 @@ def test_load_target_sharded(tmp_path):
     hf.save_pretrained(tmp_path, max_shard_size="20KB")
     shards = sorted(p.name for p in tmp_path.glob("*.safetensors"))
     assert len(shards) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
-    model, _ = load_target(tmp_path)
+    model, _ = load_target(tmp_path, "float32")
     ids = rand_ids(T, seed=13)
     ref, _ = hf_forward(hf, ids)
     logits, _ = run_full(model, ids)
@@ -313,7 +313,7 @@ def test_load_target_sharded(tmp_path):
 def test_load_target_aux_layers_argument(tmp_path):
     hf = tiny_hf("llama")
     hf.save_pretrained(tmp_path)
-    model, _ = load_target(tmp_path, aux_layers=(1, 3, 5))
+    model, _ = load_target(tmp_path, "float32", aux_layers=(1, 3, 5))
     assert model.aux_layers == (1, 3, 5)
 
 
@@ -334,7 +334,7 @@ def test_load_target_corrupt_safetensors(tmp_path, how):
     victim = sorted(tmp_path.glob("*.safetensors"))[1]
     _corrupt(victim, how)
     with pytest.raises(CheckpointError) as ei:
-        load_target(tmp_path)
+        load_target(tmp_path, "float32")
     assert victim.name in str(ei.value)
     assert ei.value.__cause__ is None or isinstance(ei.value.__cause__, CheckpointError)
 
@@ -344,7 +344,7 @@ def test_load_target_without_config(tmp_path):
     hf.save_pretrained(tmp_path)
     os.remove(tmp_path / "config.json")
     with pytest.raises(ModelNotFoundError, match="config.json"):
-        load_target(tmp_path)
+        load_target(tmp_path, "float32")
 
 
 def test_load_target_without_weights(tmp_path):
@@ -352,7 +352,7 @@ def test_load_target_without_weights(tmp_path):
     hf.save_pretrained(tmp_path)
     os.remove(tmp_path / "model.safetensors")
     with pytest.raises(CheckpointError, match="safetensors"):
-        load_target(tmp_path)
+        load_target(tmp_path, "float32")
 
 
 def test_load_target_bad_config_json(tmp_path):
@@ -360,7 +360,7 @@ def test_load_target_bad_config_json(tmp_path):
     hf.save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="config.json"):
-        load_target(tmp_path)
+        load_target(tmp_path, "float32")
 
 
 def test_load_target_missing_and_misshaped_tensors(tmp_path):
@@ -373,7 +373,7 @@ def test_load_target_missing_and_misshaped_tensors(tmp_path):
     sd["model.layers.1.self_attn.o_proj.weight"] = torch.zeros(64, 32)
     save_file(sd, str(f), metadata={"format": "pt"})
     with pytest.raises(CheckpointError) as ei:
-        load_target(tmp_path)
+        load_target(tmp_path, "float32")
     msg = str(ei.value)
     assert "model.layers.1.self_attn.o_proj.weight" in msg
     # gate/up cannot be fused without up: the missing fused name or the orphan gate is reported
@@ -392,7 +392,7 @@ def test_load_target_wrong_input_width_of_fused_part(tmp_path, name, shape):
     sd[name] = torch.zeros(shape)
     save_file(sd, str(f), metadata={"format": "pt"})
     with pytest.raises(CheckpointError) as ei:
-        load_target(tmp_path)
+        load_target(tmp_path, "float32")
     assert name.rsplit(".", 2)[0] in str(ei.value)
 
 
@@ -413,7 +413,7 @@ def test_hub_id_offline_is_a_clear_error(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 def test_default_model_matches_hf():
-    model, path = load_target(None)
+    model, path = load_target(None, "float32")
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     cfg = hf.config
     assert model.cfg.vocab_size == cfg.vocab_size and model.cfg.num_layers == cfg.num_hidden_layers

@@ -244,7 +244,7 @@ def mxfp4_folder(tmp_path, hf) -> dict[str, torch.Tensor]:
 def test_gpt_oss_mxfp4_checkpoint(tmp_path):
     hf = tiny_moe("gpt_oss", seed=2)
     mxfp4_folder(tmp_path, hf)
-    model, _ = load_target(tmp_path)
+    model, _ = load_target(tmp_path, "float32")
     ids = rand_ids(24)
     ref, _ = hf_forward(hf, ids)
     logits, _ = run_full(model, ids)
@@ -256,7 +256,7 @@ def test_load_target_from_saved_folder(tmp_path, family):
     """``save_pretrained`` writes Qwen3-MoE experts one by one and GPT-OSS's as dense ``[E, in, out]``."""
     hf = tiny_moe(family, seed=3)
     hf.save_pretrained(tmp_path)
-    model, _ = load_target(tmp_path)
+    model, _ = load_target(tmp_path, "float32")
     ids = rand_ids(24, seed=4)
     ref, _ = hf_forward(hf, ids)
     assert (run_full(model, ids)[0] - ref).abs().max().item() <= ATOL
@@ -271,7 +271,7 @@ def test_bad_expert_checkpoints_are_named(tmp_path):
     del sd["model.layers.1.mlp.experts.3.up_proj.weight"]
     save_file(sd, str(f))
     with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.experts.*\(3, 'up_proj'\)"):
-        load_target(tmp_path)
+        load_target(tmp_path, "float32")
 
     model = build_target(ModelConfig.from_hf(tiny_moe("gpt_oss").config.to_dict()))
     sd = {"model.layers.0.mlp.experts.down_proj_scales": torch.zeros(4, 64, 1, dtype=torch.uint8)}

@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = SweepConfig.from_args(args)
     workloads = [load_workload(args, name, path) for name, path in cfg.datasets]
     res = run_sweep(cfg, workloads, args.target, args.drafter, args.eagle3_drafter, args.max_model_len,
-                    progress=not args.disable_tqdm)
+                    progress=not args.disable_tqdm, dtype=args.dtype, device=args.device)
     write_outputs(res, cfg.out)
     print(res["markdown"])
     print(f"peagle: wrote {cfg.out}/sweep.json, sweep.md, throughput.png, acceptance_length.png", file=sys.stderr)
@@ -74,21 +74,22 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = None, drafter: str | None = None,
-              eagle3_drafter: str | None = None, max_model_len: int | None = None, progress: bool = True) -> dict:
+              eagle3_drafter: str | None = None, max_model_len: int | None = None, progress: bool = True,
+              dtype: str = "auto", device: str = "auto") -> dict:
     import torch
     from tqdm import tqdm
 
     from peagle.bench.baseline import DEFAULT_TORCH_THREADS, cpu_name
 
     hf_threads = cfg.hf_threads or DEFAULT_TORCH_THREADS
-    models = Models.load(target, drafter, eagle3_drafter, cfg.methods, max_model_len)
+    models = Models.load(target, drafter, eagle3_drafter, cfg.methods, max_model_len, dtype, device)
     cells = grid_cells(models, cfg.methods, cfg.ks, cfg.concurrencies)
     n_base = 2 if cfg.baselines else 0
     bar = tqdm(total=sum(w.num_requests for w in workloads) * (len(cells) + n_base), desc="bench sweep",
                unit="req", file=sys.stderr, disable=not progress)
     t0 = time.perf_counter()
     results, baselines = [], []
-    hf = load_hf(models.path) if cfg.baselines else None
+    hf = load_hf(models.path, models.target.lm_weight) if cfg.baselines else None
     for work in workloads:
         for m, k, c in cells:
             bar.set_postfix_str(f"{work.name} {m} K={k} C={c}")
@@ -105,7 +106,8 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
                    "output_len": workloads[0].output_len, "chat_template": workloads[0].chat,
                    "multi_turn": workloads[0].multi_turn},
         "env": {"cpu": cpu_name(), "torch": torch.__version__, "python": platform.python_version(),
-                "device": models.target.lm_weight.device.type, "hf_threads": hf_threads,
+                "device": models.target.lm_weight.device.type,
+                "dtype": str(models.target.lm_weight.dtype).removeprefix("torch."), "hf_threads": hf_threads,
                 "wall_s": time.perf_counter() - t0},
         "cells": results,
         "baselines": baselines,
@@ -116,11 +118,11 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
 
 # ----------------------------------------------------------------------------- HF peers
 
-def load_hf(path: Path):
-    import torch
+def load_hf(path: Path, like: "torch.Tensor"):
+    """HF transformers' model in the engine's dtype, on its device (same-dtype comparisons)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=like.dtype).to(like.device).eval()
 
 
 def run_hf(hf, tokenizer, work: Workload, lookup: int | None, threads: int, bar=None) -> dict:

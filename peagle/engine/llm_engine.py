@@ -69,7 +69,7 @@ class LLMEngine:
     def __init__(self, target: LlamaModel, drafter: Drafter | None, config: EngineConfig, tokenizer=None,
                  eos_token_ids: Iterable[int] | None = None):
         self.target, self.drafter, self.cfg, self.tokenizer = target, drafter, config, tokenizer
-        self.device = target.lm_weight.device
+        self.device, self.dtype = target.lm_weight.device, target.lm_weight.dtype
         if self.device.type == "cpu":
             configure_cpu_threads()
         if config.method != "none":
@@ -100,12 +100,14 @@ class LLMEngine:
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str | None = None, method: str = "parallel",
-                        k: int = 7, dtype: torch.dtype = torch.float32, **engine_kwargs) -> "LLMEngine":
-        """Load a target (HF folder, GGUF, hub id; None = the default model), its tokenizer and a head."""
+                        k: int = 7, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
+                        **engine_kwargs) -> "LLMEngine":
+        """Load a target (HF folder, GGUF, hub id; None = the default model), its tokenizer and a head,
+        on ``device`` in ``dtype`` (``auto``: CUDA when present; bf16 on CUDA and native-bf16 CPUs)."""
         from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
 
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)
-        model, path = load_target(target, dtype)
+        model, path = load_target(target, dtype, device=device)
         tokenizer = load_tokenizer(path)
         head = load_drafter_for(model, path, drafter, tokenizer, method) if method != "none" else None
         return cls(model, head, config, tokenizer)

@@ -17,7 +17,7 @@ from torch import nn
 
 from peagle.models.attention import Attention, AttnMeta, ChainMask, DenseKV, KVCache
 from peagle.models.checkpoint import check_checkpoint, fuse_checkpoint, read_safetensors, split_checkpoint
-from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope
+from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_fast_layout
 from peagle.models.llama import CheckpointError, DecoderLayer, ModelConfig
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -279,7 +279,7 @@ def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtyp
 
 
 def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-                 base_embedding: torch.Tensor | None = None) -> Drafter:
+                 base_embedding: torch.Tensor | None = None, device: torch.device | str = "cpu") -> Drafter:
     """Load a vLLM-format head. Tensors the head leaves out are handled as vLLM does:
     ``embed_tokens`` falls back to ``base_embedding`` (the target's), ``d2t``/``t2d`` to identity
     when the draft vocabulary is the full one."""
@@ -296,7 +296,7 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     if "embed_tokens.weight" not in tensors:
         if base_embedding is None:
             raise CheckpointError(f"{path} has no embed_tokens.weight and no target embedding was given")
-        emb = base_embedding.detach().clone()
+        emb = base_embedding.detach().to("cpu", copy=True)
         if EMBED_ROWS[0] in tensors:  # the compact form: the rows the head trained
             rows, weights = tensors.pop(EMBED_ROWS[0]), tensors.pop(EMBED_ROWS[1])
             if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= emb.shape[0] or weights.shape != (rows.numel(), emb.shape[1])):
@@ -320,8 +320,9 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     if tensors["t2d"].dtype != torch.bool:
         tensors["t2d"] = tensors["t2d"].bool()
     drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in tensors.items()})
-    drafter.to(dtype)
-    target_ids = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size))
+    drafter.to(device=device, dtype=dtype)
+    set_fast_layout(drafter)
+    target_ids = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size, device=device))
     if int(target_ids.min()) < 0 or int(target_ids.max()) >= cfg.vocab_size:
         raise CheckpointError(f"{path}: d2t maps draft ids outside the target vocabulary")
     return drafter.eval()

@@ -27,7 +27,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
             or blocks.shape[:-1] != scales.shape:
         raise CheckpointError(f"MXFP4 tensors must be uint8 blocks [..., G, 16] and scales [..., G]; got "
                               f"{blocks.dtype} {tuple(blocks.shape)} and {scales.dtype} {tuple(scales.shape)}")
-    lut = torch.tensor(FP4_VALUES, dtype=dtype)
+    lut = torch.tensor(FP4_VALUES, dtype=dtype, device=blocks.device)
     values = torch.stack([lut[(blocks & 0x0F).int()], lut[(blocks >> 4).int()]], dim=-1)  # [..., G, 16, 2]
     values = torch.ldexp(values.flatten(-2), scales.int()[..., None] - 127)               # [..., G, 32]
     return values.flatten(-2)
@@ -59,6 +59,7 @@ class GptOssModel(LlamaModel):
         """Expert matrices as HF stores them -> ``[E, out, in]``: MXFP4 ``*_blocks``/``*_scales``
         (openai/gpt-oss-*) are dequantized; dense ones (``[E, in, out]``, bf16 copies and
         transformers' own state dict) are transposed."""
+        dtype = next((t.dtype for t in sd.values() if t.is_floating_point()), torch.float32)
         out = {}
         for key, t in sd.items():
             if key.endswith("_scales"):
@@ -67,7 +68,7 @@ class GptOssModel(LlamaModel):
                 name = key.removesuffix("_blocks")
                 if name + "_scales" not in sd:
                     raise CheckpointError(f"{key} has no {name}_scales")
-                out[name] = dequantize_mxfp4(t, sd[name + "_scales"])
+                out[name] = dequantize_mxfp4(t, sd[name + "_scales"], dtype)  # exact in bf16 too: no float32 detour
             elif key.endswith(("experts.gate_up_proj", "experts.down_proj")) and t.dim() == 3:
                 out[key] = t.transpose(1, 2)
             else:

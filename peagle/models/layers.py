@@ -14,11 +14,24 @@ from torch import nn
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T (+ bias)``. Weights are stored transposed (``[in, out]`` contiguous, exposed as
-    an ``[out, in]`` view so state dicts keep HF names and shapes): on the CPU this was tuned on, torch's
-    GEMM ran the few rows of decoding and verification up to 2x faster in that order."""
+    """``x @ weight.T (+ bias)``, for either memory order of ``weight`` (:func:`set_fast_layout`)."""
     out = x @ weight.t()
     return out if bias is None else out + bias
+
+
+def wants_in_out(w: torch.Tensor) -> bool:
+    """float32 on the CPU multiplies the few rows of decoding faster with weights stored ``[in, out]``;
+    bf16 (and CUDA) the other way round (CPU-PERF.md)."""
+    return w.dtype == torch.float32 and w.device.type == "cpu"
+
+
+def set_fast_layout(model: nn.Module) -> None:
+    """Store every :class:`Linear` weight in its dtype's fast order, exposed as an ``[out, in]`` view
+    either way (state dicts keep HF names and shapes). Call after loading or changing dtype."""
+    for m in model.modules():
+        if isinstance(m, Linear):
+            w = m.weight.data
+            m.weight.data = w.t().contiguous().t() if wants_in_out(w) else w.contiguous()
 
 
 def configure_cpu_threads() -> None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
-from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope
+from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_fast_layout, wants_in_out
 
 
 class Target(NamedTuple):
@@ -208,7 +208,10 @@ class LlamaModel(nn.Module):
         sd = self.convert_checkpoint(sd)
         check_checkpoint(sd, self)
         sd = fuse_checkpoint(sd)
-        self.load_state_dict(sd)
+        self.load_state_dict(sd, assign=True)  # the tensors as read: no copy (and off the meta device)
+        dev = self.lm_weight.device
+        self.rotary = Rotary(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling).to(dev)
+        set_fast_layout(self)
 
     def convert_checkpoint(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A family's on-disk layouts -> the names and shapes of ``state_dict`` (before q/k/v and
@@ -216,11 +219,14 @@ class LlamaModel(nn.Module):
         return sd
 
     def head_weight(self) -> torch.Tensor:
-        """The LM head weight in the fast ``[hidden, vocab]`` memory order. A tied head gets its own
-        transposed copy (the embedding keeps row order for lookups), rebuilt if the embedding changes."""
+        """The LM head weight in the fast memory order (:func:`set_fast_layout`). A tied head that
+        needs another order than the embedding's row order gets its own copy, rebuilt if the
+        embedding changes."""
         if self.lm_head is not None:
             return self.lm_head.weight
         w = self.model.embed_tokens.weight
+        if not wants_in_out(w):
+            return w
         key = (w.data_ptr(), w.dtype, w._version)
         if getattr(self, "_head_key", None) != key:
             self._head_t, self._head_key = w.detach().t().contiguous().t(), key

