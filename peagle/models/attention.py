@@ -53,6 +53,16 @@ class Group:
     kv_slice: slice | None = None
     self_attend: bool = False
     masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+    _folded: dict = field(default_factory=dict)
+
+    def folded_mask(self, window: int | None, gqa: int) -> torch.Tensor | None:
+        """The window's mask ``[B, Q, L]`` as :func:`attend` reads it, ``[B, 1, gqa*Q, L]`` (query
+        heads sharing a KV head folded into the query axis); built once per forward, not per layer."""
+        key = (window, gqa)
+        if key not in self._folded:
+            m = self.masks[window]
+            self._folded[key] = None if m is None else m[:, None].repeat(1, 1, gqa, 1)
+        return self._folded[key]
 
 
 class AttnMeta:
@@ -212,15 +222,15 @@ def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
            sinks: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
-    """Grouped-query attention: q ``[B, n, H, d]``, k/v ``[B, L, Hkv, d]``, mask ``[B, n, L]`` (True:
-    attend; None: all) -> ``[B, n, H*d]``.
+    """Grouped-query attention: q ``[B, n, H, d]``, k/v ``[B, L, Hkv, d]``, ``mask`` folded as
+    :meth:`Group.folded_mask` makes it (True: attend; None: all keys, or with ``causal`` plain causal
+    attention over a whole prompt, keys = queries) -> ``[B, n, H*d]``.
 
     The query heads that share a KV head are folded into the query axis, so SDPA runs its fast
-    kernel without repeating K/V (``enable_gqa`` falls back to the slow math path on CPU); a
-    single unmasked query (decoding) is two small batched matmuls, cheaper than SDPA's setup.
-    ``causal``: mask None means plain causal attention over a whole prompt (keys = queries).
-    Attention sinks (GPT-OSS: a learned logit per head joins every row's softmax denominator, so a
-    query may attend to "nothing") are spelled out, as SDPA cannot express them."""
+    kernel without repeating K/V (``enable_gqa`` falls back to the slow math path on CPU); SDPA
+    beat two hand-written matmuls even for one decoding query (CPU, bf16 and float32). Attention
+    sinks (GPT-OSS: a learned logit per head joins every row's softmax denominator, so a query may
+    attend to "nothing") are spelled out, as SDPA cannot express them."""
     B, n, H, d = q.shape
     Hkv = k.shape[2]
     g = H // Hkv
@@ -230,13 +240,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
                                            is_causal=True)
         return o.transpose(1, 2).reshape(B, n, H * d)
     if causal:
-        mask = torch.ones(n, k.shape[1], dtype=torch.bool, device=q.device).tril()[None]
-    if n == 1 and mask is None and sinks is None:
-        scores = torch.matmul(q.view(B, Hkv, g, d) * d ** -0.5, kt.transpose(-1, -2)).softmax(-1)
-        return torch.matmul(scores, vt).reshape(B, 1, H * d)
+        mask = torch.ones(n, k.shape[1], dtype=torch.bool, device=q.device).tril()[None, None].repeat(1, 1, g, 1)
     qt = q.view(B, n, Hkv, g, d).permute(0, 2, 3, 1, 4).reshape(B, Hkv, g * n, d)
-    if mask is not None:
-        mask = mask[:, None].repeat(1, 1, g, 1)                                     # [B, 1, g*n, L]
     if sinks is None:
         o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
     else:
@@ -281,16 +286,17 @@ class Attention(nn.Module):
             k, v = cache.extend(k, v)
             return self.o_proj(attend_chain(q, k, v, meta))
         cache.write(meta, k, v)
-        w = self.sliding_window
+        w, gqa = self.sliding_window, self.heads // self.kv_heads
         out = None if len(meta.groups) == 1 and meta.groups[0].first == 0 else q.new_empty(T, self.heads * self.head_dim)
         for g in meta.groups:
             if g.self_attend:
                 rows = slice(g.first, g.first + g.Q)
-                o = attend(q[rows][None], k[rows][None], v[rows][None], g.masks[w], self.sinks, causal=g.masks[w] is None)
+                o = attend(q[rows][None], k[rows][None], v[rows][None], g.folded_mask(w, gqa), self.sinks,
+                           causal=g.masks[w] is None)
             else:
                 qg = q[g.first:g.first + g.B * g.Q].view(g.B, g.Q, *q.shape[1:]) if g.first is not None else q[g.rows]
                 keys, values = cache.keys_values(g)
-                o = attend(qg, keys, values, g.masks[w], self.sinks)
+                o = attend(qg, keys, values, g.folded_mask(w, gqa), self.sinks)
             if out is None:
                 return self.o_proj(o.view(T, -1))
             if g.first is not None:
