@@ -144,7 +144,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from peagle.models.drafter import save_drafter
     from peagle.models.loader import load_drafter_for, load_target
 
-    target, path = load_target(args.target)
+    target, path = load_target(args.target, "float32")  # no round trip through a lower precision
     head = load_drafter_for(target, path, args.drafter)
     head.cfg.check_target(target.cfg, target.aux_layers)
     base = target.model.embed_tokens.weight if args.compact else None

@@ -46,12 +46,14 @@ def run_cli(*args):
 def test_cli_generate_json_and_errors():
     outs = {}
     for method in ("parallel", "none"):
-        r = run_cli("generate", "--json", "--method", method, "-k", "3", "--max-new-tokens", "24", "Name a fruit.")
+        r = run_cli("generate", "--json", "--dtype", "float32", "--method", method, "-k", "3", "--max-new-tokens", "24",
+                    "Name a fruit.")
         assert r.returncode == 0, r.stderr
         outs[method] = json.loads(r.stdout.strip().splitlines()[-1])
     for key in ("text", "token_ids", "num_prompt_tokens", "num_output_tokens", "acceptance_length",
                 "per_position_acceptance", "elapsed_s", "output_tokens_per_s"):
         assert key in outs["parallel"], key
+    assert (outs["parallel"]["device"], outs["parallel"]["dtype"]) == ("cpu", "float32")
     assert outs["parallel"]["token_ids"] == outs["none"]["token_ids"]
     assert outs["parallel"]["text"] == outs["none"]["text"] and outs["parallel"]["text"]
     assert len(outs["parallel"]["per_position_acceptance"]) == 3
@@ -68,7 +70,7 @@ def test_init_drafter_then_generate_with_it(tmp_path):
     assert r.returncode == 0, r.stderr
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 2 and cfg["draft_vocab_size"] == 4096 and cfg["ptd_token_id"] == 16
-    outs = [json.loads(run_cli("generate", "--json", "--drafter", str(head), "--method", m, "-k", "5",
+    outs = [json.loads(run_cli("generate", "--json", "--dtype", "float32", "--drafter", str(head), "--method", m, "-k", "5",
                                "--max-new-tokens", "16", "Say hello.").stdout.splitlines()[-1])
             for m in ("parallel", "eagle3", "none")]
     assert outs[0]["token_ids"] == outs[1]["token_ids"] == outs[2]["token_ids"]

@@ -58,7 +58,7 @@ def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synt
     log = [json.loads(line) for line in open(tmp_path / "head" / "train_log.jsonl")]
     assert [r["step"] for r in log if r.get("event") == "eval"] == [3, 4]
     assert vllm_problems(tmp_path / "head", parallel_drafting=method == "peagle") == []
-    target, _ = load_target(str(tiny_chat_dir))
+    target, _ = load_target(str(tiny_chat_dir), "float32")
     head = load_drafter(tmp_path / "head")
     assert head.cfg.draft_vocab_size == 512 and head.cfg.trained_k == K
     engine_method = "parallel" if method == "peagle" else "eagle3"
@@ -132,7 +132,7 @@ def test_two_torchrun_processes_equal_one_with_the_doubled_batch(tiny_chat_dir, 
 
 
 def test_offline_hidden_states_equal_online(tiny_chat_dir, synth_dir, tmp_path):
-    target, _ = load_target(str(tiny_chat_dir))
+    target, _ = load_target(str(tiny_chat_dir), "float32")
     records = load_records(synth_dir, 256)
     assert write_hidden(target, records, tmp_path / "hidden", shard_docs=7, progress=False) == -(-len(records) // 7)
     assert write_hidden(target, records, tmp_path / "hidden", shard_docs=7, progress=False) == 0  # resumed: all done
@@ -154,7 +154,7 @@ def test_offline_hidden_states_equal_online(tiny_chat_dir, synth_dir, tmp_path):
 
 
 def test_hidden_shards_for_another_target_are_refused(tiny_chat_dir, synth_dir, tmp_path):
-    target, _ = load_target(str(tiny_chat_dir))
+    target, _ = load_target(str(tiny_chat_dir), "float32")
     records = load_records(synth_dir, 256)
     write_hidden(target, records[:4], tmp_path / "hidden", progress=False)
     other = dataclasses.replace(target.cfg, hidden_size=target.cfg.hidden_size + 1)
@@ -196,7 +196,7 @@ def test_export_writes_the_complete_vllm_layout_and_the_compact_one(tiny_chat_di
     assert "embed_tokens.weight" in f and "embed_tokens.weight" not in c
     mask_id = json.loads((full / "config.json").read_text())["ptd_token_id"]
     assert c["embed_tokens.rows"].tolist() == [mask_id]  # only the learned mask row differs from the target
-    target, _ = load_target(str(tiny_chat_dir))
+    target, _ = load_target(str(tiny_chat_dir), "float32")
     base = target.model.embed_tokens.weight
     a, b = load_drafter(full).state_dict(), load_drafter(compact, base_embedding=base).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

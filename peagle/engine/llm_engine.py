@@ -76,8 +76,10 @@ class LLMEngine:
             if drafter is None:
                 raise ValueError(f"method {config.method!r} needs a drafter")
             drafter.cfg.check_target(target.cfg, target.aux_layers)
-            if drafter.lm_head.weight.device != self.device:
-                raise ValueError(f"the drafter is on {drafter.lm_head.weight.device}, the target on {self.device}")
+            w = drafter.lm_head.weight
+            if (w.device, w.dtype) != (self.device, self.dtype):
+                raise ValueError(f"the drafter is {w.dtype} on {w.device}, the target {self.dtype} on {self.device}: "
+                                 "load both with the same dtype and device")
             tk = drafter.cfg.trained_k
             if config.method == "parallel" and tk is not None and config.num_speculative_tokens > tk:
                 raise ValueError(f"K={config.num_speculative_tokens} exceeds the K={tk} this head was trained for")

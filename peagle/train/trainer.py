@@ -122,7 +122,7 @@ class Trainer:
             dist.init_process_group("gloo")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // self.world))
         self.out = Path(cfg.out)
-        self.target, path = load_target(cfg.target)
+        self.target, path = load_target(cfg.target, "float32")
         self.target.requires_grad_(False)
         records = load_records(cfg.data, cfg.max_len)
         self.source = HiddenSource(self.target, cfg.hidden)
