@@ -10,10 +10,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+GREEDY_BELOW = 1e-5      # temperatures under this are greedy (vLLM's rule): dividing by them overflows
+MAX_LOGPROBS = 20        # top alternatives a request may ask for, as OpenAI allows
+
+
+class SamplingError(ValueError):
+    """The target's logits for a request cannot be sampled (NaN or infinite values)."""
+
 
 @dataclass
 class SamplingParams:
-    """Per-request sampling, with vLLM's names. ``temperature == 0`` is greedy; ``top_k <= 0`` is off."""
+    """Per-request sampling, with vLLM's names. ``temperature < 1e-5`` is greedy; ``top_k <= 0`` is off;
+    ``logprobs`` (None: off) asks for the emitted tokens' log-probabilities and that many alternatives."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -22,6 +30,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -36,10 +45,12 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop must be a list of non-empty strings")
+        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in 0..{MAX_LOGPROBS}, got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -64,14 +75,19 @@ def verify(logits: torch.Tensor, drafts: list[int], p: SamplingParams,
     """Check ``drafts`` against the target's ``logits`` (``[len(drafts)+1, vocab]``).
 
     Returns (number of accepted drafts, the token emitted after them: the target's correction
-    where a draft was rejected, else the bonus token).
+    where a draft was rejected, else the bonus token). Raises :class:`SamplingError` on non-finite logits.
     """
     if p.greedy:
-        target = logits.argmax(-1).tolist()
+        best = logits.max(-1)  # a NaN or +inf anywhere in a row makes its maximum non-finite
+        target = torch.where(best.values.isfinite(), best.indices, -1).tolist()
+        if -1 in target:
+            raise SamplingError("the model produced non-finite logits")
         a = 0
         while a < len(drafts) and drafts[a] == target[a]:
             a += 1
         return a, target[a]
+    if not bool(logits.isfinite().all()):
+        raise SamplingError("the model produced non-finite logits")
     probs = probs_from_logits(logits, p)
     for i, d in enumerate(drafts):
         if torch.rand((), generator=gen).item() < probs[i, d].item():
@@ -80,3 +96,22 @@ def verify(logits: torch.Tensor, drafts: list[int], p: SamplingParams,
         residual[d] = 0.0
         return i, int(torch.multinomial(residual, 1, generator=gen))
     return len(drafts), int(torch.multinomial(probs[-1], 1, generator=gen))
+
+
+@dataclass
+class TokenLogprob:
+    """The target's log-probability of an emitted token and its ``top`` alternatives ``(id, logprob)``."""
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def logprobs_of(logits: torch.Tensor, token_ids: list[int], top_n: int) -> list[TokenLogprob]:
+    """Raw log-probabilities (before temperature, top-k and top-p: vLLM's default ``raw_logprobs``)
+    of ``token_ids[i]`` under ``logits[i]``, with the ``top_n`` most likely tokens; one host sync."""
+    lp = logits.float().log_softmax(-1)
+    chosen = lp.gather(1, torch.tensor(token_ids, device=logits.device)[:, None])
+    top = lp.topk(top_n, dim=-1)
+    rows = torch.cat([chosen, top.values, top.indices.float()], 1).tolist()
+    return [TokenLogprob(t, r[0], [(int(i), v) for v, i in zip(r[1:1 + top_n], r[1 + top_n:])])
+            for t, r in zip(token_ids, rows)]
