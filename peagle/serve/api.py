@@ -160,8 +160,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
 
     app.openapi = openapi
 
-    @app.get("/health", responses={200: {"description": "the engine is running", "content": {}},
-                                   **_errors(503)})
+    @app.get("/health", response_class=Response,
+             responses={200: {"description": "the engine is running (empty body)"}, **_errors(503)})
     async def health():
         if not engine.alive:
             return error(503, "the engine thread has stopped", "ServiceUnavailableError")
