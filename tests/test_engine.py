@@ -361,11 +361,11 @@ def test_full_length_sequences_share_a_tight_pool(llama, method):
     never a sequence evicted for good."""
     drafter = init_drafter(llama, 1, MASK, seed=2)
     ps = prompts(5, seed=9)
-    ref = [make_engine(llama, drafter, method, 5, max_model_len=48).generate([p], SamplingParams(max_tokens=60, ignore_eos=True))[0].token_ids
-           for p in ps]
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    ref = [make_engine(llama, drafter, method, 5, max_model_len=48).generate([p], params)[0].token_ids for p in ps]
     tight = make_engine(llama, drafter, method, 5, max_num_seqs=5, max_model_len=48, block_size=4,
                         kv_cache_tokens=2 * (48 + 6) + 4)
-    seqs = [tight.add_request(p, SamplingParams(max_tokens=60, ignore_eos=True)) for p in ps]
+    seqs = [tight.add_request(p, params) for p in ps]
     run_bounded(tight)
     assert [s.output_ids for s in seqs] == ref
     assert tight.blocks.num_free == tight.blocks.num_blocks

@@ -158,7 +158,8 @@ def test_n_choices_content_parts_and_prompt_lists(server):
     status, out, _ = request(server, "POST", "/v1/chat/completions", body)
     assert status == 200 and [c["index"] for c in out["choices"]] == [0, 1, 2]
     texts = [c["message"]["content"] for c in out["choices"]]
-    assert len(set(texts)) > 1 and texts == [c["message"]["content"] for c in request(server, "POST", "/v1/chat/completions", body)[1]["choices"]]
+    again = request(server, "POST", "/v1/chat/completions", body)[1]
+    assert len(set(texts)) > 1 and texts == [c["message"]["content"] for c in again["choices"]]
     chunks = sse(server, "/v1/chat/completions", body)
     assert ["".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"][0]["index"] == i)
             for i in range(3)] == texts

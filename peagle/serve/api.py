@@ -95,10 +95,14 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": ErrorResponse, "description": "an OpenAI error object"} for c in codes}
 
 
+def error_body(status: int, message: str, kind: str) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
 def error(status: int, message: str, kind: str = "BadRequestError", headers: dict | None = None) -> Response:
     """An OpenAI error object. ASCII JSON: a message may quote input that UTF-8 cannot encode."""
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return Response(json.dumps(body), status_code=status, headers=headers, media_type="application/json")
+    return Response(json.dumps(error_body(status, message, kind)), status_code=status, headers=headers,
+                    media_type="application/json")
 
 
 class _Refused(Exception):
@@ -109,7 +113,7 @@ class _Refused(Exception):
 
 
 async def _merge(streams: list[AsyncIterator[Delta]], live: list[int]) -> AsyncIterator[tuple[int, Delta]]:
-    """(choice index, delta) from the ``live`` choices' streams as they come; closing it aborts them all."""
+    """(choice index, delta) from the ``live`` choices' streams as they come."""
     tasks = {asyncio.ensure_future(anext(streams[i])): i for i in live}
     try:
         while tasks:
@@ -124,8 +128,6 @@ async def _merge(streams: list[AsyncIterator[Delta]], live: list[int]) -> AsyncI
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for s in streams:
-            await s.aclose()  # each one's own cleanup aborts its request if it has not finished
 
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
@@ -176,7 +178,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
                                             "owned_by": "peagle", "max_model_len": llm.max_model_len}]}
 
-    def sampling(req: _Sampling, prompt_ids: list[int], default_max: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling(req: _Sampling, prompt_ids: list[int], default_max: int | None,
+                 logprobs: int | None) -> SamplingParams:
         if not prompt_ids:
             raise _Refused(error(400, "the prompt is empty"))
         if max(prompt_ids) >= llm.target.cfg.vocab_size or min(prompt_ids) < 0:
@@ -227,7 +230,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
         created = int(time.time())
         try:
             params = [sampling(req, ids, default_max, logprobs) for ids in prompts]
-            # choice i = prompt i // n, sample i % n; a seed gives each sample its own stream
+            # choice i is sample i % n of prompt i // n; with a seed, sample j draws with seed + j
             choices = [dataclasses.replace(p, seed=p.seed + j if p.seed is not None else None)
                        for p in params for j in range(req.n)]
             streams = [engine.generate(prompts[i // req.n], p, f"{rid}-{i}") for i, p in enumerate(choices)]
@@ -239,13 +242,18 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
         offsets = [0] * len(streams)  # completions' text_offset, per choice
 
         async def replay() -> AsyncIterator[tuple[int, Delta]]:
-            for i, d in enumerate(firsts):
-                yield i, d
-            async for item in _merge(streams, [i for i, d in enumerate(firsts) if d.finish_reason is None]):
-                yield item
+            """Every choice's deltas; closed early (a client gone), it aborts the unfinished ones."""
+            try:
+                for i, d in enumerate(firsts):
+                    yield i, d
+                async for item in _merge(streams, [i for i, d in enumerate(firsts) if d.finish_reason is None]):
+                    yield item
+            finally:
+                for s in streams:
+                    await s.aclose()
 
         def usage(done: list[Delta]) -> dict:
-            n = sum(d.num_output_tokens for d in done if d is not None)
+            n = sum(d.num_output_tokens for d in done)
             return {"prompt_tokens": num_prompt_tokens, "completion_tokens": n, "total_tokens": num_prompt_tokens + n}
 
         def lp_json(i: int, deltas: list[Delta]) -> dict | None:
@@ -295,7 +303,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
         chunk_obj = obj + ".chunk" if chat else obj
 
         def event(body: dict) -> str:
-            return f"data: {json.dumps({'id': rid, 'object': chunk_obj, 'created': created, 'model': model_name, **body})}\n\n"
+            head = {"id": rid, "object": chunk_obj, "created": created, "model": model_name}
+            return f"data: {json.dumps({**head, **body})}\n\n"
 
         async def events():
             last: list[Delta | None] = [None] * len(streams)
@@ -305,7 +314,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
                     if d.text or d.finish_reason or d.logprobs:
                         yield event({"choices": [choice(i, d.text, d.finish_reason, lp_json(i, [d]), True)]})
             except EngineError as e:
-                yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'InternalServerError', 'param': None, 'code': 500}})}\n\n"
+                yield f"data: {json.dumps(error_body(500, str(e), 'InternalServerError'))}\n\n"
             else:
                 if req.stream_options is not None and req.stream_options.include_usage:
                     yield event({"choices": [], "usage": usage(last)})
