@@ -373,7 +373,7 @@ def test_full_length_sequences_share_a_tight_pool(llama, method):
 
 # --------------------------------------------------------------------------- faults and logprobs
 
-def test_tiny_temperatures_are_greedy_and_non_finite_logits_raise(llama):
+def test_tiny_temperature_and_top_p_are_safe_and_non_finite_logits_raise(llama):
     drafter = init_drafter(llama, 1, MASK, seed=1)
     p = prompts(1, seed=4)[0]
     greedy = make_engine(llama, drafter, "parallel", 3).generate([p], SamplingParams(max_tokens=12, ignore_eos=True))
@@ -381,6 +381,9 @@ def test_tiny_temperatures_are_greedy_and_non_finite_logits_raise(llama):
         out = make_engine(llama, drafter, "parallel", 3).generate([p], SamplingParams(temperature=t, max_tokens=12,
                                                                                       ignore_eos=True))
         assert out[0].token_ids == greedy[0].token_ids
+    logits = torch.randn(3, 12)  # top_p=5e-324 (0.0 in float32) dropped every token: found by the API fuzzer
+    probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=5e-324))
+    assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 12).float())
     logits = torch.randn(3, 12)
     logits[1, 4] = float("nan")
     for params in (SamplingParams(), SamplingParams(temperature=1.0)):

@@ -64,6 +64,7 @@ def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         cum = sorted_p.cumsum(-1)
         drop = cum - sorted_p >= p.top_p  # keep the smallest prefix whose mass reaches top_p
+        drop[..., 0] = False  # and the top token whatever top_p (5e-324 is 0.0 in float32)
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
