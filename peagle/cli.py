@@ -93,7 +93,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     async_engine = AsyncEngine(engine, max_queue=args.max_queue)
     try:
-        uvicorn.run(build_app(async_engine, name, args.api_key), host=args.host, port=args.port, log_level="warning")
+        # on SIGTERM, running requests get a few seconds to finish; then they are cancelled (and aborted)
+        uvicorn.run(build_app(async_engine, name, args.api_key), host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=5)
     finally:
         async_engine.close()
     return 0

@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 from conftest import native_from_hf, run_full, tiny_hf
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
 
 from peagle.engine.llm_engine import EngineConfig, LLMEngine, RequestError
-from peagle.engine.sampling import SamplingParams, probs_from_logits, verify
+from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, probs_from_logits, verify
 from peagle.models.drafter import Drafter
 from peagle.models.loader import init_drafter
 
@@ -157,8 +159,9 @@ def test_abort_returns_blocks(llama):
 
 
 def test_eos_max_tokens_and_stop_strings(llama):
-    class Tok:  # decode() is all the engine needs of a tokenizer
+    class Tok:  # a word per id, joined by spaces: the engine needs the Rust tokenizer and eos_token_id
         eos_token_id = None
+        backend_tokenizer = Tokenizer(WordLevel({str(i): i for i in range(160)}, unk_token="0"))
 
         @staticmethod
         def decode(ids, skip_special_tokens=True):
@@ -334,3 +337,113 @@ def test_step_creates_every_tensor_on_the_models_device(llama, method):
     finally:
         torch.set_default_device(None)
     assert got == expected
+
+
+# --------------------------------------------------------------------------- KV accounting
+
+def run_bounded(engine: LLMEngine, max_steps: int = 500) -> None:
+    """Step until done; an engine that spins (preempting itself forever) fails instead of hanging."""
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return
+        engine.step()
+    pytest.fail(f"still unfinished after {max_steps} steps: waiting={len(engine.waiting)} running={len(engine.running)}")
+
+
+@pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
+def test_a_sequence_reaching_max_model_len_finishes(llama, method):
+    """`generate --max-model-len 64 --max-new-tokens 100`: the last verify and drafting need K + 1
+    positions past max_model_len; a pool of max_num_seqs * max_model_len made it preempt itself forever."""
+    engine = make_engine(llama, init_drafter(llama, 1, MASK), method, 7, max_num_seqs=1, max_model_len=64)
+    seq = engine.add_request(list(range(3, 23)), SamplingParams(max_tokens=100, ignore_eos=True))
+    run_bounded(engine)
+    assert seq.finish_reason == "length" and len(seq.output_ids) == 44
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+
+
+def test_long_prompts_fit_and_oversized_requests_are_refused(llama):
+    drafter = init_drafter(llama, 1, MASK)
+    engine = make_engine(llama, drafter, "parallel", 7, max_num_seqs=1, max_model_len=256)
+    seq = engine.add_request((list(range(3, 153)) * 2)[:250],
+                             SamplingParams(max_tokens=6, ignore_eos=True))
+    run_bounded(engine)
+    assert seq.finish_reason == "length" and len(seq.output_ids) == 6
+    # a pool smaller than one full sequence: what cannot fit is refused up front, what can runs
+    small = make_engine(llama, drafter, "parallel", 3, max_num_seqs=4, block_size=4, kv_cache_tokens=40)
+    with pytest.raises(RequestError, match="KV cache holds"):
+        small.add_request(list(range(3, 23)), SamplingParams(max_tokens=30))
+    seqs = [small.add_request(p, SamplingParams(max_tokens=40 - 3 - len(p), ignore_eos=True)) for p in prompts(6)]
+    run_bounded(small)
+    assert all(s.finish_reason == "length" for s in seqs)
+    assert small.blocks.num_free == small.blocks.num_blocks
+
+
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_full_length_sequences_share_a_tight_pool(llama, method):
+    """Every sequence runs to max_model_len in a pool holding barely two: preemption and recompute,
+    never a sequence evicted for good."""
+    drafter = init_drafter(llama, 1, MASK, seed=2)
+    ps = prompts(5, seed=9)
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    ref = [make_engine(llama, drafter, method, 5, max_model_len=48).generate([p], params)[0].token_ids for p in ps]
+    tight = make_engine(llama, drafter, method, 5, max_num_seqs=5, max_model_len=48, block_size=4,
+                        kv_cache_tokens=2 * (48 + 6) + 4)
+    seqs = [tight.add_request(p, params) for p in ps]
+    run_bounded(tight)
+    assert [s.output_ids for s in seqs] == ref
+    assert tight.blocks.num_free == tight.blocks.num_blocks
+
+
+# --------------------------------------------------------------------------- faults and logprobs
+
+def test_tiny_temperature_and_top_p_are_safe_and_non_finite_logits_raise(llama):
+    drafter = init_drafter(llama, 1, MASK, seed=1)
+    p = prompts(1, seed=4)[0]
+    greedy = make_engine(llama, drafter, "parallel", 3).generate([p], SamplingParams(max_tokens=12, ignore_eos=True))
+    for t in (1e-40, 1e-6):  # 1e-40: logits / t overflowed and multinomial raised
+        out = make_engine(llama, drafter, "parallel", 3).generate([p], SamplingParams(temperature=t, max_tokens=12,
+                                                                                      ignore_eos=True))
+        assert out[0].token_ids == greedy[0].token_ids
+    logits = torch.randn(3, 12)  # top_p=5e-324 (0.0 in float32) dropped every token: found by the API fuzzer
+    probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=5e-324))
+    assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 12).float())
+    engine = make_engine(llama, drafter, "parallel", 3)
+    forward = llama.forward
+
+    def nan_row(*args, **kw):
+        logits, taps = forward(*args, **kw)
+        logits[-1, 4] = float("nan")
+        return logits, taps
+
+    for params in (SamplingParams(), SamplingParams(temperature=1.0)):
+        engine.add_request(p, params)
+        llama.forward = nan_row
+        try:
+            with pytest.raises(SamplingError, match="non-finite"):
+                engine.step()
+        finally:
+            llama.forward = forward
+        engine.abort(engine.running[0].request_id)
+
+
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_logprobs_are_the_targets_under_speculation(llama, method):
+    """With speculation on (a head whose drafts are mostly accepted), each emitted token's logprob
+    and top alternatives are the target's own at that position: its log-softmax over a full pass."""
+    p = prompts(1, seed=6)[0]
+    params = SamplingParams(max_tokens=20, ignore_eos=True, logprobs=3)
+    ref = make_engine(llama, None, "none").generate([p], params)[0].token_ids
+    head = OracleDrafter(init_drafter(llama, 1, MASK).cfg, p + ref, wrong_every=5)
+    head.init_weights(0)
+    engine = make_engine(llama, head.eval(), method, 4)
+    seq = engine.add_request(p, params)
+    while engine.has_unfinished():
+        engine.step()
+    assert seq.output_ids == ref and seq.stats.num_accepted_tokens > 5
+    assert len(seq.logprobs) == len(ref)
+    full, _ = run_full(llama, torch.tensor(p + ref))
+    want = full[len(p) - 1:-1].float().log_softmax(-1)
+    for i, (lp, t) in enumerate(zip(seq.logprobs, ref)):
+        assert lp.token_id == t and math.isclose(lp.logprob, want[i, t].item(), abs_tol=1e-4)
+        assert [x for x, _ in lp.top] == want[i].topk(3).indices.tolist()
+    assert logprobs_of(torch.tensor([[0.0, 0.0]]), [1], 0)[0].logprob == pytest.approx(math.log(0.5))

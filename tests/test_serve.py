@@ -112,10 +112,78 @@ def test_chat_stream_equals_non_stream(server):
     status, full, _ = request(server, "POST", "/v1/chat/completions", body)
     assert status == 200 and full["choices"][0]["message"]["role"] == "assistant"
     chunks = sse(server, "/v1/chat/completions", {**body, "stream_options": {"include_usage": True}})
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)  # the usage chunk's included
     text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"])
     assert text == full["choices"][0]["message"]["content"]
     assert chunks[-1]["usage"] == full["usage"]
     assert [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_strings_cut_streams_as_they_cut_answers(server):
+    """A stop string's beginning is held back: streamed text equals the non-streamed text."""
+    body = {"prompt": "The capital of France", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    full = request(server, "POST", "/v1/completions", body)[1]["choices"][0]["text"]
+    for stop in (full[6:13], [full[10:14], full[3:9]], full[-5:]):
+        stops = [stop] if isinstance(stop, str) else stop
+        want = full[:min(full.find(s) for s in stops)]
+        status, out, _ = request(server, "POST", "/v1/completions", {**body, "stop": stop})
+        assert status == 200 and out["choices"][0]["text"] == want and out["choices"][0]["finish_reason"] == "stop", out
+        chunks = sse(server, "/v1/completions", {**body, "stop": stop})
+        assert "".join(c["choices"][0]["text"] for c in chunks) == want, (stop, chunks)
+
+
+def test_logprobs_chat_and_completions(server):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+            "logprobs": True, "top_logprobs": 2}
+    status, out, _ = request(server, "POST", "/v1/chat/completions", body)
+    assert status == 200, out
+    content = out["choices"][0]["logprobs"]["content"]
+    assert len(content) == out["usage"]["completion_tokens"] == 8
+    for e in content:  # greedy: each token is the target's most likely, its logprob the top one's
+        assert e["logprob"] <= 0 and len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["logprob"] == e["logprob"]
+        assert bytes(e["bytes"]).decode(errors="replace") == e["token"]
+    chunks = sse(server, "/v1/chat/completions", body)
+    assert [e for c in chunks for e in (c["choices"][0]["logprobs"] or {"content": []})["content"]] == content
+    status, out, _ = request(server, "POST", "/v1/completions", {"prompt": "Once", "max_tokens": 6, "temperature": 0,
+                                                                "ignore_eos": True, "logprobs": 3})
+    lp = out["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6
+    assert "".join(lp["tokens"]) == out["choices"][0]["text"] and lp["text_offset"][0] == 0
+    assert all(len(t) <= 3 and max(t.values()) == x for t, x in zip(lp["top_logprobs"], lp["token_logprobs"]))
+    assert request(server, "POST", "/v1/chat/completions", {**body, "logprobs": False})[0] == 400
+
+
+def test_n_choices_content_parts_and_prompt_lists(server):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 1.0, "seed": 5, "n": 3}
+    status, out, _ = request(server, "POST", "/v1/chat/completions", body)
+    assert status == 200 and [c["index"] for c in out["choices"]] == [0, 1, 2]
+    texts = [c["message"]["content"] for c in out["choices"]]
+    again = request(server, "POST", "/v1/chat/completions", body)[1]
+    assert len(set(texts)) > 1 and texts == [c["message"]["content"] for c in again["choices"]]
+    chunks = sse(server, "/v1/chat/completions", body)
+    assert ["".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"][0]["index"] == i)
+            for i in range(3)] == texts
+    greedy = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    one = request(server, "POST", "/v1/chat/completions", {**greedy, "messages": [{"role": "user", "content": "Hi\nthere"}]})
+    parts = request(server, "POST", "/v1/chat/completions", {**greedy, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]})
+    assert one[1]["choices"][0]["message"] == parts[1]["choices"][0]["message"]
+    assert one[1]["usage"] == parts[1]["usage"]
+    alone = [request(server, "POST", "/v1/completions", {**greedy, "prompt": p})[1]["choices"][0]["text"]
+             for p in ("Once upon", "a time")]
+    status, out, _ = request(server, "POST", "/v1/completions", {**greedy, "prompt": ["Once upon", "a time"], "n": 2})
+    assert status == 200 and [c["text"] for c in out["choices"]] == [alone[0], alone[0], alone[1], alone[1]]
+    ids = request(server, "POST", "/v1/completions", {**greedy, "prompt": [[9906, 1010], [9906]]})
+    assert ids[0] == 200 and len(ids[1]["choices"]) == 2 and ids[1]["usage"]["prompt_tokens"] == 3
+    too_many = request(server, "POST", "/v1/completions", {**greedy, "prompt": ["a", "b", "c"], "n": 2})
+    assert too_many[0] == 400
+
+
+def test_openapi_documents_the_400s(server):
+    status, schema, _ = request(server, "GET", "/openapi.json")
+    assert status == 200 and "422" not in json.dumps(schema["paths"])
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        assert {"400", "401", "404", "503"} <= set(schema["paths"][path]["post"]["responses"])
 
 
 def test_bad_requests_get_400_and_the_server_goes_on(server):

@@ -18,7 +18,8 @@ import torch
 
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.expansion import expand
-from peagle.engine.sampling import SamplingParams, verify, verify_greedy
+from peagle.engine.detokenizer import Detokenizer
+from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, verify, verify_greedy
 from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
 from peagle.models.attention import AttnMeta, Span
 from peagle.models.drafter import Drafter
@@ -41,7 +42,7 @@ class EngineConfig:
     max_model_len: int | None = None        # default: the target's max_position_embeddings, capped at 8192
     max_num_batched_tokens: int = 4096      # prefill budget per step (a longer prompt runs alone)
     block_size: int = 16
-    kv_cache_tokens: int | None = None      # default: max_num_seqs * max_model_len, capped at 16384
+    kv_cache_tokens: int | None = None      # default: max_num_seqs full sequences, capped at 16384
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -87,7 +88,9 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or min(tmax, 8192)
         if self.max_model_len > tmax:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the target's {tmax} positions")
-        slots = config.kv_cache_tokens or min(config.max_num_seqs * self.max_model_len, 16384)
+        # a sequence at max_model_len still verifies and drafts K tokens past it: K + 1 more positions
+        self.max_positions = self.max_model_len + config.k + 1
+        slots = config.kv_cache_tokens or max(min(config.max_num_seqs * self.max_positions, 16384), self.max_positions)
         self.blocks = BlockManager(-(-slots // config.block_size), config.block_size)
         num_slots = self.blocks.num_blocks * config.block_size
         self.target_caches = target.make_caches(num_slots)
@@ -134,9 +137,14 @@ class LLMEngine:
         vocab = self.target.cfg.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise RequestError(f"prompt token ids must be in 0..{vocab - 1}")
-        if -(-(len(prompt_ids) + 2 * self.cfg.k + 1) // self.cfg.block_size) > self.blocks.num_blocks:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens, more than the KV cache holds")
+        # the most KV positions it can need (see _positions_needed); admitted, it always fits alone
+        need = min(len(prompt_ids) + params.max_tokens + self.cfg.k, self.max_positions)
+        if -(-need // self.cfg.block_size) > self.blocks.num_blocks:
+            raise RequestError(f"the prompt ({len(prompt_ids)} tokens) with max_tokens {params.max_tokens} needs "
+                               f"{need} KV positions, more than the {self.blocks.num_blocks * self.cfg.block_size} "
+                               "the KV cache holds")
         seq = Sequence(prompt_ids, params, request_id, self.device)
+        seq.detok = Detokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
         self.waiting.append(seq)
         return seq
 
@@ -177,6 +185,9 @@ class LLMEngine:
                 self._preempt(self.running[-1])  # newest first, as vLLM does; it recomputes later
 
     def _preempt(self, seq: Sequence) -> None:
+        # admission guarantees that a sequence alone fits: evicting the last one could never be undone
+        if len(self.running) == 1:
+            raise RuntimeError(f"request {seq.request_id} does not fit the KV cache alone")
         self.running.remove(seq)
         self.blocks.release(seq)
         seq.drafts = []
@@ -228,21 +239,27 @@ class LLMEngine:
                 accepted[i], tokens[i] = a, t
 
         # 3. propose the next drafts, then the one host sync
-        out = [accepted[:, None], tokens[:, None]]
+        finite = logits.isfinite().all(-1)[rows].all(1)   # a NaN or inf in any verified row
+        out = [finite[:, None].long(), accepted[:, None], tokens[:, None]]
         if self.cfg.k:
             num_valid = torch.where(to_device([seq.num_cached == 0 for seq in batch], dev, torch.bool),
                                     to_device([s.num_rows for s in spans], dev), accepted + 1)
             out.append(self._propose(spans, ids_t, pos_t, last, num_valid, tokens, taps))
         packed = torch.cat(out, dim=1).tolist()
+        if not all(row[0] for row in packed):  # before any state changes: the caller fails these requests
+            raise SamplingError("the model produced non-finite logits")
 
         # 4. on the host: emit tokens, keep the drafts, retire finished sequences
-        for seq, span, row in zip(batch, spans, packed):
-            a, token, proposed = row[0], row[1], row[2:]
+        for i, (seq, span, row) in enumerate(zip(batch, spans, packed)):
+            a, token, proposed = row[1], row[2], row[3:]
             prefill = seq.num_cached == 0
             verified = [] if prefill else seq.drafts
             seq.stats.record(len(verified), a)
             self.stats.record(len(verified), a)
             seq.num_cached = span.start + (span.num_rows if prefill else a + 1)  # input rows whose KV stays valid
+            if seq.params.logprobs is not None:  # the target's, at each emitted position (a sync when asked)
+                seq.logprobs += logprobs_of(logits[first[i]:first[i] + a + 1], verified[:a] + [token],
+                                            seq.params.logprobs)
             self._append(seq, verified[:a] + [token])
             seq.drafts = [] if seq.finished else proposed[:self._num_drafts(seq)]
             result.updated.append(seq)
@@ -296,22 +313,20 @@ class LLMEngine:
                 seq.first_token_time = time.perf_counter()
             if not p.ignore_eos and t in self.eos_token_ids:
                 return self._finish(seq, "stop")
-            if p.stop and self.tokenizer is not None:
-                text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-                hits = [text.find(s) for s in p.stop if s in text]
-                if hits:
-                    return self._finish(seq, "stop", text[:min(hits)])
+            cut = seq.detok.push(t) if seq.detok is not None else None
+            if cut is not None:
+                return self._finish(seq, "stop", cut)
             if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
                 return self._finish(seq, "length")
 
     def _finish(self, seq: Sequence, reason: str, text: str | None = None) -> None:
+        """``text``: the output cut before a stop string; else all the detokenized output."""
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         seq.finish_time = time.perf_counter()
         seq.drafts = []
-        if text is None and self.tokenizer is not None:
-            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-        seq.text = text or ""
+        seq.text = text if text is not None else seq.detok.text if seq.detok is not None else ""
+        del seq.logprobs[len(seq.output_ids):]  # tokens of the last step after a stop are not emitted
 
     # ------------------------------------------------------------------ offline use
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,

@@ -8,7 +8,8 @@ from enum import Enum
 
 import torch
 
-from peagle.engine.sampling import SamplingParams
+from peagle.engine.detokenizer import Detokenizer
+from peagle.engine.sampling import SamplingParams, TokenLogprob
 
 _ids = itertools.count()
 
@@ -71,6 +72,8 @@ class Sequence:
         self.drafts: list[int] = []   # proposed tokens, verified by the next target pass
         self.finish_reason: str | None = None
         self.text = ""
+        self.detok: Detokenizer | None = None      # the engine's, when it has a tokenizer
+        self.logprobs: list[TokenLogprob] = []     # one per output token, when params.logprobs is set
         self.stats = SpecStats()
         self.generator = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
         self.arrival_time = time.perf_counter()
