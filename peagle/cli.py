@@ -85,6 +85,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     spec = speculative_config(args.speculative_config)
     engine = LLMEngine.from_pretrained(args.target, spec["drafter"], method=spec["method"], k=spec["k"],
                                        dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+                                       max_num_batched_tokens=args.max_num_batched_tokens,
+                                       enable_chunked_prefill=args.enable_chunked_prefill,
                                        max_model_len=args.max_model_len)
     name = args.served_model_name or (args.target or "SmolLM2-135M-Instruct")
     how = spec["method"] if spec["method"] == "none" else f"{spec['method']}, K={spec['k']}"
@@ -228,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--api-key", default=None)
     v.add_argument("--served-model-name", default=None)
     v.add_argument("--max-num-seqs", type=int, default=8)
+    v.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="tokens per engine step: decode and verify rows first, then prefill chunks")
+    v.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                   help="prefill long prompts in chunks that share steps with running requests (default: on)")
     v.add_argument("--max-model-len", type=int, default=None)
     add_runtime_args(v)
     v.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond which the server answers 503")

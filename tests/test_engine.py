@@ -447,3 +447,67 @@ def test_logprobs_are_the_targets_under_speculation(llama, method):
         assert lp.token_id == t and math.isclose(lp.logprob, want[i, t].item(), abs_tol=1e-4)
         assert [x for x, _ in lp.top] == want[i].topk(3).indices.tolist()
     assert logprobs_of(torch.tensor([[0.0, 0.0]]), [1], 0)[0].logprob == pytest.approx(math.log(0.5))
+
+
+# --------------------------------------------------------------------------- chunked prefill
+
+@pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
+def test_chunked_prefill_is_lossless(llama, method):
+    """Prompts longer than a chunk (max_num_batched_tokens 7 and 16, prompts of 20-70 tokens), alone
+    and in batches where chunks share steps with decode and verify rows: the same tokens as plain
+    greedy decoding of the whole prompt at once; a deep-accepting oracle head drafts after chunks."""
+    g = torch.Generator().manual_seed(11)
+    ps = [torch.randint(3, 150, (n,), generator=g).tolist() for n in (20, 45, 70, 33)]
+    params = SamplingParams(max_tokens=14, ignore_eos=True)
+    ref = [o.token_ids for o in make_engine(llama, None, "none", enable_chunked_prefill=False).generate(ps, params)]
+    heads = [None] if method == "none" else [init_drafter(llama, 2, MASK, seed=5)]
+    if method != "none":
+        oracle = OracleDrafter(heads[0].cfg, ps[2] + ref[2], wrong_every=1000)
+        oracle.init_weights(0)
+        heads.append(oracle.eval())
+    for head in heads:
+        for budget in (7, 16):
+            for n in (1, 4):
+                engine = make_engine(llama, head, method, 4, max_num_batched_tokens=budget, max_num_seqs=n)
+                assert [o.token_ids for o in engine.generate(ps, params)] == ref, (budget, n)
+                assert engine.blocks.num_free == engine.blocks.num_blocks
+        out = make_engine(llama, head, method, 4, max_num_batched_tokens=16).generate([ps[2]], params)[0]
+        if isinstance(head, OracleDrafter):
+            assert out.stats.acceptance_length > 3
+
+
+def test_a_long_prompt_does_not_stall_running_streams(llama):
+    """While a 200-token prompt is prefilled in chunks of 16 tokens, a running request gets a token
+    every step (unchunked, the whole prompt would share one step with it)."""
+    engine = make_engine(llama, init_drafter(llama, 1, MASK, seed=2), "parallel", 3, max_num_batched_tokens=16)
+    short = engine.add_request(prompts(1)[0], SamplingParams(max_tokens=60, ignore_eos=True))
+    engine.step()
+    long = engine.add_request(torch.randint(3, 150, (200,), generator=torch.Generator().manual_seed(1)).tolist(),
+                              SamplingParams(max_tokens=4, ignore_eos=True))
+    steps = 0
+    while not long.output_ids:
+        before = len(short.output_ids)
+        engine.step()
+        steps += 1
+        assert len(short.output_ids) > before or short.finished
+        assert 0 < long.num_cached <= 16 * steps
+    assert steps >= 200 // 16
+
+
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_chunked_prefill_writes_the_kv_of_a_whole_prefill(llama, method):
+    """The drafter reads token p+1 at position p: where a chunk stops short, that is the prompt's
+    next token (not a sampled one). Target and drafter KV of every prompt position after a prefill
+    in chunks of 7 equal those of one whole prefill (float32, up to batch-shape rounding)."""
+    prompt = torch.randint(3, 150, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    head = init_drafter(llama, 2, MASK, seed=6)
+    kv = []
+    for budget in (7, 2048):
+        engine = make_engine(llama, head, method, 4, max_num_batched_tokens=budget)
+        seq = engine.add_request(prompt, SamplingParams(max_tokens=50, ignore_eos=True))
+        while not seq.output_ids:
+            engine.step()
+        slots = torch.tensor([seq.block_table[p // 16] * 16 + p % 16 for p in range(len(prompt))])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.target_caches + engine.drafter_caches])
+    for a, b in zip(*kv):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

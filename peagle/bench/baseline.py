@@ -380,15 +380,20 @@ def timed_rounds(args, bar, sizes: list[int], ours, other=None, other_threads: i
 # ----------------------------------------------------------------------------- 3. prefill
 
 def bench_prefill(args, engine, hf, ctx: list[int], bar) -> dict:
-    """Time to the first token of one ``len(ctx)``-token prompt: one engine step (method ``none``)
-    against HF's forward over the prompt into a fresh DynamicCache (logits of the last row only)."""
+    """Time to the first token of one ``len(ctx)``-token prompt: the engine's steps (method ``none``,
+    its default chunked prefill) against HF's forward over the prompt into a fresh DynamicCache
+    (logits of the last row only)."""
     from transformers import DynamicCache
 
     from peagle.engine.sampling import SamplingParams
 
     def ours(_):
         engine.add_request(ctx, SamplingParams(max_tokens=1))
-        return time_once(engine.step, engine.device)
+
+        def first_token():
+            while engine.has_unfinished():
+                engine.step()
+        return time_once(first_token, engine.device)
 
     def hf_pass(_):
         with torch.inference_mode():

@@ -40,7 +40,8 @@ class EngineConfig:
     num_speculative_tokens: int = 7
     max_num_seqs: int = 8
     max_model_len: int | None = None        # default: the target's max_position_embeddings, capped at 8192
-    max_num_batched_tokens: int = 4096      # prefill budget per step (a longer prompt runs alone)
+    max_num_batched_tokens: int = 2048      # tokens per step: decode and verify rows first, then prefill chunks
+    enable_chunked_prefill: bool = True     # off: a prompt is prefilled whole (a longer one runs alone)
     block_size: int = 16
     kv_cache_tokens: int | None = None      # default: max_num_seqs full sequences, capped at 16384
 
@@ -168,21 +169,37 @@ class LLMEngine:
         """KV positions this step may write: the verify pass plus the drafting after it."""
         return min(seq.num_tokens + len(seq.drafts) + self.cfg.k + 1, self.max_model_len + self.cfg.k + 1)
 
-    def _schedule(self) -> None:
+    def _schedule(self) -> list[tuple[Sequence, int]]:
+        """This step's work: ``(sequence, new tokens to feed)`` for each sequence, within
+        ``max_num_batched_tokens``: decode and verify rows of running sequences first, then prefill
+        (chunks of long prompts when chunked prefill is on), then newly admitted prompts, as vLLM
+        schedules. A sequence is prefilled until all its tokens but the last emitted have KV."""
         budget = self.cfg.max_num_batched_tokens
-        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
+        chunked = self.cfg.enable_chunked_prefill
+        for seq in list(self.running):  # reserve blocks first; preemption frees the newest
+            while seq in self.running and not self.blocks.ensure(seq, self._positions_needed(seq)):
+                self._preempt(self.running[-1])  # newest first, as vLLM does; it recomputes later
+        work = []
+        for seq in self.running:
+            left = seq.num_tokens - seq.num_cached
+            if left == 1:  # decoding: the last token and its drafts, never held back
+                work.append((seq, 1))
+                budget -= 1 + len(seq.drafts)
+            elif budget > 0 and (chunked or left <= budget or not work):
+                work.append((seq, min(left, budget) if chunked else left))
+                budget -= work[-1][1]
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            if seq.num_tokens > budget and self.running:
+            if not chunked and seq.num_tokens > budget and work:
                 break
             if not self.blocks.ensure(seq, self._positions_needed(seq)):
                 break
-            budget -= seq.num_tokens
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
-        for seq in list(self.running):
-            while seq in self.running and not self.blocks.ensure(seq, self._positions_needed(seq)):
-                self._preempt(self.running[-1])  # newest first, as vLLM does; it recomputes later
+            work.append((seq, min(seq.num_tokens, budget) if chunked else seq.num_tokens))
+            budget -= work[-1][1]
+        return work
 
     def _preempt(self, seq: Sequence) -> None:
         # admission guarantees that a sequence alone fits: evicting the last one could never be undone
@@ -199,25 +216,23 @@ class LLMEngine:
     def step(self) -> StepResult:
         """One target pass, verification and drafting, all on the model's device; one host sync
         at the end reads every sequence's accepted count, emitted token and next drafts."""
-        self._schedule()
-        batch = list(self.running)
+        work = self._schedule()
         result = StepResult()
-        if not batch:
+        if not work:
             return result
-        # 1. one target pass: whole prompts for new sequences, [last token, drafts...] for the others
-        ids, positions, spans, verify_rows, drafts = [], [], [], [], []
+        batch = [seq for seq, _ in work]
+        # 1. one target pass: prompts (or chunks of them), and [last token, drafts...] of decoding sequences
+        ids, positions, spans, verify_rows, drafts, partial = [], [], [], [], [], []
         kmax = max(len(seq.drafts) for seq in batch)
-        for seq in batch:
-            if seq.num_cached == 0:
-                inp, start = seq.tokens, 0
-            else:
-                inp, start = [seq.tokens[-1]] + seq.drafts, seq.num_tokens - 1
+        for seq, n in work:
+            start = seq.num_cached
+            inp = seq.tokens[start:start + n] + seq.drafts   # drafts only when decoding
             ids += inp
             positions += range(start, start + len(inp))
             spans.append(Span(len(inp), start + len(inp), seq.block_table, start))
-            k = len(seq.drafts) if seq.num_cached else 0
-            verify_rows.append(k + 1)
-            drafts.append(seq.drafts[:k] + [-1] * (kmax - k))
+            verify_rows.append(len(seq.drafts) + 1)
+            drafts.append(seq.drafts + [-1] * (kmax - len(seq.drafts)))
+            partial.append(start + n < seq.num_tokens)       # a prompt chunk before the last: nothing emitted
         dev = self.device
         ids_t, pos_t = to_device(ids, dev), to_device(positions, dev)
         last = [0]
@@ -234,29 +249,32 @@ class LLMEngine:
         rows = to_device([[f + min(j, n - 1) for j in range(kmax + 1)] for f, n in zip(first, verify_rows)], dev)
         accepted, tokens = verify_greedy(logits, rows, to_device(drafts, dev))
         for i, seq in enumerate(batch):
-            if not seq.params.greedy:
+            if not seq.params.greedy and not partial[i]:
                 a, t = verify(logits[first[i]:first[i + 1]], drafts[i][:verify_rows[i] - 1], seq.params, seq.generator)
                 accepted[i], tokens[i] = a, t
+        if any(partial):  # the drafter reads the prompt's next token where a chunk stops short
+            nxt = [seq.tokens[seq.num_cached + n] if p else 0 for (seq, n), p in zip(work, partial)]
+            tokens = torch.where(to_device(partial, dev, torch.bool), to_device(nxt, dev), tokens)
 
         # 3. propose the next drafts, then the one host sync
         finite = logits.isfinite().all(-1)[rows].all(1)   # a NaN or inf in any verified row
         out = [finite[:, None].long(), accepted[:, None], tokens[:, None]]
-        if self.cfg.k:
-            num_valid = torch.where(to_device([seq.num_cached == 0 for seq in batch], dev, torch.bool),
-                                    to_device([s.num_rows for s in spans], dev), accepted + 1)
+        if self.cfg.k:  # rows whose KV stays valid: the new tokens and the accepted drafts
+            num_valid = to_device([n for _, n in work], dev) + accepted
             out.append(self._propose(spans, ids_t, pos_t, last, num_valid, tokens, taps))
         packed = torch.cat(out, dim=1).tolist()
         if not all(row[0] for row in packed):  # before any state changes: the caller fails these requests
             raise SamplingError("the model produced non-finite logits")
 
         # 4. on the host: emit tokens, keep the drafts, retire finished sequences
-        for i, (seq, span, row) in enumerate(zip(batch, spans, packed)):
+        for i, ((seq, n), row) in enumerate(zip(work, packed)):
             a, token, proposed = row[1], row[2], row[3:]
-            prefill = seq.num_cached == 0
-            verified = [] if prefill else seq.drafts
+            seq.num_cached += n + a      # the new tokens and the accepted drafts have KV now
+            if partial[i]:
+                continue
+            verified = seq.drafts
             seq.stats.record(len(verified), a)
             self.stats.record(len(verified), a)
-            seq.num_cached = span.start + (span.num_rows if prefill else a + 1)  # input rows whose KV stays valid
             if seq.params.logprobs is not None:  # the target's, at each emitted position (a sync when asked)
                 seq.logprobs += logprobs_of(logits[first[i]:first[i] + a + 1], verified[:a] + [token],
                                             seq.params.logprobs)
