@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+from peagle.engine.auto_k import parse_k
 from peagle.runtime import add_runtime_args, dtype_name
 
 
@@ -205,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_args(g)
     g.add_argument("--drafter", default=None, help="vLLM-format EAGLE-3/P-EAGLE head folder (default: the target's)")
     g.add_argument("--method", choices=["parallel", "eagle3", "none"], default="parallel")
-    g.add_argument("-k", "--num-speculative-tokens", dest="k", type=int, default=7, help="draft tokens per round")
+    g.add_argument("-k", "--num-speculative-tokens", dest="k", type=parse_k, default="auto",
+                   help="draft tokens per round, or auto (default): the engine chooses K each step")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--max-model-len", type=int, default=None)
     add_runtime_args(g)

@@ -11,7 +11,8 @@ import pytest
 from test_serve import KEY, server  # noqa: F401  (the live tiny server fixture)
 
 from peagle.bench.metrics import RequestRecord, parse_spec_counters, spec_delta, spec_summary, summarize
-from peagle.bench.offline import grid_cells
+from peagle.bench.offline import grid_cells, k_order
+from peagle.engine.auto_k import parse_k
 from peagle.bench.workload import load_workload, messages
 from peagle.prompts import render
 from peagle.cli import build_parser, main
@@ -171,6 +172,8 @@ def test_grid_skips_k_beyond_the_trained_k():
     cells = grid_cells(models, ["parallel", "eagle3", "none"], [1, 5], [1, 4])
     assert cells == [("parallel", 1, 1), ("eagle3", 1, 1), ("eagle3", 5, 1), ("none", 0, 1),
                      ("parallel", 1, 4), ("eagle3", 1, 4), ("eagle3", 5, 4), ("none", 0, 4)]
+    cells = grid_cells(models, ["parallel", "none"], [parse_k("5"), parse_k("auto")], [1])
+    assert cells == [("parallel", "auto", 1), ("none", 0, 1)] and sorted([7, "auto", 1], key=k_order) == [1, 7, "auto"]
 
 
 # ----------------------------------------------------------------------------- live runs

@@ -251,10 +251,11 @@ def test_speculative_config_parsing():
     assert speculative_config(None) == {"method": "none", "k": 1, "drafter": None}
     assert speculative_config('{"method": "eagle3", "model": "h", "num_speculative_tokens": 5, '
                               '"parallel_drafting": true}') == {"method": "parallel", "k": 5, "drafter": "h"}
-    assert speculative_config({"method": "eagle3"})["method"] == "eagle3"
+    assert speculative_config({"method": "eagle3"}) == {"method": "eagle3", "k": "auto", "drafter": None}
+    assert speculative_config({"num_speculative_tokens": "auto", "parallel_drafting": True})["k"] == "auto"
     assert speculative_config({"method": "none"})["method"] == "none"
     for bad, msg in [("{", "not valid JSON"), ('{"methd": "eagle3"}', "unknown"), ('{"method": "medusa"}', "not supported"),
-                     ('{"num_speculative_tokens": 0}', ">= 1"), ('{"parallel_drafting": "yes"}', "true or false"),
+                     ('{"num_speculative_tokens": 0}', ">= 1"), ('{"num_speculative_tokens": "max"}', "auto"), ('{"parallel_drafting": "yes"}', "true or false"),
                      ("[1]", "JSON object")]:
         with pytest.raises(ValueError, match=msg):
             speculative_config(bad)

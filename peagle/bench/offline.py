@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
+from peagle.engine.auto_k import parse_k
 from peagle.prompts import encode
 from peagle.runtime import add_runtime_args, dtype_name
 
@@ -138,9 +139,14 @@ def grid_cells(models: Models, methods: list[str], ks: list[int],
     for c in concurrencies:
         for m in methods:
             for k in ([0] if m == "none" else ks):
-                if not (m == "parallel" and trained is not None and k > trained):
+                if k == "auto" or not (m == "parallel" and trained is not None and k > trained):
                     cells.append((m, k, c))
     return cells
+
+
+def k_order(k: int | str) -> tuple:
+    """Fixed K values in order, ``auto`` after them."""
+    return (k == "auto", 0 if k == "auto" else k)
 
 
 def parse_list(text: str, kind=int) -> list:
@@ -157,7 +163,7 @@ def check_grid(methods: list[str], ks: list[int], concurrencies: list[int]) -> N
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ValueError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}")
-    if min(ks) < 1 or min(concurrencies) < 1:
+    if min([k for k in ks if k != "auto"] or [1]) < 1 or min(concurrencies) < 1:
         raise ValueError("K and concurrency values must be >= 1")
 
 
@@ -174,7 +180,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    p.add_argument("-k", "--num-speculative-tokens", default="3,7", help="comma-separated K values")
+    p.add_argument("-k", "--num-speculative-tokens", default="3,7,auto",
+                   help="comma-separated K values; auto: the engine chooses K each step")
     p.add_argument("--max-concurrency", type=int, default=1, help="requests in flight (= the engine's max_num_seqs)")
     add_dataset_args(p, num_prompts=20, output_len=128)
     p.add_argument("--json", action="store_true", help="print one JSON object with every cell")
@@ -184,7 +191,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    methods, ks = parse_list(args.methods, str), parse_list(args.num_speculative_tokens)
+    methods, ks = parse_list(args.methods, str), parse_list(args.num_speculative_tokens, parse_k)
     check_grid(methods, ks, [args.max_concurrency])
     work = load_workload(args, args.dataset_name, args.dataset_path)
     models = Models.load(args.target, args.drafter, args.eagle3_drafter, methods, args.max_model_len,

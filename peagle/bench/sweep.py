@@ -18,7 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from peagle.bench.offline import Models, add_model_args, check_grid, grid_cells, parse_list, run_cell
+from peagle.bench.offline import Models, add_model_args, check_grid, grid_cells, k_order, parse_list, run_cell
+from peagle.engine.auto_k import parse_k
 from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
 from peagle.prompts import encode
 
@@ -28,7 +29,7 @@ LABELS = {"parallel": "P-EAGLE", "eagle3": "EAGLE-3", "none": "no speculation"}
 @dataclass
 class SweepConfig:
     methods: list[str]
-    ks: list[int]
+    ks: list[int | str]
     concurrencies: list[int]
     datasets: list[tuple[str, str | None]]   # (name, file; None: the shared copy)
     out: Path
@@ -41,7 +42,7 @@ class SweepConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "SweepConfig":
         datasets = [(d.split("=", 1)[0], d.split("=", 1)[1] if "=" in d else None) for d in args.datasets]
-        cfg = cls(parse_list(args.methods, str), parse_list(args.num_speculative_tokens),
+        cfg = cls(parse_list(args.methods, str), parse_list(args.num_speculative_tokens, parse_k),
                   parse_list(args.concurrency), datasets, Path(args.out), args.temperature, args.seed,
                   not args.no_baselines, args.prompt_lookup_num_tokens, args.hf_threads)
         check_grid(cfg.methods, cfg.ks, cfg.concurrencies)
@@ -50,7 +51,8 @@ class SweepConfig:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    p.add_argument("-k", "--num-speculative-tokens", default="1,3,5,7,10", help="comma-separated K values")
+    p.add_argument("-k", "--num-speculative-tokens", default="1,3,5,7,10,auto",
+                   help="comma-separated K values; auto: the engine chooses K each step")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated requests in flight")
     p.add_argument("--datasets", nargs="+", default=["mt-bench", "humaneval"], metavar="NAME[=PATH]",
                    help="datasets to sweep (mt-bench and humaneval default to the shared copies)")
@@ -217,7 +219,7 @@ def markdown(res: dict) -> str:
         out += [f"## Acceptance length (AL), concurrency {c0}", "",
                 "| method | K | " + " | ".join(datasets) + " |", "|---|---|" + "---|" * len(datasets)]
         for m in spec:
-            for k in sorted({c["k"] for c in cells if c["method"] == m}):
+            for k in sorted({c["k"] for c in cells if c["method"] == m}, key=k_order):
                 row = []
                 for d in datasets:
                     cell = next((c for c in cells if (c["dataset"], c["method"], c["k"], c["concurrency"])
@@ -297,11 +299,11 @@ def plot(res: dict, out: Path) -> None:
     for color, d in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"] * len(datasets), datasets):
         for m, style in (("parallel", "-"), ("eagle3", "--")):
             pts = sorted((c["k"], c["acceptance_length"]) for c in cells if c["dataset"] == d and c["method"] == m
-                         and c["concurrency"] == c0 and c["acceptance_length"] is not None)
+                         and c["concurrency"] == c0 and c["acceptance_length"] is not None and c["k"] != "auto")
             if pts:
                 ax.plot([k for k, _ in pts], [a for _, a in pts], style, color=color, marker="o",
                         label=f"{LABELS[m]}, {d}")
-    ks = sorted({c["k"] for c in cells if c["k"]})
+    ks = sorted({c["k"] for c in cells if c["k"] and c["k"] != "auto"})
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_ylim(bottom=0.9)
     ax.set(title=f"Acceptance length (concurrency {c0})", xlabel="K (draft tokens per round)",

@@ -16,6 +16,7 @@ from typing import Iterable
 
 import torch
 
+from peagle.engine.auto_k import AutoK, CostCurve
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.expansion import expand
 from peagle.engine.detokenizer import Detokenizer
@@ -37,7 +38,8 @@ class RequestError(ValueError):
 @dataclass
 class EngineConfig:
     method: str = "parallel"
-    num_speculative_tokens: int = 7
+    num_speculative_tokens: int | str = 7   # or "auto": chosen each step up to max_speculative_tokens
+    max_speculative_tokens: int | None = None  # K_max for "auto" (default: the head's trained K, else 10)
     max_num_seqs: int = 8
     max_model_len: int | None = None        # default: the target's max_position_embeddings, capped at 8192
     max_num_batched_tokens: int = 2048      # tokens per step: decode and verify rows first, then prefill chunks
@@ -49,15 +51,18 @@ class EngineConfig:
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or (k <= 0 and self.method != "none"):
-            raise ValueError(f"the number of speculative tokens K must be an integer >= 1, got {k!r}")
+        if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or (k <= 0 and self.method != "none")):
+            raise ValueError(f"the number of speculative tokens K must be an integer >= 1 or 'auto', got {k!r}")
+        m = self.max_speculative_tokens
+        if m is not None and (not isinstance(m, int) or m < 1):
+            raise ValueError(f"max_speculative_tokens must be an integer >= 1, got {m!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
 
     @property
-    def k(self) -> int:
-        return 0 if self.method == "none" else self.num_speculative_tokens
+    def auto(self) -> bool:
+        return self.method != "none" and self.num_speculative_tokens == "auto"
 
 
 @dataclass
@@ -82,15 +87,18 @@ class LLMEngine:
             if (w.device, w.dtype) != (self.device, self.dtype):
                 raise ValueError(f"the drafter is {w.dtype} on {w.device}, the target {self.dtype} on {self.device}: "
                                  "load both with the same dtype and device")
-            tk = drafter.cfg.trained_k
-            if config.method == "parallel" and tk is not None and config.num_speculative_tokens > tk:
-                raise ValueError(f"K={config.num_speculative_tokens} exceeds the K={tk} this head was trained for")
+        tk = drafter.cfg.trained_k if drafter is not None else None
+        # the most drafts a step proposes: K, or K_max when the engine chooses K
+        self.k_max = 0 if config.method == "none" else (
+            (config.max_speculative_tokens or tk or 10) if config.auto else config.num_speculative_tokens)
+        if config.method == "parallel" and tk is not None and self.k_max > tk:
+            raise ValueError(f"K={self.k_max} exceeds the K={tk} this head was trained for")
         tmax = target.cfg.max_position_embeddings
         self.max_model_len = config.max_model_len or min(tmax, 8192)
         if self.max_model_len > tmax:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the target's {tmax} positions")
         # a sequence at max_model_len still verifies and drafts K tokens past it: K + 1 more positions
-        self.max_positions = self.max_model_len + config.k + 1
+        self.max_positions = self.max_model_len + self.k_max + 1
         slots = config.kv_cache_tokens or max(min(config.max_num_seqs * self.max_positions, 16384), self.max_positions)
         self.blocks = BlockManager(-(-slots // config.block_size), config.block_size)
         num_slots = self.blocks.num_blocks * config.block_size
@@ -103,6 +111,37 @@ class LLMEngine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # engine-wide totals, for metrics
+        self.auto = AutoK(self.k_max, config.method == "parallel", *self._measure_costs()) if config.auto else None
+
+    @torch.inference_mode()
+    def _measure_costs(self) -> tuple[CostCurve, CostCurve]:
+        """The target's pass (logits of every row) and the drafter's pass (its LM head too) over
+        1, 2, 4, ... rows at a 128-token context, timed on the empty KV pool's first blocks (median
+        of 3 after a warm-up): what :class:`AutoK` weighs K by."""
+        bs, dev = self.cfg.block_size, self.device
+        most = min(self.cfg.max_num_seqs * (self.k_max + 1) * 2, 512, self.blocks.num_blocks * bs // 2)
+        rows = sorted({r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if r < most} | {max(most, 2)})
+        ctx = min(128, self.blocks.num_blocks * bs - rows[-1])
+        d = self.drafter
+
+        def timed(n: int, drafter: bool) -> float:
+            ids, pos = torch.zeros(n, dtype=torch.long, device=dev), torch.arange(ctx, ctx + n, device=dev)
+            meta = AttnMeta([Span(n, ctx + n, list(range(-(-(ctx + n) // bs))), ctx)], bs)
+            if drafter:
+                hidden = torch.zeros(n, d.cfg.hidden_size, dtype=self.dtype, device=dev)
+                run = lambda: d.logits(d(ids, hidden, pos, self.drafter_caches, meta)[0]).argmax(-1)  # noqa: E731
+            else:
+                run = lambda: self.target(ids, pos, self.target_caches, meta, pos - ctx)[0].argmax(-1)  # noqa: E731
+            times = []
+            for _ in range(4):
+                t0 = time.perf_counter()
+                run()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                times.append(time.perf_counter() - t0)
+            return sorted(times[1:])[1]
+
+        return (CostCurve(rows, [timed(n, False) for n in rows]), CostCurve(rows, [timed(n, True) for n in rows]))
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str | None = None, method: str = "parallel",
@@ -139,7 +178,7 @@ class LLMEngine:
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise RequestError(f"prompt token ids must be in 0..{vocab - 1}")
         # the most KV positions it can need (see _positions_needed); admitted, it always fits alone
-        need = min(len(prompt_ids) + params.max_tokens + self.cfg.k, self.max_positions)
+        need = min(len(prompt_ids) + params.max_tokens + self.k_max, self.max_positions)
         if -(-need // self.cfg.block_size) > self.blocks.num_blocks:
             raise RequestError(f"the prompt ({len(prompt_ids)} tokens) with max_tokens {params.max_tokens} needs "
                                f"{need} KV positions, more than the {self.blocks.num_blocks * self.cfg.block_size} "
@@ -167,7 +206,7 @@ class LLMEngine:
     # ------------------------------------------------------------------ scheduling
     def _positions_needed(self, seq: Sequence) -> int:
         """KV positions this step may write: the verify pass plus the drafting after it."""
-        return min(seq.num_tokens + len(seq.drafts) + self.cfg.k + 1, self.max_model_len + self.cfg.k + 1)
+        return min(seq.num_tokens + len(seq.drafts) + self.k_max + 1, self.max_model_len + self.k_max + 1)
 
     def _schedule(self) -> list[tuple[Sequence, int]]:
         """This step's work: ``(sequence, new tokens to feed)`` for each sequence, within
@@ -259,9 +298,10 @@ class LLMEngine:
         # 3. propose the next drafts, then the one host sync
         finite = logits.isfinite().all(-1)[rows].all(1)   # a NaN or inf in any verified row
         out = [finite[:, None].long(), accepted[:, None], tokens[:, None]]
-        if self.cfg.k:  # rows whose KV stays valid: the new tokens and the accepted drafts
+        k = self.auto.choose(len(batch)) if self.auto else self.k_max
+        if self.k_max:  # rows whose KV stays valid: the new tokens and the accepted drafts
             num_valid = to_device([n for _, n in work], dev) + accepted
-            out.append(self._propose(spans, ids_t, pos_t, last, num_valid, tokens, taps))
+            out.append(self._propose(spans, ids_t, pos_t, last, num_valid, tokens, taps, k))
         packed = torch.cat(out, dim=1).tolist()
         if not all(row[0] for row in packed):  # before any state changes: the caller fails these requests
             raise SamplingError("the model produced non-finite logits")
@@ -275,11 +315,13 @@ class LLMEngine:
             verified = seq.drafts
             seq.stats.record(len(verified), a)
             self.stats.record(len(verified), a)
+            if self.auto:
+                self.auto.record(len(verified), a)
             if seq.params.logprobs is not None:  # the target's, at each emitted position (a sync when asked)
                 seq.logprobs += logprobs_of(logits[first[i]:first[i] + a + 1], verified[:a] + [token],
                                             seq.params.logprobs)
             self._append(seq, verified[:a] + [token])
-            seq.drafts = [] if seq.finished else proposed[:self._num_drafts(seq)]
+            seq.drafts = [] if seq.finished else proposed[:self._num_drafts(seq, k)]
             result.updated.append(seq)
         for seq in batch:
             if seq.finished:
@@ -288,21 +330,22 @@ class LLMEngine:
                 result.finished.append(seq)
         return result
 
-    def _num_drafts(self, seq: Sequence) -> int:
+    def _num_drafts(self, seq: Sequence, k: int) -> int:
         """K, less where the request is about to hit max_tokens or max_model_len."""
         left = seq.params.max_tokens - len(seq.output_ids)
-        return max(0, min(self.cfg.k, left - 1, self.max_model_len - seq.num_tokens))
+        return max(0, min(k, left - 1, self.max_model_len - seq.num_tokens))
 
     def _propose(self, spans: list[Span], ids: torch.Tensor, positions: torch.Tensor, cu: list[int],
-                 num_valid: torch.Tensor, bonus: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
-        """K drafts ``[B, K]`` for each sequence of the target pass (``spans``; ``cu`` its row
+                 num_valid: torch.Tensor, bonus: torch.Tensor, taps: torch.Tensor, k: int) -> torch.Tensor:
+        """``k`` drafts ``[B, k]`` for each sequence of the target pass (``spans``; ``cu`` its row
         offsets; ``num_valid`` rows kept, ``bonus`` the emitted token, ``taps`` the target's aux
         hidden states): the verified batch is expanded as vLLM does (:mod:`peagle.engine.expansion`),
         one drafter pass reads the drafts at the bonus and mask rows, and EAGLE-3 then continues one
-        token at a time, feeding back the head's own pre-norm hidden state."""
+        token at a time, feeding back the head's own pre-norm hidden state. ``k = 0``: the pass
+        only writes the drafter's KV (no LM head), so drafting can resume later."""
         d, dev = self.drafter, self.device
         parallel = self.cfg.method == "parallel"
-        num_masks = self.cfg.k - 1 if parallel else 0
+        num_masks = k - 1 if parallel and k else 0
         b = expand(ids, positions, to_device(cu, dev), num_valid, bonus, num_masks, d.cfg.mask_token_id)
         hidden = d.project(taps)[b.hidden_map.clamp(min=0)]
         if num_masks:
@@ -311,12 +354,14 @@ class LLMEngine:
         meta = AttnMeta([Span(s.num_rows + num_masks, s.ctx_len + num_masks, s.block_table) for s in spans], bs,
                         no_write=b.is_rejected)
         normed, prenorm = d(b.input_ids, hidden, b.positions, self.drafter_caches, meta)
+        if k == 0:
+            return torch.zeros(len(spans), 0, dtype=torch.long, device=dev)
         rows = b.sample_idx.flatten()
         drafts = d.to_target_ids(d.logits(normed[rows]).argmax(-1)).view(len(spans), -1)
         if parallel:
             return drafts
         h, pos, out = prenorm[rows], b.positions[rows], [drafts[:, 0]]
-        for step in range(1, self.cfg.k):
+        for step in range(1, k):
             meta = AttnMeta([Span(1, s.ctx_len + step, s.block_table) for s in spans], bs)
             normed, h = d(out[-1], h, pos + step, self.drafter_caches, meta)
             out.append(d.to_target_ids(d.logits(normed).argmax(-1)))

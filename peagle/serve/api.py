@@ -383,7 +383,8 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     """vLLM's ``--speculative-config`` -> ``method``, ``k`` and ``drafter`` for the engine.
 
     ``{"method": "eagle3", "model": DIR, "num_speculative_tokens": K, "parallel_drafting": true}`` is
-    P-EAGLE; without ``parallel_drafting`` it is EAGLE-3; ``method: "none"`` or no config serves the
+    P-EAGLE; without ``parallel_drafting`` it is EAGLE-3; K may be ``"auto"`` (the default: the
+    engine chooses it each step); ``method: "none"`` or no config serves the
     target alone. A missing ``model`` means the target's default head."""
     if raw is None or raw == "":
         return {"method": "none", "k": 1, "drafter": None}
@@ -403,9 +404,9 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     if method != "eagle3":
         raise ValueError(f"speculative method {method!r} is not supported; use 'eagle3' (with "
                          "parallel_drafting for P-EAGLE) or 'none'")
-    k = cfg.get("num_speculative_tokens", 7)
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+    k = cfg.get("num_speculative_tokens", "auto")
+    if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise ValueError(f"num_speculative_tokens must be an integer >= 1 or \"auto\", got {k!r}")
     parallel = cfg.get("parallel_drafting", False)
     if not isinstance(parallel, bool):
         raise ValueError(f"parallel_drafting must be true or false, got {parallel!r}")

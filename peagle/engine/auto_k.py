@@ -1,0 +1,94 @@
+"""K chosen by the engine (``num_speculative_tokens="auto"``).
+
+Each step the engine drafts the K (0..K_max) that maximises expected tokens per second for the
+batch: ``B * E[tokens | K] / (verify(B*(K+1) rows) + drafting(K, B))``. ``E`` comes from the
+measured per-position acceptance (decayed counts, so it follows the text being generated); the
+costs come from the engine's own target and drafter passes, timed over a range of row counts when
+the engine starts. K = 0 is plain decoding (the drafter still writes its KV, one cheap pass, so
+speculation can resume). A step at K_max every ``probe_every`` steps keeps the deeper positions'
+acceptance measured while a smaller K is chosen. No anchor does this online: vLLM's dynamic
+speculation reads a fixed table by batch size.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+def parse_k(text: str) -> int | str:
+    """A K value from the command line: an integer, or ``auto`` (the engine chooses each step)."""
+    return "auto" if text.strip() == "auto" else int(text)
+
+
+@dataclass
+class CostCurve:
+    """Seconds of a pass over ``rows`` rows, measured at a few row counts; linear in between and
+    beyond the last (the extra rows cost what the last interval's did)."""
+
+    rows: list[int]
+    seconds: list[float]
+
+    def __call__(self, r: int) -> float:
+        i = min(max(bisect.bisect_left(self.rows, r), 1), len(self.rows) - 1)
+        (r0, r1), (s0, s1) = self.rows[i - 1:i + 1], self.seconds[i - 1:i + 1]
+        return max(s0 + (s1 - s0) * (r - r0) / (r1 - r0), 0.0)
+
+
+@dataclass
+class AutoK:
+    k_max: int
+    parallel: bool              # P-EAGLE: one drafter pass; EAGLE-3: K passes
+    target: CostCurve           # a target pass (and verification) over n rows
+    drafter: CostCurve          # a drafter pass over n rows (with its LM head)
+    probe_every: int = 16
+    decay: float = 0.98         # per step: about the last 50 steps count
+    prior: float = 1.0          # pseudo-rounds of each position's prior (0.5 at first, then the one before)
+    accepted: list[float] = field(default_factory=list)
+    tried: list[float] = field(default_factory=list)
+    steps: int = 0
+
+    def __post_init__(self):
+        self.accepted = [0.5 * self.prior] + [0.0] * (self.k_max - 1)   # the first position's prior fades
+        self.tried = [self.prior] + [0.0] * (self.k_max - 1)            # with the counts, as evidence comes
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """One verified round: positions up to the first rejection were tried."""
+        for i in range(min(accepted + 1, drafted)):
+            self.tried[i] += 1.0
+            self.accepted[i] += float(i < accepted)
+
+    def acceptance(self) -> list[float]:
+        """Per position: the chance it is accepted when every earlier one was. A position seldom
+        tried (deep ones, while a small K is chosen) leans on the one before it."""
+        out = [self.accepted[0] / self.tried[0] if self.tried[0] > 0 else 0.5]
+        for a, t in zip(self.accepted[1:], self.tried[1:]):
+            out.append((a + self.prior * out[-1]) / (t + self.prior))
+        return out
+
+    def expected_tokens(self, k: int) -> float:
+        e, run = 1.0, 1.0
+        for a in self.acceptance()[:k]:
+            run *= a
+            e += run
+        return e
+
+    def step_seconds(self, k: int, batch: int) -> float:
+        """A steady-state step at K: verify B*(K+1) rows, then draft for the next one."""
+        rows = batch * (k + 1)
+        if k == 0:
+            drafting = self.drafter(batch)
+        elif self.parallel:
+            drafting = self.drafter(rows + batch * (k - 1))
+        else:
+            drafting = self.drafter(rows) + (k - 1) * self.drafter(batch)
+        return self.target(rows) + drafting
+
+    def choose(self, batch: int) -> int:
+        """K for the drafts proposed now (verified next step); decays the acceptance counts."""
+        self.steps += 1
+        self.accepted = [a * self.decay for a in self.accepted]
+        self.tried = [t * self.decay for t in self.tried]
+        if self.steps % self.probe_every == 0:
+            return self.k_max
+        rate = [batch * self.expected_tokens(k) / self.step_seconds(k, batch) for k in range(self.k_max + 1)]
+        return max(range(self.k_max + 1), key=rate.__getitem__)

@@ -1,0 +1,97 @@
+"""K chosen by the engine: lossless at every K it picks, nothing drafted for a useless head, the
+maximum for a perfect one, smaller K as the batch grows. Costs are fixed curves here (the engine's
+own are timed at start-up), so the choices do not depend on this machine's speed."""
+from __future__ import annotations
+
+import pytest
+from conftest import native_from_hf, tiny_hf
+from test_engine import MASK, OracleDrafter, make_engine, prompts
+
+from peagle.engine.auto_k import AutoK, CostCurve
+from peagle.engine.llm_engine import EngineConfig
+from peagle.engine.sampling import SamplingParams
+from peagle.models.loader import init_drafter
+
+# a CPU in bf16: 8 rows cost about one row, then rows get dearer; drafting a tenth of a target pass
+TARGET = CostCurve([1, 8, 16, 64, 256], [1.0, 1.1, 1.6, 4.0, 14.0])
+DRAFTER = CostCurve([1, 8, 16, 64, 256], [0.05, 0.06, 0.09, 0.25, 0.9])
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return native_from_hf(tiny_hf("llama"))
+
+
+def auto_engine(target, head, method, **kw):
+    engine = make_engine(target, head, method, "auto", max_speculative_tokens=8, **kw)
+    engine.auto.target, engine.auto.drafter = TARGET, DRAFTER
+    return engine
+
+
+def chosen(engine, ps, params) -> tuple[list[list[int]], list[int]]:
+    """Outputs, and the K of every step's drafts."""
+    ks, choose = [], engine.auto.choose
+    engine.auto.choose = lambda b: ks.append(choose(b)) or ks[-1]
+    return [o.token_ids for o in engine.generate(ps, params)], ks
+
+
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_auto_is_lossless_at_every_k_it_picks(llama, method):
+    ps = prompts(3, seed=1)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
+    cfg = init_drafter(llama, 1, MASK).cfg
+    seen = set()
+    for wrong_every in (2, 4, 1000):
+        head = OracleDrafter(cfg, ps[0] + ref[0], wrong_every)
+        head.init_weights(0)
+        got, ks = chosen(auto_engine(llama, head.eval(), method), ps[:1], params)
+        assert got == ref[:1], wrong_every
+        seen |= set(ks)
+    got, ks = chosen(auto_engine(llama, init_drafter(llama, 2, MASK, seed=3), method), ps, params)
+    assert got == ref
+    assert len(seen | set(ks)) >= 3  # several K were in play, 0 among them
+
+
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_useless_head_drafts_nothing_and_perfect_head_the_maximum(llama, method):
+    p = prompts(1, seed=2)[0]
+    params = SamplingParams(max_tokens=80, ignore_eos=True)
+    ref = make_engine(llama, None, "none").generate([p], params)[0].token_ids
+    cfg = init_drafter(llama, 1, MASK).cfg
+    useless = OracleDrafter(cfg, p + ref, wrong_every=1)   # every draft is wrong
+    perfect = OracleDrafter(cfg, p + ref, wrong_every=10 ** 6)
+    for head in (useless, perfect):
+        head.init_weights(0)
+    _, ks = chosen(auto_engine(llama, useless.eval(), method), [p], params)
+    # while the prior fades, a few percent of acceptance still pays for a draft this cheap to
+    # verify; settled, only the periodic probes at K_max draft
+    settled = ks[30:]
+    assert len(settled) > 40 and set(settled) == {0, 8} and settled.count(8) <= len(settled) // 16 + 1, ks
+    _, ks = chosen(auto_engine(llama, perfect.eval(), method), [p], params)
+    assert sum(k == 8 for k in ks[3:]) >= len(ks[3:]) - 1, ks
+
+
+def test_k_shrinks_as_the_batch_grows_and_follows_acceptance():
+    auto = AutoK(8, True, TARGET, DRAFTER, prior=1e-6)
+    for _ in range(200):
+        auto.record(8, 5)    # the first 5 positions accepted, the sixth rejected
+    assert auto.acceptance()[:6] == pytest.approx([1, 1, 1, 1, 1, 0], abs=1e-3)
+    assert auto.choose(1) == 5   # the sixth draft would never pay
+    auto.accepted, auto.tried = [70.0] * 8, [100.0] * 8   # 70% at every position
+    assert auto.choose(1) == 7 and 1 <= auto.choose(16) < 4   # the 8th: +1.8% tokens for +5.7% time
+    ks = []
+    for _ in range(400):     # the text changed: nothing is accepted any more (one round a step)
+        auto.record(ks[-1] if ks else 8, 0)
+        ks.append(auto.choose(1))
+    assert ks[0] == 7 and ks[-1] == 0 and ks[300:].count(0) >= 90   # 100 rounds of old evidence fade
+
+
+def test_auto_config_and_k_max(llama):
+    head = init_drafter(llama, 1, MASK, trained_k=6)
+    engine = make_engine(llama, head, "parallel", "auto")
+    assert engine.k_max == 6 and engine.auto.target(1) > 0 and engine.auto.drafter(1) > 0
+    with pytest.raises(ValueError, match="exceeds"):
+        make_engine(llama, head, "parallel", "auto", max_speculative_tokens=7)
+    with pytest.raises(ValueError, match="'auto'"):
+        EngineConfig(num_speculative_tokens="seven")
