@@ -194,11 +194,13 @@ def test_max_model_len_ends_with_length(llama):
 
 # --------------------------------------------------------------------------- sampling
 
-def test_verify_keeps_the_target_distribution():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_keeps_the_target_distribution(dtype):
     """Each emitted token follows p whatever the draft: the first emitted token is checked against
-    a zero-probability, a mid-probability and the most likely draft (chi-square, p = 0.001)."""
+    a zero-probability, a mid-probability and the most likely draft (chi-square, p = 0.001), with
+    the target's logits in float32 and in bf16."""
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 12, generator=g) * 2
+    logits = (torch.randn(3, 12, generator=g) * 2).to(dtype)
     params = SamplingParams(temperature=0.9, top_k=8, top_p=0.95)
     p = probs_from_logits(logits, params)
     order = p[0].argsort().tolist()
@@ -511,3 +513,27 @@ def test_chunked_prefill_writes_the_kv_of_a_whole_prefill(llama, method):
         kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.target_caches + engine.drafter_caches])
     for a, b in zip(*kv):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
+def test_bf16_packed_weights_change_nothing(method):
+    """bf16 on a CPU that packs weights for oneDNN (:func:`peagle.models.layers.packs`): the engine
+    packs target and head, and every token equals a run on the same weights left unpacked."""
+    import peagle.models.layers as layers
+    import peagle.models.llama as llama_module
+
+    target = native_from_hf(tiny_hf("llama-bias-tied")).to(torch.bfloat16)
+    head = init_drafter(target, 2, MASK, seed=7).to(torch.bfloat16) if method != "none" else None
+    ps = prompts(3, seed=8)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    unpacked = {k: v.clone() for k, v in target.state_dict().items()}
+    packs = layers.packs
+    layers.packs = llama_module.packs = lambda w: False
+    try:
+        plain = [o.token_ids for o in make_engine(target, head, method, 3).generate(ps, params)]
+    finally:
+        layers.packs = llama_module.packs = packs
+    engine = make_engine(target, head, method, 3)
+    assert [o.token_ids for o in engine.generate(ps, params)] == plain
+    if packs(unpacked["model.layers.0.mlp.gate_up_proj.weight"]):
+        assert target.model.layers[0].mlp.gate_up_proj.weight.is_mkldnn and target.head_weight().is_mkldnn

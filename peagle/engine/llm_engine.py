@@ -24,7 +24,7 @@ from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, v
 from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
 from peagle.models.attention import AttnMeta, Span
 from peagle.models.drafter import Drafter
-from peagle.models.layers import configure_cpu_threads
+from peagle.models.layers import configure_cpu_threads, pack_for_inference
 from peagle.models.llama import LlamaModel
 from peagle.runtime import to_device
 
@@ -79,6 +79,9 @@ class LLMEngine:
         self.device, self.dtype = target.lm_weight.device, target.lm_weight.dtype
         if self.device.type == "cpu":
             configure_cpu_threads()
+        target.pack_for_inference()
+        if drafter is not None:
+            pack_for_inference(drafter)
         if config.method != "none":
             if drafter is None:
                 raise ValueError(f"method {config.method!r} needs a drafter")

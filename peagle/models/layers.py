@@ -14,9 +14,35 @@ from torch import nn
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T (+ bias)``, for either memory order of ``weight`` (:func:`set_fast_layout`)."""
+    """``x @ weight.T (+ bias)``, for either memory order of ``weight`` (:func:`set_fast_layout`) or
+    a weight packed for oneDNN (:func:`pack_for_inference`)."""
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     out = x @ weight.t()
     return out if bias is None else out + bias
+
+
+def packs(w: torch.Tensor) -> bool:
+    """bf16 on a CPU with native bf16: oneDNN's blocked weight layout runs the few rows of decoding
+    and verification 1.6-1.8x faster than torch's ``mm`` on the same weights, with identical results
+    (measured, 1-512 rows). float32 keeps ``mm`` (packed results differ from it in the last bits)."""
+    from peagle.runtime import cpu_has_native_bf16
+
+    return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and not w.is_mkldnn
+            and torch.backends.mkldnn.is_available() and cpu_has_native_bf16())
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """``w`` (``[out, in]``) in oneDNN's blocked layout: an opaque tensor only :func:`linear` reads."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous())
+
+
+def pack_for_inference(model: nn.Module) -> None:
+    """Pack every :class:`Linear` weight for oneDNN where :func:`packs` says so, in place (one copy:
+    the plain weight is replaced). For inference only: a packed model does not train or save."""
+    for m in model.modules():
+        if isinstance(m, Linear) and packs(m.weight):
+            m.weight = nn.Parameter(pack_weight(m.weight), requires_grad=False)
 
 
 def wants_in_out(w: torch.Tensor) -> bool:
@@ -29,7 +55,7 @@ def set_fast_layout(model: nn.Module) -> None:
     """Store every :class:`Linear` weight in its dtype's fast order, exposed as an ``[out, in]`` view
     either way (state dicts keep HF names and shapes). Call after loading or changing dtype."""
     for m in model.modules():
-        if isinstance(m, Linear):
+        if isinstance(m, Linear) and not m.weight.is_mkldnn:
             w = m.weight.data
             m.weight.data = w.t().contiguous().t() if wants_in_out(w) else w.contiguous()
 

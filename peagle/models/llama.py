@@ -15,7 +15,8 @@ from torch import nn
 
 from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
-from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_fast_layout, wants_in_out
+from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference, pack_weight,
+                                  packs, parse_rope, set_fast_layout, wants_in_out)
 
 
 class Target(NamedTuple):
@@ -173,6 +174,7 @@ class LlamaModel(nn.Module):
     ``convert_checkpoint``."""
 
     attention_sinks = False
+    packed = False  # see pack_for_inference
 
     def __init__(self, cfg: ModelConfig, aux_layers: tuple[int, ...] | None = None):
         super().__init__()
@@ -219,18 +221,27 @@ class LlamaModel(nn.Module):
         return sd
 
     def head_weight(self) -> torch.Tensor:
-        """The LM head weight in the fast memory order (:func:`set_fast_layout`). A tied head that
-        needs another order than the embedding's row order gets its own copy, rebuilt if the
-        embedding changes."""
+        """The LM head weight as :func:`linear` runs it fastest. A tied head that needs another form
+        than the embedding's rows (transposed for float32 on CPU, packed once the model is packed
+        for inference) gets its own copy, rebuilt if the embedding changes."""
         if self.lm_head is not None:
             return self.lm_head.weight
         w = self.model.embed_tokens.weight
-        if not wants_in_out(w):
+        if wants_in_out(w):
+            make = lambda: w.detach().t().contiguous().t()  # noqa: E731
+        elif self.packed and packs(w):
+            make = lambda: pack_weight(w)  # noqa: E731
+        else:
             return w
         key = (w.data_ptr(), w.dtype, w._version)
         if getattr(self, "_head_key", None) != key:
-            self._head_t, self._head_key = w.detach().t().contiguous().t(), key
+            self._head_t, self._head_key = make(), key
         return self._head_t
+
+    def pack_for_inference(self) -> None:
+        """oneDNN-packed weights where they pay (bf16 on CPU, :func:`packs`); inference only."""
+        pack_for_inference(self)
+        self.packed = True
 
     def make_caches(self, num_slots: int, dtype: torch.dtype | None = None) -> list[KVCache]:
         p = self.model.embed_tokens.weight
