@@ -33,6 +33,7 @@ class RequestRecord:
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0               # to the last chunk
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)   # offline runs only
     error: str = ""
 
     @property

@@ -105,7 +105,7 @@ def run_closed_loop(engine: LLMEngine, work: Workload, temperature: float = 0.0,
             live[seq.request_id][1].chunk(now)
         for seq in result.finished:
             conv, rec = live.pop(seq.request_id)
-            rec.output_tokens, rec.text = len(seq.output_ids), seq.text
+            rec.output_tokens, rec.text, rec.token_ids = len(seq.output_ids), seq.text, seq.output_ids
             conv.answers.append(seq.text)
             if len(conv.answers) < len(conv.turns):
                 todo.appendleft(conv)
@@ -127,7 +127,25 @@ def run_cell(models: Models, work: Workload, method: str, k: int, concurrency: i
     cell = {"dataset": work.name, "method": method, "k": 0 if method == "none" else k, "concurrency": concurrency}
     cell.update(summarize(records, duration))
     cell.update(spec_summary(stats))
+    cell["outputs"] = [r.token_ids for r in records]   # for agreement(); dropped before reporting
     return cell
+
+
+def agreement(cells: list[dict]) -> None:
+    """Add to each speculative cell how often its output equals ``none``'s token for token (same
+    requests, same concurrency: in float32 always; in bf16, one row and K+1 rows may round near-ties
+    differently, as in vLLM) and where the differing ones first part; drop the outputs."""
+    for c in cells:
+        ref = next((r for r in cells if r["method"] == "none" and (r["dataset"], r["concurrency"])
+                    == (c["dataset"], c["concurrency"])), None)
+        if c["method"] != "none" and ref is not None:
+            pairs = list(zip(c["outputs"], ref["outputs"]))
+            firsts = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                      for a, b in pairs if a != b]
+            c["agrees_with_none"] = (len(pairs) - len(firsts)) / len(pairs) if pairs else None
+            c["first_difference_median"] = sorted(firsts)[len(firsts) // 2] if firsts else None
+    for c in cells:
+        c.pop("outputs", None)
 
 
 def grid_cells(models: Models, methods: list[str], ks: list[int],
@@ -201,6 +219,7 @@ def main(args: argparse.Namespace) -> int:
                disable=args.disable_tqdm)
     results = [run_cell(models, work, m, k, c, args.temperature, args.seed, bar) for m, k, c in cells]
     bar.close()
+    agreement(results)
     if args.json:
         print(json.dumps({"dataset": work.name, "num_prompts": len(work.prompts), "output_len": work.output_len,
                           "concurrency": args.max_concurrency, "device": str(models.target.lm_weight.device),
@@ -213,12 +232,20 @@ def main(args: argparse.Namespace) -> int:
 def table(cells: list[dict]) -> str:
     """One Markdown row per cell: AL, acceptance, per-position acceptance, throughput, latencies."""
     out = ["| method | K | C | AL | acceptance rate | per-position acceptance | output tok/s | mean TTFT ms "
-           "| mean TPOT ms | completed |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| mean TPOT ms | completed | = none |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         al = "-" if c["acceptance_length"] is None else f"{c['acceptance_length']:.2f}"
         rate = "-" if c["acceptance_rate"] is None else f"{c['acceptance_rate']:.2f}"
         pos = " ".join(f"{x:.2f}" for x in c.get("spec_decode_per_position_acceptance_rates", [])) or "-"
         out.append(f"| {c['method']} | {c['k'] or '-'} | {c['concurrency']} | {al} | {rate} | {pos} | "
                    f"{c['output_throughput']:.1f} | {c['mean_ttft_ms']:.1f} | {c['mean_tpot_ms']:.1f} | "
-                   f"{c['completed']}/{c['completed'] + c['failed']} |")
+                   f"{c['completed']}/{c['completed'] + c['failed']} | {agrees(c)} |")
     return "\n".join(out)
+
+
+def agrees(c: dict) -> str:
+    a = c.get("agrees_with_none")
+    if a is None:
+        return "-"
+    first = c.get("first_difference_median")
+    return f"{a:.0%}" + (f" (first difference: token {first}, median)" if first is not None else "")

@@ -18,7 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from peagle.bench.offline import Models, add_model_args, check_grid, grid_cells, k_order, parse_list, run_cell
+from peagle.bench.offline import (Models, add_model_args, agreement, check_grid, grid_cells, k_order, parse_list,
+                                  run_cell)
 from peagle.engine.auto_k import parse_k
 from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
 from peagle.prompts import encode
@@ -101,6 +102,7 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
                 bar.set_postfix_str(f"{work.name} HF {'prompt lookup' if lookup else 'generate'}")
                 baselines.append(run_hf(hf, models.tokenizer, work, lookup, hf_threads, bar))
     bar.close()
+    agreement(results)
     res = {
         "config": {**asdict(cfg), "out": str(cfg.out), "target": target, "drafter": drafter,
                    "eagle3_drafter": eagle3_drafter, "trained_k": models.trained_k,
