@@ -160,12 +160,16 @@ TRAIN_HELP = {
     "r": "position sampling: depth d keeps (n-d)*max(r**d, r_min) anchors",
     "eval_fraction": "share of documents held out (chosen by id hash)",
     "save_every": "steps between atomic checkpoints", "resume": "continue from out/checkpoint",
+    "device": "auto (CUDA when present), cpu, cuda or cuda:N (torchrun: one GPU per process)",
+    "dtype": "autocast dtype (weights and optimizer stay float32); auto: bfloat16 on CUDA and on CPUs "
+             "with native bf16 (AVX512_BF16/AMX), else float32 (no autocast)",
 }
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     import dataclasses
 
+    from peagle.runtime import DTYPE_CHOICES
     from peagle.train.trainer import TrainConfig
 
     for f in dataclasses.fields(TrainConfig):
@@ -178,7 +182,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
         else:
             kind = {"int | None": int, "str | None": str, "float": float, "int": int, "str": str}[str(f.type)]
-            p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_)
+            p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_,
+                           choices=DTYPE_CHOICES if f.name == "dtype" else None)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ def synth_dir(tiny_chat_dir, tmp_path_factory):
 def config(tiny_chat_dir, synth_dir, out, **kw) -> TrainConfig:
     base = dict(data=str(synth_dir), out=str(out), target=str(tiny_chat_dir), k=K, draft_vocab=512, batch_size=4,
                 micro_tokens=128, eval_fraction=0.25, eval_every=3, save_every=2, warmup_steps=2, lr=3e-3,
-                progress=False)
+                progress=False, dtype="float32")
     return TrainConfig(**{**base, **kw})
 
 
@@ -96,7 +96,8 @@ def cli(*args, **kw):
 def train_args(tiny_chat_dir, synth_dir, out, *extra):
     return ["train", "--target", str(tiny_chat_dir), "--data", str(synth_dir), "--out", str(out), "-k", str(K),
             "--draft-vocab", "512", "--batch-size", "4", "--micro-tokens", "128", "--eval-fraction", "0.25",
-            "--warmup-steps", "2", "--lr", "3e-3", "--max-steps", "8", "--eval-every", "100", "--no-progress", *extra]
+            "--warmup-steps", "2", "--lr", "3e-3", "--max-steps", "8", "--eval-every", "100", "--no-progress",
+            "--dtype", "float32", *extra]
 
 
 def test_kill_9_loses_at_most_one_interval(tiny_chat_dir, synth_dir, tmp_path):
@@ -200,3 +201,14 @@ def test_export_writes_the_complete_vllm_layout_and_the_compact_one(tiny_chat_di
     base = target.model.embed_tokens.weight
     a, b = load_drafter(full).state_dict(), load_drafter(compact, base_embedding=base).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bf16_autocast_keeps_float32_weights_and_optimizer_state(tiny_chat_dir, synth_dir, tmp_path):
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / dtype, max_steps=2, dtype=dtype))
+        runs[dtype] = [trainer.train_step() for _ in range(2)]
+        assert all(p.dtype == torch.float32 for p in trainer.head.parameters())
+        assert all(v.dtype == torch.float32 for st in trainer.opt.state.values() for v in st.values() if v.is_floating_point())
+    a, b = runs["float32"][-1], runs["bfloat16"][-1]
+    assert a["loss"] != b["loss"] and b["loss"] == pytest.approx(a["loss"], rel=0.05), (a, b)  # autocast ran, and closely

@@ -12,7 +12,7 @@ from peagle.models.drafter import DrafterConfig
 from peagle.models.layers import AttnMeta
 from peagle.train.data import target_view
 from peagle.train.head import TrainHead
-from peagle.train.objective import Batch, Doc, Objective, chain_mask, evaluate, sample_elements, segments
+from peagle.train.objective import Batch, Doc, Objective, chain_mask, evaluate, pieces, sample_elements, segments
 
 MASK = 159
 K = 5
@@ -55,7 +55,7 @@ def training_forward(target, method: str, seed: int):
     batch = Batch.pack([doc])
     el = sample_elements(batch, K, 1.0, 1.0, None)
     with torch.no_grad():
-        return doc, el, obj.forward(batch, el), head.to_drafter()
+        return doc, el, obj.hidden(batch, el), head.to_drafter()
 
 
 def test_peagle_training_forward_equals_inference(target):
@@ -103,12 +103,12 @@ def test_packed_documents_do_not_see_each_other(target, method):
     packed = Batch.pack(docs)
     el = sample_elements(packed, K, 1.0, 1.0, None)
     with torch.no_grad():
-        out = obj.forward(packed, el)
+        out = obj.hidden(packed, el)
         offset = 0
         for doc in docs:
             alone = Batch.pack([doc])
             el1 = sample_elements(alone, K, 1.0, 1.0, None)
-            out1 = obj.forward(alone, el1)
+            out1 = obj.hidden(alone, el1)
             for i in range(len(el1)):
                 j = ((el.tok == el1.tok[i] + offset) & (el.depth == el1.depth[i])).nonzero()[0, 0]
                 torch.testing.assert_close(out[j], out1[i], atol=1e-5, rtol=1e-5)
@@ -151,7 +151,7 @@ def test_sequence_partition_gradients_equal_and_memory_falls(target, method):
             def one(reset, seg=seg):
                 reset()
                 sub = Objective(head, method, K, tgt_head)
-                normed = sub.forward(batch, seg[0])
+                normed = sub.hidden(batch, seg[0])
                 rows = seg[1] & batch.supervised_from(seg[0].tok)
                 loss, _, _ = sub.score(batch, seg[0].select(rows), normed[rows])
                 (loss / count).backward()
@@ -164,7 +164,7 @@ def test_sequence_partition_gradients_equal_and_memory_falls(target, method):
     assert peaks[4] < 0.8 * peaks[1], peaks
     # the objective's own segment loop gives the same gradient
     head.zero_grad()
-    obj.run(batch, el, 4, 1.0 / count, backward=True)
+    obj.run(pieces(batch, el, 4), 1.0 / count, backward=True)
     for n, p in head.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(p.grad, grads[1][n], rtol=1e-9, atol=1e-12)
@@ -235,7 +235,7 @@ def test_mask_slots_learn_depth_dependent_predictions(method):
         batch = Batch.pack([doc() for _ in range(4)])
         gens = [torch.Generator().manual_seed(step * 10 + i) for i in range(4)] if method == "peagle" else None
         el = sample_elements(batch, k, 0.8, 0.5, gens)
-        obj.run(batch, el, 1, 1.0 / obj.count(batch, el), backward=True)
+        obj.run(pieces(batch, el, 1), 1.0 / obj.count(batch, el), backward=True)
         opt.step()
         opt.zero_grad()
     res = evaluate(obj, held_out, k)

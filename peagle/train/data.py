@@ -66,11 +66,12 @@ def draft_vocab(records: list[Record], size: int, vocab_size: int) -> torch.Tens
 
 @torch.no_grad()
 def target_view(target: LlamaModel, ids: list[int], chunk: int = 512) -> tuple[torch.Tensor, ...]:
-    """One prefill of ``ids``: (aux hidden states, final normed hidden state, greedy next token)."""
-    n = len(ids)
-    pos = torch.arange(n)
+    """One prefill of ``ids`` on the target's device: (aux hidden states, final normed hidden
+    state, greedy next token)."""
+    n, dev = len(ids), target.lm_weight.device
+    pos = torch.arange(n, device=dev)
     meta = AttnMeta(pos, [0, n], [pos], [pos])
-    final, taps = target.hidden(torch.tensor(ids), pos, target.make_caches(n), meta)
+    final, taps = target.hidden(torch.tensor(ids, device=dev), pos, target.make_caches(n), meta)
     argmax = torch.cat([target.logits(final[i:i + chunk]).argmax(-1) for i in range(0, n, chunk)])
     return taps, final, argmax
 
@@ -120,11 +121,12 @@ def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.Pa
 
 
 class HiddenSource:
-    """The target's view of a record: read from ``peagle hidden`` shards when ``hidden_dir`` is
-    given, else computed by running ``target`` in-process (online)."""
+    """The target's view of a record on the target's device, as float32: read from ``peagle hidden``
+    shards when ``hidden_dir`` is given, else computed by running ``target`` in-process (online)."""
 
     def __init__(self, target: LlamaModel, hidden_dir: str | os.PathLike | None = None):
         self.target = target
+        self.device = target.lm_weight.device
         self.where: dict[str, tuple[Path, int, int]] = {}
         if hidden_dir is None:
             return
@@ -147,15 +149,15 @@ class HiddenSource:
         return not self.where or rec.id in self.where
 
     def doc(self, rec: Record) -> Doc:
-        ids = torch.tensor(rec.ids)
+        ids = torch.tensor(rec.ids, device=self.device)
         if not self.where:
             taps, final, argmax = target_view(self.target, rec.ids)
-            return Doc(ids, rec.prompt_len, taps, final, argmax)
+            return Doc(ids, rec.prompt_len, taps.float(), final.float(), argmax)
         if rec.id not in self.where:
             raise KeyError(f"record {rec.id} has no hidden states: re-run `peagle hidden` on the same data")
         f, lo, hi = self.where[rec.id]
         if hi - lo != len(rec.ids):
             raise CheckpointError(f"{f}: record {rec.id} has {hi - lo} rows, the data has {len(rec.ids)} tokens")
         with safe_open(str(f), "pt") as fh:
-            rows = [fh.get_slice(name)[lo:hi] for name in ("taps", "final", "argmax")]
+            rows = [fh.get_slice(name)[lo:hi].to(self.device) for name in ("taps", "final", "argmax")]
         return Doc(ids, rec.prompt_len, rows[0].float(), rows[1].float(), rows[2].long())
