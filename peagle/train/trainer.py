@@ -3,9 +3,13 @@
 
 A step takes ``batch_size`` documents per process from a seeded per-epoch permutation, packs them
 into micro-batches, runs the objective (:mod:`peagle.train.objective`) on each, and divides every
-loss by one global count of supervised elements; gradients are summed across processes once per
-step (data parallel, synchronised only after the last micro-batch and segment). Position sampling
-is seeded per document, so N processes reproduce one process with an N-times larger batch.
+loss by one global count of supervised elements. Many processes are DistributedDataParallel over
+gloo (CPU) or NCCL (GPUs, one each), with ``no_sync`` for every micro-batch and segment but the
+last, so gradients are all-reduced once per step. Position sampling is seeded per document, so N
+processes reproduce one process with an N-times larger batch.
+
+Matmuls run under autocast in ``--dtype`` (bf16 where the device multiplies it natively); the
+head's weights and the optimizer state stay float32.
 
 Checkpoints (weights, optimizer, scheduler, RNG, step) are written atomically every
 ``save_every`` steps; ``--resume`` continues exactly from the last one. The output folder is always
@@ -25,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from peagle.models.drafter import save_drafter
 from peagle.models.layers import configure_cpu_threads
@@ -175,6 +180,10 @@ class Trainer:
         self.last_eval: dict | None = None
         if state is not None:
             self._restore(state)
+        # data parallel: DDP averages the gradients (gloo on CPU, NCCL on GPUs), in the step's last
+        # backward only; buffers (vocabulary maps, RoPE) never change, so they are not re-broadcast
+        self.model = self.objective if self.world == 1 else DistributedDataParallel(
+            self.objective, device_ids=[self.device] if self.device.type == "cuda" else None, forward_sync_buffers=False)
 
     # ------------------------------------------------------------------ one step
     def _my_docs(self, step: int) -> list[tuple[int, Record]]:
@@ -200,18 +209,13 @@ class Trainer:
         if self.world > 1:
             dist.all_reduce(counts)
         n_sup = max(1.0, float(counts[0]))
-        s = self.objective.run(work, 1.0 / n_sup, backward=True)
-        params = self.head.trainable()
+        # every loss over the global count; times the world size, as DDP averages over processes
+        s = self.objective.run(work, self.world / n_sup, backward=True, model=self.model)
         totals = torch.cat([s.loss[None], s.correct, s.count])
-        if self.world > 1:  # data parallel: one all-reduce of all gradients per step
-            flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=self.device)
-                              for p in params])
-            dist.all_reduce(flat)
-            for p, g in zip(params, flat.split([p.numel() for p in params])):
-                p.grad = g.view_as(p).clone()
+        if self.world > 1:
             dist.all_reduce(totals)
         loss, correct, count = float(totals[0]), totals[1:cfg.k + 1], totals[cfg.k + 1:]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.head.trainable(), cfg.grad_clip)
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
