@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -212,3 +213,23 @@ def test_bf16_autocast_keeps_float32_weights_and_optimizer_state(tiny_chat_dir, 
         assert all(v.dtype == torch.float32 for st in trainer.opt.state.values() for v in st.values() if v.is_floating_point())
     a, b = runs["float32"][-1], runs["bfloat16"][-1]
     assert a["loss"] != b["loss"] and b["loss"] == pytest.approx(a["loss"], rel=0.05), (a, b)  # autocast ran, and closely
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_objective_chain_mask_and_data_path_name_their_device(tiny_chat_dir, synth_dir, tmp_path, method):
+    """Built on the CPU, then run with the default device set to "meta": a tensor created without
+    naming its device (which on a GPU would land on the CPU) meets CPU tensors and fails."""
+    target, _ = load_target(str(tiny_chat_dir))
+    write_hidden(target, load_records(synth_dir, 256), tmp_path / "hidden", progress=False)
+    trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", method=method, hidden=str(tmp_path / "hidden"),
+                             segments=2, max_steps=1))
+    torch.set_default_device("meta")
+    try:
+        work, n_sup, _ = trainer.step_work()            # hidden-state shards, packing, position sampling
+        stats = trainer.objective.run(work, 1.0 / n_sup, backward=True)  # chain mask, segments, loss
+        trainer.evaluate()
+    finally:
+        torch.set_default_device(None)
+    assert len(work) > 1 and math.isfinite(float(stats.loss)) and trainer.last_eval["anchors"] > 0
+    grads = [p.grad for p in trainer.head.trainable()]
+    assert all(g is not None and g.device.type == "cpu" and bool(g.isfinite().all()) for g in grads)

@@ -158,6 +158,6 @@ class HiddenSource:
         f, lo, hi = self.where[rec.id]
         if hi - lo != len(rec.ids):
             raise CheckpointError(f"{f}: record {rec.id} has {hi - lo} rows, the data has {len(rec.ids)} tokens")
-        with safe_open(str(f), "pt") as fh:
+        with torch.device("cpu"), safe_open(str(f), "pt") as fh:  # read on the CPU, then moved
             rows = [fh.get_slice(name)[lo:hi].to(self.device) for name in ("taps", "final", "argmax")]
         return Doc(ids, rec.prompt_len, rows[0].float(), rows[1].float(), rows[2].long())

@@ -36,7 +36,8 @@ from peagle.models.layers import configure_cpu_threads
 from peagle.runtime import DTYPE_CHOICES, resolve_device, resolve_dtype
 from peagle.train.data import HiddenSource, Record, draft_vocab, is_eval, load_records
 from peagle.train.head import TrainHead
-from peagle.train.objective import METHODS, Batch, Objective, auto_segments, evaluate, pieces, sample_elements
+from peagle.train.objective import (METHODS, Batch, Objective, Piece, auto_segments, evaluate, pieces,
+                                    sample_elements)
 
 STATE = "checkpoint/state.pt"
 LOG = "train_log.jsonl"
@@ -107,7 +108,7 @@ def lr_lambda(cfg: TrainConfig, total_steps: int):
 
 def doc_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     """Position sampling for one document in one epoch: the same whichever process draws it."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+    return torch.Generator(device="cpu").manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
 
 
 def micro_batches(items: list, lengths: list[int], budget: int) -> list[list]:
@@ -188,12 +189,14 @@ class Trainer:
     # ------------------------------------------------------------------ one step
     def _my_docs(self, step: int) -> list[tuple[int, Record]]:
         epoch, i = divmod(step, self.steps_per_epoch)
-        perm = torch.randperm(len(self.train_records), generator=torch.Generator().manual_seed(self.cfg.seed * 7919 + epoch))
+        gen = torch.Generator(device="cpu").manual_seed(self.cfg.seed * 7919 + epoch)
+        perm = torch.randperm(len(self.train_records), generator=gen, device="cpu")
         n = self.world * self.cfg.batch_size
         chosen = perm[i * n:(i + 1) * n].tolist()[self.rank::self.world]
         return [(j, self.train_records[j]) for j in chosen]
 
-    def train_step(self) -> dict:
+    def step_work(self) -> tuple[list[Piece], int, int]:
+        """This process's share of the current step: (pieces to run, supervised elements, tokens)."""
         cfg = self.cfg
         epoch = self.step // self.steps_per_epoch
         mine = self._my_docs(self.step)
@@ -205,6 +208,11 @@ class Trainer:
             n_sup += self.objective.count(batch, el)
             n_tok += batch.ids.shape[0]
             work += pieces(batch, el, auto_segments(batch, el, cfg.segments, cfg.max_elements))
+        return work, n_sup, n_tok
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        work, n_sup, n_tok = self.step_work()
         counts = torch.tensor([n_sup, n_tok], dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.all_reduce(counts)
