@@ -55,7 +55,8 @@ def head_tensors(out) -> dict[str, torch.Tensor]:
 def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synth_dir, tmp_path, method):
     cfg = config(tiny_chat_dir, synth_dir, tmp_path / "head", method=method, max_steps=4)
     res = train(cfg)
-    assert res is not None and len(res["acc"]) == K and res["al"] >= 1.0 and res["anchors"] > 0
+    # the tiny target's greedy text repeats itself: four steps learn it (an untrained head scores 1.0)
+    assert res is not None and len(res["acc"]) == K and res["al"] > 3.0 and res["anchors"] > 0, res
     log = [json.loads(line) for line in open(tmp_path / "head" / "train_log.jsonl")]
     assert [r["step"] for r in log if r.get("event") == "eval"] == [3, 4]
     assert vllm_problems(tmp_path / "head", parallel_drafting=method == "peagle") == []
@@ -63,11 +64,13 @@ def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synt
     head = load_drafter(tmp_path / "head")
     assert head.cfg.draft_vocab_size == 512 and head.cfg.trained_k == K
     engine_method = "parallel" if method == "peagle" else "eagle3"
-    prompt = load_records(synth_dir, 256)[0].ids[:20]
+    rec = load_records(synth_dir, 256)[0]
+    prompt = rec.ids[:rec.prompt_len]
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     ref = LLMEngine(target, None, EngineConfig(method="none")).generate([prompt], params)[0].token_ids
     out = LLMEngine(target, head, EngineConfig(method=engine_method, num_speculative_tokens=K)).generate([prompt], params)[0]
     assert out.token_ids == ref
+    assert out.stats.acceptance_length > 3.0, out.stats  # the held-out estimate holds in the engine
 
 
 def test_resume_continues_exactly(tiny_chat_dir, synth_dir, tmp_path):
@@ -183,7 +186,7 @@ def test_heads_learn(tiny_chat_dir, synth_dir, tmp_path):
     trainer.evaluate()
     before = trainer.last_eval
     after = trainer.run()
-    assert after["acc"][0] > before["acc"][0] + 0.1 and after["al"] > before["al"], (before, after)
+    assert after["acc"][0] > before["acc"][0] + 0.1 and after["al"] > 4.0 > before["al"], (before, after)
 
 
 def test_export_writes_the_complete_vllm_layout_and_the_compact_one(tiny_chat_dir, synth_dir, tmp_path):

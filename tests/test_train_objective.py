@@ -8,7 +8,9 @@ import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
 
-from peagle.models.drafter import DrafterConfig
+from peagle.engine.llm_engine import EngineConfig, LLMEngine
+from peagle.engine.sampling import SamplingParams
+from peagle.models.drafter import Drafter, DrafterConfig
 from peagle.models.layers import AttnMeta
 from peagle.train.data import target_view
 from peagle.train.head import TrainHead
@@ -93,6 +95,55 @@ def test_eagle3_training_forward_equals_autoregressive_inference(target):
     for d in range(K):
         row = ((el.tok == a) & (el.depth == d)).nonzero()[0, 0]
         torch.testing.assert_close(train_out[row], outs[d], atol=1e-5, rtol=1e-5)
+
+
+def test_engine_drafts_are_the_training_elements(target, monkeypatch):
+    """Black box over the engine: record each drafter pass of a greedy P-EAGLE generation (its
+    normed rows and their positions) and the rows it turns into drafts (those handed to
+    ``Drafter.logits``), then run the training objective over the finished document (prompt +
+    output). Each draft row at position ``a + d`` after anchor ``a`` (the bonus row) must equal the
+    training element ``(a, d)``: a shifted hidden map, token or position in the engine fails here."""
+    head = make_head(target)
+    drafter = head.to_drafter()
+    passes, drafted = [], []
+    forward, logits = Drafter.forward, Drafter.logits
+
+    def recording_forward(self, ids, hidden, positions, caches, meta):
+        normed, pre = forward(self, ids, hidden, positions, caches, meta)
+        passes.append((positions.clone(), normed.clone()))
+        return normed, pre
+
+    def recording_logits(self, normed):
+        drafted.append((len(passes) - 1, normed.clone()))
+        return logits(self, normed)
+
+    monkeypatch.setattr(Drafter, "forward", recording_forward)
+    monkeypatch.setattr(Drafter, "logits", recording_logits)
+    prompt = torch.randint(3, 150, (12,), generator=torch.Generator().manual_seed(8)).tolist()
+    engine = LLMEngine(target, drafter, EngineConfig(method="parallel", num_speculative_tokens=K, max_num_seqs=1))
+    out = engine.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    monkeypatch.undo()
+
+    ids = prompt + out.token_ids
+    taps, final, argmax = target_view(target, ids)
+    batch = Batch.pack([Doc(torch.tensor(ids), len(prompt), taps, final, argmax)])
+    el = sample_elements(batch, K, 1.0, 1.0, None)
+    obj = Objective(head, "peagle", K, target.lm_weight[head.to_target_ids(torch.arange(80))])
+    with torch.no_grad():
+        train_out = obj.hidden(batch, el)
+    seen = set()
+    for i, rows in drafted:
+        positions, normed = passes[i]
+        at = [int((normed == row).all(1).nonzero()[0, 0]) for row in rows]  # which rows of the pass
+        pos = positions[at]
+        a = int(pos.min())                              # the bonus row: depth 0 of this anchor
+        assert pos.tolist() == list(range(a, a + K))
+        for j, p in enumerate(pos.tolist()):
+            match = ((el.tok == a) & (el.depth == p - a)).nonzero()
+            if match.numel():                           # the label exists inside the document
+                torch.testing.assert_close(rows[j], train_out[match[0, 0]], atol=1e-4, rtol=1e-4)
+                seen.add((a, p - a))
+    assert len({a for a, _ in seen}) >= 5 and {d for _, d in seen} == set(range(K))
 
 
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
@@ -240,3 +291,23 @@ def test_mask_slots_learn_depth_dependent_predictions(method):
         opt.zero_grad()
     res = evaluate(obj, held_out, k)
     assert res["al"] > 4.5 and min(res["acc"]) > 0.9, res
+
+
+def test_evaluate_acceptance_length_on_a_constructed_case(target):
+    """A head right at depth d exactly when d < a % 5 for anchor a: greedy verification accepts
+    min(a % 5, K) drafts there, so the estimate is 1 + their mean over anchors with all K labels."""
+    class Constructed(Objective):
+        def hidden(self, batch, el):
+            return torch.zeros(len(el), 1)
+
+        def score(self, batch, el, normed):
+            return torch.zeros(()), el.depth < el.tok % 5, torch.ones(len(el), dtype=torch.bool)
+
+    k, n, prompt_len = 4, 40, 6
+    head = make_head(target)
+    doc = Doc(torch.arange(n), prompt_len, torch.zeros(n, 3), torch.zeros(n, 1), torch.zeros(n, dtype=torch.long))
+    res = evaluate(Constructed(head, "peagle", k, torch.zeros(80, 1)), [doc], k)
+    anchors = range(prompt_len - 1, n - 1 - k)
+    assert res["anchors"] == len(anchors)
+    assert res["al"] == round(1 + sum(min(a % 5, k) for a in anchors) / len(anchors), 4)
+    assert res["al"] > 2.5
