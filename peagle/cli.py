@@ -109,13 +109,20 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_hidden(args: argparse.Namespace) -> int:
+    from peagle.models.layers import configure_cpu_threads
     from peagle.models.loader import load_target
+    from peagle.runtime import dtype_name, resolve_device, resolve_dtype
     from peagle.train.data import load_records, write_hidden
 
-    target, _ = load_target(args.target)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if device.type == "cpu":
+        configure_cpu_threads()
+    target, _ = load_target(args.target, dtype, device=device)
     records = load_records(args.data, args.max_len)
     n = write_hidden(target, records, args.out, args.shard_docs)
-    print(f"wrote {n} hidden-state shards for {len(records)} documents to {args.out}", file=sys.stderr)
+    print(f"wrote {n} hidden-state shards (bfloat16; target run in {dtype_name(dtype)} on {device}) for "
+          f"{len(records)} documents to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -192,6 +199,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from peagle.bench import offline, serve, sweep
+    from peagle.runtime import DEVICE_HELP, DTYPE_CHOICES
 
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -259,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--out", required=True)
     h.add_argument("--max-len", type=int, default=2048, help="documents are cut to this many tokens (as in train)")
     h.add_argument("--shard-docs", type=int, default=256, help="documents per safetensors shard")
+    h.add_argument("--device", default="auto", help=DEVICE_HELP)
+    h.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="the target's dtype; auto: bfloat16 on CUDA and on CPUs with native bf16, else float32 "
+                        "(states are stored as bfloat16 either way)")
     h.set_defaults(func=cmd_hidden)
 
     t = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head; resumable; torchrun for many processes")

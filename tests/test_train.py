@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from test_public_heads import vllm_problems
 
@@ -144,18 +145,36 @@ def test_offline_hidden_states_equal_online(tiny_chat_dir, synth_dir, tmp_path):
     # more data arrived: only the last shard, which now holds more documents, is redone
     assert write_hidden(target, records[:-1], tmp_path / "hidden2", shard_docs=7, progress=False) == -(-(len(records) - 1) // 7)
     assert write_hidden(target, records, tmp_path / "hidden2", shard_docs=7, progress=False) == 1
+    shard = load_file(str(tmp_path / "hidden" / "hidden-00000.safetensors"))
+    assert shard["taps"].dtype == shard["final"].dtype == torch.bfloat16  # half of float32 on disk
     online, offline = HiddenSource(target), HiddenSource(target, tmp_path / "hidden")
     for rec in records[:5]:
         a, b = online.doc(rec), offline.doc(rec)
         assert torch.equal(a.argmax, b.argmax) and torch.equal(a.ids, b.ids)
-        torch.testing.assert_close(b.taps, a.taps, rtol=2e-3, atol=2e-3)
-        torch.testing.assert_close(b.final, a.final, rtol=2e-3, atol=2e-3)
+        assert b.taps.dtype == b.final.dtype == torch.float32
+        torch.testing.assert_close(b.taps, a.taps, rtol=4e-3, atol=1e-5)  # bf16 keeps 8 significant bits
+        torch.testing.assert_close(b.final, a.final, rtol=4e-3, atol=1e-5)
     res = train(config(tiny_chat_dir, synth_dir, tmp_path / "off", hidden=str(tmp_path / "hidden"), max_steps=3))
     assert res["anchors"] > 0
     # documents synthesized after `peagle hidden` ran are left out, with a note, until it runs again
     write_hidden(target, records[:-1], tmp_path / "hidden3", shard_docs=7, progress=False)
     partial = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "part", hidden=str(tmp_path / "hidden3")))
     assert len(partial.train_records) + len(partial.eval_records) == len(records) - 1
+
+
+def test_hidden_cli_runs_the_target_in_the_dtype_asked_for(tiny_chat_dir, synth_dir, tmp_path):
+    for dtype in ("bfloat16", "float32"):
+        p = cli("hidden", "--target", str(tiny_chat_dir), "--data", str(synth_dir), "--out", str(tmp_path / dtype),
+                "--shard-docs", "64", "--device", "cpu", "--dtype", dtype)
+        assert p.wait(timeout=120) == 0, p.stdout.read()
+    with safe_open(str(tmp_path / "bfloat16" / "hidden-00000.safetensors"), "pt") as fh:
+        assert fh.metadata()["target_dtype"] == "bfloat16" and fh.get_tensor("taps").dtype == torch.bfloat16
+    a, b = (load_file(str(tmp_path / d / "hidden-00000.safetensors")) for d in ("bfloat16", "float32"))
+    assert not torch.equal(a["taps"], b["taps"])  # the target really ran in bf16
+    torch.testing.assert_close(a["taps"].float(), b["taps"].float(), rtol=0.1, atol=0.1)
+    p = cli("hidden", "--target", str(tiny_chat_dir), "--data", str(synth_dir), "--out", str(tmp_path / "x"),
+            "--dtype", "int8")
+    assert p.wait(timeout=60) != 0 and "invalid choice" in p.stdout.read()
 
 
 def test_hidden_shards_for_another_target_are_refused(tiny_chat_dir, synth_dir, tmp_path):

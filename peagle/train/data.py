@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from peagle.models.layers import AttnMeta, CheckpointError
 from peagle.models.llama import LlamaModel
+from peagle.runtime import dtype_name
 from peagle.train.objective import Doc
 from peagle.train.synth import read_responses
 
@@ -78,8 +79,9 @@ def target_view(target: LlamaModel, ids: list[int], chunk: int = 512) -> tuple[t
 
 def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.PathLike, shard_docs: int = 256,
                  progress: bool = True) -> int:
-    """``peagle hidden``: the target's view of every record, float16, ``shard_docs`` documents a
-    shard. Shard i always holds records ``[i*shard_docs, (i+1)*shard_docs)``; a re-run keeps the
+    """``peagle hidden``: the target's view of every record, ``shard_docs`` documents a shard, run
+    in the target's own dtype and on its device, stored as bfloat16 (half of float32, and unlike
+    float16 it keeps the range of the residual stream's outlier features). Shard i always holds records ``[i*shard_docs, (i+1)*shard_docs)``; a re-run keeps the
     shards that already hold exactly those records (each is written to a temp file and renamed, so
     a kill loses one shard) and redoes the rest, such as a last shard that more synthesis extended."""
     out = Path(out_dir)
@@ -99,19 +101,20 @@ def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.Pa
         from tqdm import tqdm
         bar = tqdm(total=len(records), initial=len(records) - sum(len(shards[i]) for i in todo),
                    desc="hidden", unit="doc")
-    meta = {"target_hidden_size": str(target.cfg.hidden_size), "aux_layers": json.dumps(list(target.aux_layers))}
+    meta = {"target_hidden_size": str(target.cfg.hidden_size), "aux_layers": json.dumps(list(target.aux_layers)),
+            "target_dtype": dtype_name(target.lm_weight.dtype)}
     for i in todo:
         taps, final, argmax = [], [], []
         for rec in shards[i]:
             t, f, a = target_view(target, rec.ids)
-            taps.append(t.half())
-            final.append(f.half())
-            argmax.append(a.int())
+            taps.append(t.to("cpu", torch.bfloat16))
+            final.append(f.to("cpu", torch.bfloat16))
+            argmax.append(a.to("cpu", torch.int32))
             if bar is not None:
                 bar.update(1)
-        lens = torch.tensor([len(r.ids) for r in shards[i]])
+        lens = torch.tensor([len(r.ids) for r in shards[i]], device="cpu")
         tensors = {"taps": torch.cat(taps), "final": torch.cat(final), "argmax": torch.cat(argmax),
-                   "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])}
+                   "offsets": torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), lens.cumsum(0)])}
         tmp = out / (HIDDEN_SHARD.format(i) + ".tmp")
         save_file(tensors, str(tmp), metadata={**meta, "ids": json.dumps([r.id for r in shards[i]])})
         os.replace(tmp, out / HIDDEN_SHARD.format(i))
