@@ -239,12 +239,13 @@ class Objective(nn.Module):
 
     def forward(self, batch: Batch, el: Elements, home: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One piece: (summed loss, correct, supervised, depth) over its loss-carrying elements."""
+        """One piece: (summed loss, correct, supervised) over its loss-carrying elements, and which
+        of ``el`` those are."""
         with self.autocast():
             normed = self.hidden(batch, el)
             rows = home & batch.supervised_from(el.tok)
             loss, correct, supervised = self.score(batch, el.select(rows), normed[rows])
-        return loss, correct, supervised, el.depth[rows]
+        return loss, correct, supervised, rows
 
     def run(self, work: list[Piece], scale: float, backward: bool, model: nn.Module | None = None) -> Stats:
         """Forward (and backward, the loss times ``scale``), piece by piece. ``model`` is this
@@ -255,9 +256,10 @@ class Objective(nn.Module):
         for i, piece in enumerate(work):
             sync = i == len(work) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
             with contextlib.nullcontext() if sync else model.no_sync():
-                loss, correct, supervised, depth = model(*piece)
+                loss, correct, supervised, rows = model(*piece)
                 if backward:
                     (loss * scale).backward()
+            depth = piece[1].depth[rows]
             stats.loss += loss.detach()
             stats.correct += torch.bincount(depth[correct & supervised], minlength=self.k)[:self.k]
             stats.count += torch.bincount(depth[supervised], minlength=self.k)[:self.k]
@@ -279,10 +281,7 @@ def evaluate(objective: Objective, docs: list[Doc], k: int, max_elements: int = 
         el = sample_elements(batch, k, 1.0, 1.0, None)
         hits = torch.zeros(batch.ids.shape[0], k, dtype=torch.bool, device=dev)
         for seg, home in segments(batch, el, auto_segments(batch, el, 1, max_elements)):
-            with objective.autocast():
-                normed = objective.hidden(batch, seg)
-                rows = home & batch.supervised_from(seg.tok)
-                _, ok, _ = objective.score(batch, seg.select(rows), normed[rows])
+            _, ok, _, rows = objective(batch, seg, home)
             tok, depth = seg.tok[rows], seg.depth[rows]
             hits[tok, depth] = ok
             correct += torch.bincount(depth[ok], minlength=k)[:k]
