@@ -120,13 +120,20 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_hidden(args: argparse.Namespace) -> int:
+    from peagle.models.layers import configure_cpu_threads
     from peagle.models.loader import load_target
+    from peagle.runtime import dtype_name, resolve_device, resolve_dtype
     from peagle.train.data import load_records, write_hidden
 
-    target, _ = load_target(args.target)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if device.type == "cpu":
+        configure_cpu_threads()
+    target, _ = load_target(args.target, dtype, device=device)
     records = load_records(args.data, args.max_len)
     n = write_hidden(target, records, args.out, args.shard_docs)
-    print(f"wrote {n} hidden-state shards for {len(records)} documents to {args.out}", file=sys.stderr)
+    print(f"wrote {n} hidden-state shards (bfloat16; target run in {dtype_name(dtype)} on {device}) for "
+          f"{len(records)} documents to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -171,12 +178,16 @@ TRAIN_HELP = {
     "r": "position sampling: depth d keeps (n-d)*max(r**d, r_min) anchors",
     "eval_fraction": "share of documents held out (chosen by id hash)",
     "save_every": "steps between atomic checkpoints", "resume": "continue from out/checkpoint",
+    "device": "auto (CUDA when present), cpu, cuda or cuda:N (torchrun: one GPU per process)",
+    "dtype": "autocast dtype (weights and optimizer stay float32); auto: bfloat16 on CUDA and on CPUs "
+             "with native bf16 (AVX512_BF16/AMX), else float32 (no autocast)",
 }
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     import dataclasses
 
+    from peagle.runtime import DTYPE_CHOICES
     from peagle.train.trainer import TrainConfig
 
     for f in dataclasses.fields(TrainConfig):
@@ -189,7 +200,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
         else:
             kind = {"int | None": int, "str | None": str, "float": float, "int": int, "str": str}[str(f.type)]
-            p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_)
+            p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_,
+                           choices=DTYPE_CHOICES if f.name == "dtype" else None)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -198,6 +210,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from peagle.bench import offline, serve, sweep
+    from peagle.runtime import DEVICE_HELP, DTYPE_CHOICES
 
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -273,6 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--out", required=True)
     h.add_argument("--max-len", type=int, default=2048, help="documents are cut to this many tokens (as in train)")
     h.add_argument("--shard-docs", type=int, default=256, help="documents per safetensors shard")
+    h.add_argument("--device", default="auto", help=DEVICE_HELP)
+    h.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="the target's dtype; auto: bfloat16 on CUDA and on CPUs with native bf16, else float32 "
+                        "(states are stored as bfloat16 either way)")
     h.set_defaults(func=cmd_hidden)
 
     t = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head; resumable; torchrun for many processes")

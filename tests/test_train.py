@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import time
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from test_public_heads import vllm_problems
 
@@ -42,7 +44,7 @@ def synth_dir(tiny_chat_dir, tmp_path_factory):
 def config(tiny_chat_dir, synth_dir, out, **kw) -> TrainConfig:
     base = dict(data=str(synth_dir), out=str(out), target=str(tiny_chat_dir), k=K, draft_vocab=512, batch_size=4,
                 micro_tokens=128, eval_fraction=0.25, eval_every=3, save_every=2, warmup_steps=2, lr=3e-3,
-                progress=False)
+                progress=False, dtype="float32")
     return TrainConfig(**{**base, **kw})
 
 
@@ -54,7 +56,8 @@ def head_tensors(out) -> dict[str, torch.Tensor]:
 def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synth_dir, tmp_path, method):
     cfg = config(tiny_chat_dir, synth_dir, tmp_path / "head", method=method, max_steps=4)
     res = train(cfg)
-    assert res is not None and len(res["acc"]) == K and res["al"] >= 1.0 and res["anchors"] > 0
+    # the tiny target's greedy text repeats itself: four steps learn it (an untrained head scores 1.0)
+    assert res is not None and len(res["acc"]) == K and res["al"] > 3.0 and res["anchors"] > 0, res
     log = [json.loads(line) for line in open(tmp_path / "head" / "train_log.jsonl")]
     assert [r["step"] for r in log if r.get("event") == "eval"] == [3, 4]
     assert vllm_problems(tmp_path / "head", parallel_drafting=method == "peagle") == []
@@ -62,11 +65,13 @@ def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synt
     head = load_drafter(tmp_path / "head")
     assert head.cfg.draft_vocab_size == 512 and head.cfg.trained_k == K
     engine_method = "parallel" if method == "peagle" else "eagle3"
-    prompt = load_records(synth_dir, 256)[0].ids[:20]
+    rec = load_records(synth_dir, 256)[0]
+    prompt = rec.ids[:rec.prompt_len]
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     ref = LLMEngine(target, None, EngineConfig(method="none")).generate([prompt], params)[0].token_ids
     out = LLMEngine(target, head, EngineConfig(method=engine_method, num_speculative_tokens=K)).generate([prompt], params)[0]
     assert out.token_ids == ref
+    assert out.stats.acceptance_length > 3.0, out.stats  # the held-out estimate holds in the engine
 
 
 def test_resume_continues_exactly(tiny_chat_dir, synth_dir, tmp_path):
@@ -96,7 +101,8 @@ def cli(*args, **kw):
 def train_args(tiny_chat_dir, synth_dir, out, *extra):
     return ["train", "--target", str(tiny_chat_dir), "--data", str(synth_dir), "--out", str(out), "-k", str(K),
             "--draft-vocab", "512", "--batch-size", "4", "--micro-tokens", "128", "--eval-fraction", "0.25",
-            "--warmup-steps", "2", "--lr", "3e-3", "--max-steps", "8", "--eval-every", "100", "--no-progress", *extra]
+            "--warmup-steps", "2", "--lr", "3e-3", "--max-steps", "8", "--eval-every", "100", "--no-progress",
+            "--dtype", "float32", *extra]
 
 
 def test_kill_9_loses_at_most_one_interval(tiny_chat_dir, synth_dir, tmp_path):
@@ -139,18 +145,36 @@ def test_offline_hidden_states_equal_online(tiny_chat_dir, synth_dir, tmp_path):
     # more data arrived: only the last shard, which now holds more documents, is redone
     assert write_hidden(target, records[:-1], tmp_path / "hidden2", shard_docs=7, progress=False) == -(-(len(records) - 1) // 7)
     assert write_hidden(target, records, tmp_path / "hidden2", shard_docs=7, progress=False) == 1
+    shard = load_file(str(tmp_path / "hidden" / "hidden-00000.safetensors"))
+    assert shard["taps"].dtype == shard["final"].dtype == torch.bfloat16  # half of float32 on disk
     online, offline = HiddenSource(target), HiddenSource(target, tmp_path / "hidden")
     for rec in records[:5]:
         a, b = online.doc(rec), offline.doc(rec)
         assert torch.equal(a.argmax, b.argmax) and torch.equal(a.ids, b.ids)
-        torch.testing.assert_close(b.taps, a.taps, rtol=2e-3, atol=2e-3)
-        torch.testing.assert_close(b.final, a.final, rtol=2e-3, atol=2e-3)
+        assert b.taps.dtype == b.final.dtype == torch.float32
+        torch.testing.assert_close(b.taps, a.taps, rtol=4e-3, atol=1e-5)  # bf16 keeps 8 significant bits
+        torch.testing.assert_close(b.final, a.final, rtol=4e-3, atol=1e-5)
     res = train(config(tiny_chat_dir, synth_dir, tmp_path / "off", hidden=str(tmp_path / "hidden"), max_steps=3))
     assert res["anchors"] > 0
     # documents synthesized after `peagle hidden` ran are left out, with a note, until it runs again
     write_hidden(target, records[:-1], tmp_path / "hidden3", shard_docs=7, progress=False)
     partial = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "part", hidden=str(tmp_path / "hidden3")))
     assert len(partial.train_records) + len(partial.eval_records) == len(records) - 1
+
+
+def test_hidden_cli_runs_the_target_in_the_dtype_asked_for(tiny_chat_dir, synth_dir, tmp_path):
+    for dtype in ("bfloat16", "float32"):
+        p = cli("hidden", "--target", str(tiny_chat_dir), "--data", str(synth_dir), "--out", str(tmp_path / dtype),
+                "--shard-docs", "64", "--device", "cpu", "--dtype", dtype)
+        assert p.wait(timeout=120) == 0, p.stdout.read()
+    with safe_open(str(tmp_path / "bfloat16" / "hidden-00000.safetensors"), "pt") as fh:
+        assert fh.metadata()["target_dtype"] == "bfloat16" and fh.get_tensor("taps").dtype == torch.bfloat16
+    a, b = (load_file(str(tmp_path / d / "hidden-00000.safetensors")) for d in ("bfloat16", "float32"))
+    assert not torch.equal(a["taps"], b["taps"])  # the target really ran in bf16
+    torch.testing.assert_close(a["taps"].float(), b["taps"].float(), rtol=0.1, atol=0.1)
+    p = cli("hidden", "--target", str(tiny_chat_dir), "--data", str(synth_dir), "--out", str(tmp_path / "x"),
+            "--dtype", "int8")
+    assert p.wait(timeout=60) != 0 and "invalid choice" in p.stdout.read()
 
 
 def test_hidden_shards_for_another_target_are_refused(tiny_chat_dir, synth_dir, tmp_path):
@@ -181,7 +205,7 @@ def test_heads_learn(tiny_chat_dir, synth_dir, tmp_path):
     trainer.evaluate()
     before = trainer.last_eval
     after = trainer.run()
-    assert after["acc"][0] > before["acc"][0] + 0.1 and after["al"] > before["al"], (before, after)
+    assert after["acc"][0] > before["acc"][0] + 0.1 and after["al"] > 4.0 > before["al"], (before, after)
 
 
 def test_export_writes_the_complete_vllm_layout_and_the_compact_one(tiny_chat_dir, synth_dir, tmp_path):
@@ -200,3 +224,34 @@ def test_export_writes_the_complete_vllm_layout_and_the_compact_one(tiny_chat_di
     base = target.model.embed_tokens.weight
     a, b = load_drafter(full).state_dict(), load_drafter(compact, base_embedding=base).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bf16_autocast_keeps_float32_weights_and_optimizer_state(tiny_chat_dir, synth_dir, tmp_path):
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / dtype, max_steps=2, dtype=dtype))
+        runs[dtype] = [trainer.train_step() for _ in range(2)]
+        assert all(p.dtype == torch.float32 for p in trainer.head.parameters())
+        assert all(v.dtype == torch.float32 for st in trainer.opt.state.values() for v in st.values() if v.is_floating_point())
+    a, b = runs["float32"][-1], runs["bfloat16"][-1]
+    assert a["loss"] != b["loss"] and b["loss"] == pytest.approx(a["loss"], rel=0.05), (a, b)  # autocast ran, and closely
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_objective_chain_mask_and_data_path_name_their_device(tiny_chat_dir, synth_dir, tmp_path, method):
+    """Built on the CPU, then run with the default device set to "meta": a tensor created without
+    naming its device (which on a GPU would land on the CPU) meets CPU tensors and fails."""
+    target, _ = load_target(str(tiny_chat_dir))
+    write_hidden(target, load_records(synth_dir, 256), tmp_path / "hidden", progress=False)
+    trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", method=method, hidden=str(tmp_path / "hidden"),
+                             segments=2, max_steps=1))
+    torch.set_default_device("meta")
+    try:
+        work, n_sup, _ = trainer.step_work()            # hidden-state shards, packing, position sampling
+        stats = trainer.objective.run(work, 1.0 / n_sup, backward=True)  # chain mask, segments, loss
+        trainer.evaluate()
+    finally:
+        torch.set_default_device(None)
+    assert len(work) > 1 and math.isfinite(float(stats.loss)) and trainer.last_eval["anchors"] > 0
+    grads = [p.grad for p in trainer.head.trainable()]
+    assert all(g is not None and g.device.type == "cpu" and bool(g.isfinite().all()) for g in grads)

@@ -8,11 +8,13 @@ import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
 
-from peagle.models.drafter import DrafterConfig
+from peagle.engine.llm_engine import EngineConfig, LLMEngine
+from peagle.engine.sampling import SamplingParams
+from peagle.models.drafter import Drafter, DrafterConfig
 from peagle.models.attention import AttnMeta
 from peagle.train.data import target_view
 from peagle.train.head import TrainHead
-from peagle.train.objective import Batch, Doc, Objective, chain_mask, evaluate, sample_elements, segments
+from peagle.train.objective import Batch, Doc, Objective, chain_mask, evaluate, pieces, sample_elements, segments
 
 MASK = 159
 K = 5
@@ -54,7 +56,7 @@ def training_forward(target, method: str, seed: int):
     batch = Batch.pack([doc])
     el = sample_elements(batch, K, 1.0, 1.0, None)
     with torch.no_grad():
-        return doc, el, obj.forward(batch, el), head.to_drafter()
+        return doc, el, obj.hidden(batch, el), head.to_drafter()
 
 
 def test_peagle_training_forward_equals_inference(target):
@@ -94,6 +96,55 @@ def test_eagle3_training_forward_equals_autoregressive_inference(target):
         torch.testing.assert_close(train_out[row], outs[d], atol=1e-5, rtol=1e-5)
 
 
+def test_engine_drafts_are_the_training_elements(target, monkeypatch):
+    """Black box over the engine: record each drafter pass of a greedy P-EAGLE generation (its
+    normed rows and their positions) and the rows it turns into drafts (those handed to
+    ``Drafter.logits``), then run the training objective over the finished document (prompt +
+    output). Each draft row at position ``a + d`` after anchor ``a`` (the bonus row) must equal the
+    training element ``(a, d)``: a shifted hidden map, token or position in the engine fails here."""
+    head = make_head(target)
+    drafter = head.to_drafter()
+    passes, drafted = [], []
+    forward, logits = Drafter.forward, Drafter.logits
+
+    def recording_forward(self, ids, hidden, positions, caches, meta):
+        normed, pre = forward(self, ids, hidden, positions, caches, meta)
+        passes.append((positions.clone(), normed.clone()))
+        return normed, pre
+
+    def recording_logits(self, normed):
+        drafted.append((len(passes) - 1, normed.clone()))
+        return logits(self, normed)
+
+    monkeypatch.setattr(Drafter, "forward", recording_forward)
+    monkeypatch.setattr(Drafter, "logits", recording_logits)
+    prompt = torch.randint(3, 150, (12,), generator=torch.Generator().manual_seed(8)).tolist()
+    engine = LLMEngine(target, drafter, EngineConfig(method="parallel", num_speculative_tokens=K, max_num_seqs=1))
+    out = engine.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    monkeypatch.undo()
+
+    ids = prompt + out.token_ids
+    taps, final, argmax = target_view(target, ids)
+    batch = Batch.pack([Doc(torch.tensor(ids), len(prompt), taps, final, argmax)])
+    el = sample_elements(batch, K, 1.0, 1.0, None)
+    obj = Objective(head, "peagle", K, target.lm_weight[head.to_target_ids(torch.arange(80))])
+    with torch.no_grad():
+        train_out = obj.hidden(batch, el)
+    seen = set()
+    for i, rows in drafted:
+        positions, normed = passes[i]
+        at = [int((normed == row).all(1).nonzero()[0, 0]) for row in rows]  # which rows of the pass
+        pos = positions[at]
+        a = int(pos.min())                              # the bonus row: depth 0 of this anchor
+        assert pos.tolist() == list(range(a, a + K))
+        for j, p in enumerate(pos.tolist()):
+            match = ((el.tok == a) & (el.depth == p - a)).nonzero()
+            if match.numel():                           # the label exists inside the document
+                torch.testing.assert_close(rows[j], train_out[match[0, 0]], atol=1e-4, rtol=1e-4)
+                seen.add((a, p - a))
+    assert len({a for a, _ in seen}) >= 5 and {d for _, d in seen} == set(range(K))
+
+
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
 def test_packed_documents_do_not_see_each_other(target, method):
     docs = [make_doc(target, 30, 8, seed=3), make_doc(target, 22, 5, seed=4)]
@@ -102,12 +153,12 @@ def test_packed_documents_do_not_see_each_other(target, method):
     packed = Batch.pack(docs)
     el = sample_elements(packed, K, 1.0, 1.0, None)
     with torch.no_grad():
-        out = obj.forward(packed, el)
+        out = obj.hidden(packed, el)
         offset = 0
         for doc in docs:
             alone = Batch.pack([doc])
             el1 = sample_elements(alone, K, 1.0, 1.0, None)
-            out1 = obj.forward(alone, el1)
+            out1 = obj.hidden(alone, el1)
             for i in range(len(el1)):
                 j = ((el.tok == el1.tok[i] + offset) & (el.depth == el1.depth[i])).nonzero()[0, 0]
                 torch.testing.assert_close(out[j], out1[i], atol=1e-5, rtol=1e-5)
@@ -150,7 +201,7 @@ def test_sequence_partition_gradients_equal_and_memory_falls(target, method):
             def one(reset, seg=seg):
                 reset()
                 sub = Objective(head, method, K, tgt_head)
-                normed = sub.forward(batch, seg[0])
+                normed = sub.hidden(batch, seg[0])
                 rows = seg[1] & batch.supervised_from(seg[0].tok)
                 loss, _, _ = sub.score(batch, seg[0].select(rows), normed[rows])
                 (loss / count).backward()
@@ -163,7 +214,7 @@ def test_sequence_partition_gradients_equal_and_memory_falls(target, method):
     assert peaks[4] < 0.8 * peaks[1], peaks
     # the objective's own segment loop gives the same gradient
     head.zero_grad()
-    obj.run(batch, el, 4, 1.0 / count, backward=True)
+    obj.run(pieces(batch, el, 4), 1.0 / count, backward=True)
     for n, p in head.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(p.grad, grads[1][n], rtol=1e-9, atol=1e-12)
@@ -234,8 +285,28 @@ def test_mask_slots_learn_depth_dependent_predictions(method):
         batch = Batch.pack([doc() for _ in range(4)])
         gens = [torch.Generator().manual_seed(step * 10 + i) for i in range(4)] if method == "peagle" else None
         el = sample_elements(batch, k, 0.8, 0.5, gens)
-        obj.run(batch, el, 1, 1.0 / obj.count(batch, el), backward=True)
+        obj.run(pieces(batch, el, 1), 1.0 / obj.count(batch, el), backward=True)
         opt.step()
         opt.zero_grad()
     res = evaluate(obj, held_out, k)
     assert res["al"] > 4.5 and min(res["acc"]) > 0.9, res
+
+
+def test_evaluate_acceptance_length_on_a_constructed_case(target):
+    """A head right at depth d exactly when d < a % 5 for anchor a: greedy verification accepts
+    min(a % 5, K) drafts there, so the estimate is 1 + their mean over anchors with all K labels."""
+    class Constructed(Objective):
+        def hidden(self, batch, el):
+            return torch.zeros(len(el), 1)
+
+        def score(self, batch, el, normed):
+            return torch.zeros(()), el.depth < el.tok % 5, torch.ones(len(el), dtype=torch.bool)
+
+    k, n, prompt_len = 4, 40, 6
+    head = make_head(target)
+    doc = Doc(torch.arange(n), prompt_len, torch.zeros(n, 3), torch.zeros(n, 1), torch.zeros(n, dtype=torch.long))
+    res = evaluate(Constructed(head, "peagle", k, torch.zeros(80, 1)), [doc], k)
+    anchors = range(prompt_len - 1, n - 1 - k)
+    assert res["anchors"] == len(anchors)
+    assert res["al"] == round(1 + sum(min(a % 5, k) for a in anchors) / len(anchors), 4)
+    assert res["al"] > 2.5

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from peagle.models.attention import AttnMeta
 from peagle.models.checkpoint import CheckpointError
 from peagle.models.llama import LlamaModel
+from peagle.runtime import dtype_name
 from peagle.train.objective import Doc
 from peagle.train.synth import read_responses
 
@@ -67,19 +68,21 @@ def draft_vocab(records: list[Record], size: int, vocab_size: int) -> torch.Tens
 
 @torch.no_grad()
 def target_view(target: LlamaModel, ids: list[int], chunk: int = 512) -> tuple[torch.Tensor, ...]:
-    """One prefill of ``ids``: (aux hidden states, final normed hidden state, greedy next token)."""
-    n = len(ids)
-    pos = torch.arange(n)
+    """One prefill of ``ids`` on the target's device: (aux hidden states, final normed hidden
+    state, greedy next token)."""
+    n, dev = len(ids), target.lm_weight.device
+    pos = torch.arange(n, device=dev)
     meta = AttnMeta.single(pos, 0, n)
-    final, taps = target.hidden(torch.tensor(ids), pos, target.make_caches(n), meta)
+    final, taps = target.hidden(torch.tensor(ids, device=dev), pos, target.make_caches(n), meta)
     argmax = torch.cat([target.logits(final[i:i + chunk]).argmax(-1) for i in range(0, n, chunk)])
     return taps, final, argmax
 
 
 def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.PathLike, shard_docs: int = 256,
                  progress: bool = True) -> int:
-    """``peagle hidden``: the target's view of every record, float16, ``shard_docs`` documents a
-    shard. Shard i always holds records ``[i*shard_docs, (i+1)*shard_docs)``; a re-run keeps the
+    """``peagle hidden``: the target's view of every record, ``shard_docs`` documents a shard, run
+    in the target's own dtype and on its device, stored as bfloat16 (half of float32, and unlike
+    float16 it keeps the range of the residual stream's outlier features). Shard i always holds records ``[i*shard_docs, (i+1)*shard_docs)``; a re-run keeps the
     shards that already hold exactly those records (each is written to a temp file and renamed, so
     a kill loses one shard) and redoes the rest, such as a last shard that more synthesis extended."""
     out = Path(out_dir)
@@ -99,19 +102,20 @@ def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.Pa
         from tqdm import tqdm
         bar = tqdm(total=len(records), initial=len(records) - sum(len(shards[i]) for i in todo),
                    desc="hidden", unit="doc")
-    meta = {"target_hidden_size": str(target.cfg.hidden_size), "aux_layers": json.dumps(list(target.aux_layers))}
+    meta = {"target_hidden_size": str(target.cfg.hidden_size), "aux_layers": json.dumps(list(target.aux_layers)),
+            "target_dtype": dtype_name(target.lm_weight.dtype)}
     for i in todo:
         taps, final, argmax = [], [], []
         for rec in shards[i]:
             t, f, a = target_view(target, rec.ids)
-            taps.append(t.half())
-            final.append(f.half())
-            argmax.append(a.int())
+            taps.append(t.to("cpu", torch.bfloat16))
+            final.append(f.to("cpu", torch.bfloat16))
+            argmax.append(a.to("cpu", torch.int32))
             if bar is not None:
                 bar.update(1)
-        lens = torch.tensor([len(r.ids) for r in shards[i]])
+        lens = torch.tensor([len(r.ids) for r in shards[i]], device="cpu")
         tensors = {"taps": torch.cat(taps), "final": torch.cat(final), "argmax": torch.cat(argmax),
-                   "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])}
+                   "offsets": torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), lens.cumsum(0)])}
         tmp = out / (HIDDEN_SHARD.format(i) + ".tmp")
         save_file(tensors, str(tmp), metadata={**meta, "ids": json.dumps([r.id for r in shards[i]])})
         os.replace(tmp, out / HIDDEN_SHARD.format(i))
@@ -121,11 +125,12 @@ def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.Pa
 
 
 class HiddenSource:
-    """The target's view of a record: read from ``peagle hidden`` shards when ``hidden_dir`` is
-    given, else computed by running ``target`` in-process (online)."""
+    """The target's view of a record on the target's device, as float32: read from ``peagle hidden``
+    shards when ``hidden_dir`` is given, else computed by running ``target`` in-process (online)."""
 
     def __init__(self, target: LlamaModel, hidden_dir: str | os.PathLike | None = None):
         self.target = target
+        self.device = target.lm_weight.device
         self.where: dict[str, tuple[Path, int, int]] = {}
         if hidden_dir is None:
             return
@@ -148,15 +153,15 @@ class HiddenSource:
         return not self.where or rec.id in self.where
 
     def doc(self, rec: Record) -> Doc:
-        ids = torch.tensor(rec.ids)
+        ids = torch.tensor(rec.ids, device=self.device)
         if not self.where:
             taps, final, argmax = target_view(self.target, rec.ids)
-            return Doc(ids, rec.prompt_len, taps, final, argmax)
+            return Doc(ids, rec.prompt_len, taps.float(), final.float(), argmax)
         if rec.id not in self.where:
             raise KeyError(f"record {rec.id} has no hidden states: re-run `peagle hidden` on the same data")
         f, lo, hi = self.where[rec.id]
         if hi - lo != len(rec.ids):
             raise CheckpointError(f"{f}: record {rec.id} has {hi - lo} rows, the data has {len(rec.ids)} tokens")
-        with safe_open(str(f), "pt") as fh:
-            rows = [fh.get_slice(name)[lo:hi] for name in ("taps", "final", "argmax")]
+        with torch.device("cpu"), safe_open(str(f), "pt") as fh:  # read on the CPU, then moved
+            rows = [fh.get_slice(name)[lo:hi].to(self.device) for name in ("taps", "final", "argmax")]
         return Doc(ids, rec.prompt_len, rows[0].float(), rows[1].float(), rows[2].long())

@@ -31,7 +31,7 @@ class TrainHead(Drafter):
             emb = target.model.embed_tokens.weight
             head.embed_tokens.weight.copy_(emb)
             head.mask_embedding.copy_(emb[mask_token_id])
-            head.lm_head.weight.copy_(target.lm_weight[draft_ids])
+            head.lm_head.weight.copy_(target.lm_weight[draft_ids.to(emb.device)])
             head.norm.weight.copy_(target.model.norm.weight)
         head.set_vocab_map(draft_ids)
         return head

@@ -13,11 +13,13 @@ what a mask slot sees at inference (all verified context, the bonus row, earlier
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from peagle.models.drafter import Drafter
 from peagle.models.attention import ChainMask, DenseKV
@@ -49,21 +51,27 @@ class Batch:
     first_anchor: list[int]  # per document: row of the first supervised anchor (the last prompt token)
     last_row: list[int]      # per document: row of its last token
 
+    @property
+    def device(self) -> torch.device:
+        return self.ids.device
+
     def supervised_from(self, tok: torch.Tensor) -> torch.Tensor:
         """Whether each anchor row is at or after its document's last prompt token (loss starts there)."""
-        return tok >= torch.tensor(self.first_anchor)[self.doc[tok]]
+        return tok >= torch.tensor(self.first_anchor, device=self.device)[self.doc[tok]]
 
     @classmethod
     def pack(cls, docs: list[Doc]) -> "Batch":
+        """One batch on the documents' device."""
         first, last, start = [], [], 0
         for d in docs:
             first.append(start + max(d.prompt_len - 1, 0))
             last.append(start + len(d.ids) - 1)
             start += len(d.ids)
+        dev = docs[0].ids.device
         return cls(torch.cat([d.ids for d in docs]), torch.cat([d.taps for d in docs]),
                    torch.cat([d.final for d in docs]), torch.cat([d.argmax for d in docs]),
-                   torch.cat([torch.full((len(d.ids),), i) for i, d in enumerate(docs)]),
-                   torch.cat([torch.arange(len(d.ids)) for d in docs]), first, last)
+                   torch.cat([torch.full((len(d.ids),), i, device=dev) for i, d in enumerate(docs)]),
+                   torch.cat([torch.arange(len(d.ids), device=dev) for d in docs]), first, last)
 
 
 @dataclass
@@ -85,17 +93,19 @@ def sample_elements(batch: Batch, k: int, r: float, r_min: float, gens: list[tor
     supervised). Depth d >= 1: anchors from the last prompt token on whose label exists, about
     ``(n_valid - d) * max(r**d, r_min)`` of them, drawn from the anchors kept at depth d-1 (P-EAGLE's
     position sampling). ``gens=None`` keeps them all (EAGLE-3's training-time test, evaluation)."""
+    dev = batch.device
     toks = [[] for _ in range(k)]
     for i, (lo, hi) in enumerate(zip(batch.first_anchor, batch.last_row)):
         start = hi - int(batch.pos[hi])
-        toks[0].append(torch.arange(start, hi - 1))
-        kept = torch.arange(lo, hi - 1)
+        toks[0].append(torch.arange(start, hi - 1, device=dev))
+        kept = torch.arange(lo, hi - 1, device=dev)
         n_valid = kept.shape[0]
         for d in range(1, k):
             cand = kept[kept <= hi - 2 - d]            # label x[a+d+2] must exist
-            if gens is not None:
+            if gens is not None:  # drawn on the CPU generator: the same elements on every device
                 c = min(cand.shape[0], round((n_valid - d) * max(r ** d, r_min)))
-                cand = cand[torch.randperm(cand.shape[0], generator=gens[i])[:c]].sort().values
+                pick = torch.randperm(cand.shape[0], generator=gens[i], device="cpu")[:c]
+                cand = cand[pick.to(dev)].sort().values
             toks[d].append(cand)
             kept = cand
     tok = [torch.cat(t) for t in toks]
@@ -111,10 +121,10 @@ def chain_mask(batch: Batch, q: Elements, kv: Elements) -> ChainMask:
     context = (batch.doc[q.tok][:, None] == batch.doc[k0][None, :]) & (k0[None, :] <= q.tok[:, None])
     deep = (kv.depth > 0).nonzero().squeeze(1)
     c = int(kv.depth.max()) if deep.numel() else 0
-    table = torch.full((batch.ids.shape[0], c + 1), -1, dtype=torch.long)    # (anchor row, depth) -> key
+    table = torch.full((batch.ids.shape[0], c + 1), -1, dtype=torch.long, device=batch.device)  # (row, depth) -> key
     table[kv.tok[deep], kv.depth[deep]] = deep
     chain = table[q.tok][:, 1:]
-    chain = torch.where(torch.arange(1, c + 1)[None, :] <= q.depth[:, None], chain, -1)
+    chain = torch.where(torch.arange(1, c + 1, device=batch.device)[None, :] <= q.depth[:, None], chain, -1)
     return ChainMask(context, chain)
 
 
@@ -127,9 +137,9 @@ def segments(batch: Batch, el: Elements, num_segments: int) -> list[tuple[Elemen
     pass and the summed gradients equal the single-pass gradient, with peak memory about one
     segment's."""
     if num_segments <= 1:
-        return [(el, torch.ones(len(el), dtype=torch.bool))]
+        return [(el, torch.ones(len(el), dtype=torch.bool, device=batch.device))]
     n = batch.ids.shape[0]
-    bounds = torch.linspace(0, n, num_segments + 1).round().long()
+    bounds = torch.linspace(0, n, num_segments + 1, device=batch.device).round().long()
     home = torch.bucketize(el.tok + (el.depth > 0).long(), bounds[1:-1], right=True)
     out = []
     for s in range(num_segments):
@@ -141,34 +151,51 @@ def segments(batch: Batch, el: Elements, num_segments: int) -> list[tuple[Elemen
 
 @dataclass
 class Stats:
-    """Sums over supervised elements, per depth: loss, correct top-1, count."""
+    """Sums over supervised elements, per depth: loss, correct top-1, count. Tensors on the batch's
+    device, read back once a step."""
 
-    loss: float = 0.0
-    correct: list[int] | None = None
-    count: list[int] | None = None
+    loss: torch.Tensor
+    correct: torch.Tensor
+    count: torch.Tensor
 
-    def add(self, loss: float, correct: torch.Tensor, count: torch.Tensor) -> None:
-        self.loss += loss
-        c, n = correct.tolist(), count.tolist()
-        self.correct = c if self.correct is None else [a + b for a, b in zip(self.correct, c)]
-        self.count = n if self.count is None else [a + b for a, b in zip(self.count, n)]
+    @classmethod
+    def zeros(cls, k: int, device: torch.device) -> "Stats":
+        return cls(torch.zeros((), device=device), torch.zeros(k, device=device), torch.zeros(k, device=device))
 
 
-class Objective:
+Piece = tuple[Batch, Elements, torch.Tensor]  # (batch, elements to run, which of them carry loss)
+
+
+def pieces(batch: Batch, el: Elements, num_segments: int) -> list[Piece]:
+    """The segments of one micro-batch as units of forward and backward."""
+    return [(batch, seg, home) for seg, home in segments(batch, el, num_segments)]
+
+
+class Objective(nn.Module):
     """Runs a head over a packed batch's elements and scores them against the target.
 
     ``target_head`` holds the target's LM-head rows of the draft vocabulary ``[V_draft, H_target]``:
     the label of an element is ``softmax(final @ target_head.T)``, the target's distribution
-    restricted to the draft vocabulary. Elements whose target argmax is outside it carry no loss."""
+    restricted to the draft vocabulary. Elements whose target argmax is outside it carry no loss.
 
-    def __init__(self, head: Drafter, method: str, k: int, target_head: torch.Tensor):
+    A module whose ``forward`` is one piece's loss, so that data-parallel training can wrap it
+    whole (DDP sees every use of the head's weights inside one forward). ``dtype`` is the autocast
+    dtype: the head keeps float32 weights; bfloat16/float16 run its matmuls in that dtype."""
+
+    def __init__(self, head: Drafter, method: str, k: int, target_head: torch.Tensor,
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
         if method not in METHODS:
             raise ValueError(f"unknown training method {method!r}; choose one of {', '.join(METHODS)}")
-        self.head, self.method, self.k = head, method, k
+        self.head, self.method, self.k, self.dtype = head, method, k, dtype
         self.target_head = target_head.detach()
         self.in_draft = head.t2d
 
-    def forward(self, batch: Batch, el: Elements) -> torch.Tensor:
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Matmuls in ``dtype`` (weights stay float32); float32: no autocast."""
+        return torch.autocast(self.target_head.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
+    def hidden(self, batch: Batch, el: Elements) -> torch.Tensor:
         """Normed outputs ``[len(el), H]`` of the head for ``el`` (depth-major)."""
         head = self.head
         positions = batch.pos[el.tok] + el.depth
@@ -210,18 +237,32 @@ class Objective:
         loss = -(p * F.log_softmax(logits[supervised].float(), -1)).sum()
         return loss, correct, supervised
 
-    def run(self, batch: Batch, el: Elements, num_segments: int, scale: float, backward: bool) -> Stats:
-        """Forward (and backward, the loss times ``scale`` = 1 / global supervised count), segment by segment."""
-        stats = Stats()
-        for seg, home in segments(batch, el, num_segments):
-            normed = self.forward(batch, seg)
-            rows = home & batch.supervised_from(seg.tok)
-            loss, correct, supervised = self.score(batch, seg.select(rows), normed[rows])
-            if backward:
-                (loss * scale).backward()
-            depth = seg.depth[rows]
-            stats.add(float(loss.detach()), torch.bincount(depth[correct & supervised], minlength=self.k)[:self.k],
-                      torch.bincount(depth[supervised], minlength=self.k)[:self.k])
+    def forward(self, batch: Batch, el: Elements, home: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One piece: (summed loss, correct, supervised) over its loss-carrying elements, and which
+        of ``el`` those are."""
+        with self.autocast():
+            normed = self.hidden(batch, el)
+            rows = home & batch.supervised_from(el.tok)
+            loss, correct, supervised = self.score(batch, el.select(rows), normed[rows])
+        return loss, correct, supervised, rows
+
+    def run(self, work: list[Piece], scale: float, backward: bool, model: nn.Module | None = None) -> Stats:
+        """Forward (and backward, the loss times ``scale``), piece by piece. ``model`` is this
+        objective or its DistributedDataParallel wrapper, which then all-reduces the gradients in
+        the last backward only (``no_sync`` for the others)."""
+        model = model or self
+        stats = Stats.zeros(self.k, self.target_head.device)
+        for i, piece in enumerate(work):
+            sync = i == len(work) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
+            with contextlib.nullcontext() if sync else model.no_sync():
+                loss, correct, supervised, rows = model(*piece)
+                if backward:
+                    (loss * scale).backward()
+            depth = piece[1].depth[rows]
+            stats.loss += loss.detach()
+            stats.correct += torch.bincount(depth[correct & supervised], minlength=self.k)[:self.k]
+            stats.count += torch.bincount(depth[supervised], minlength=self.k)[:self.k]
         return stats
 
     def count(self, batch: Batch, el: Elements) -> int:
@@ -233,23 +274,22 @@ class Objective:
 def evaluate(objective: Objective, docs: list[Doc], k: int, max_elements: int = 8192) -> dict:
     """Per-depth top-1 accuracy over every anchor, and the acceptance length greedy verification
     would give: 1 + the leading run of correct depths, averaged over anchors with all K labels."""
-    correct, count, runs = torch.zeros(k), torch.zeros(k), []
+    dev = objective.target_head.device
+    correct, count, runs = torch.zeros(k, device=dev), torch.zeros(k, device=dev), []
     for doc in docs:
         batch = Batch.pack([doc])
         el = sample_elements(batch, k, 1.0, 1.0, None)
-        hits = torch.zeros(batch.ids.shape[0], k, dtype=torch.bool)
+        hits = torch.zeros(batch.ids.shape[0], k, dtype=torch.bool, device=dev)
         for seg, home in segments(batch, el, auto_segments(batch, el, 1, max_elements)):
-            normed = objective.forward(batch, seg)
-            rows = home & batch.supervised_from(seg.tok)
-            _, ok, _ = objective.score(batch, seg.select(rows), normed[rows])
+            _, ok, _, rows = objective(batch, seg, home)
             tok, depth = seg.tok[rows], seg.depth[rows]
             hits[tok, depth] = ok
-            correct += torch.bincount(depth[ok], minlength=k)[:k].float()
-            count += torch.bincount(depth, minlength=k)[:k].float()
-        full = torch.arange(batch.first_anchor[0], batch.last_row[0] - k)   # anchors with all K labels
+            correct += torch.bincount(depth[ok], minlength=k)[:k]
+            count += torch.bincount(depth, minlength=k)[:k]
+        full = torch.arange(batch.first_anchor[0], batch.last_row[0] - k, device=dev)  # anchors with all K labels
         if full.numel():
             runs.append(hits[full].long().cumprod(1).sum(1).float())
-    runs_t = torch.cat(runs) if runs else torch.zeros(1)
+    runs_t = torch.cat(runs) if runs else torch.zeros(1, device=dev)
     acc = (correct / count.clamp(min=1)).tolist()
     return {"acc": [round(a, 4) for a in acc], "al": round(1.0 + float(runs_t.mean()), 4),
             "anchors": int(runs_t.numel())}

@@ -3,9 +3,13 @@
 
 A step takes ``batch_size`` documents per process from a seeded per-epoch permutation, packs them
 into micro-batches, runs the objective (:mod:`peagle.train.objective`) on each, and divides every
-loss by one global count of supervised elements; gradients are summed across processes once per
-step (data parallel, synchronised only after the last micro-batch and segment). Position sampling
-is seeded per document, so N processes reproduce one process with an N-times larger batch.
+loss by one global count of supervised elements. Many processes are DistributedDataParallel over
+gloo (CPU) or NCCL (GPUs, one each), with ``no_sync`` for every micro-batch and segment but the
+last, so gradients are all-reduced once per step. Position sampling is seeded per document, so N
+processes reproduce one process with an N-times larger batch.
+
+Matmuls run under autocast in ``--dtype`` (bf16 where the device multiplies it natively); the
+head's weights and the optimizer state stay float32.
 
 Checkpoints (weights, optimizer, scheduler, RNG, step) are written atomically every
 ``save_every`` steps; ``--resume`` continues exactly from the last one. The output folder is always
@@ -25,11 +29,15 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from peagle.models.drafter import save_drafter
+from peagle.models.layers import configure_cpu_threads
+from peagle.runtime import DTYPE_CHOICES, resolve_device, resolve_dtype
 from peagle.train.data import HiddenSource, Record, draft_vocab, is_eval, load_records
 from peagle.train.head import TrainHead
-from peagle.train.objective import METHODS, Batch, Objective, auto_segments, evaluate, sample_elements
+from peagle.train.objective import (METHODS, Batch, Objective, Piece, auto_segments, evaluate, pieces,
+                                    sample_elements)
 
 STATE = "checkpoint/state.pt"
 LOG = "train_log.jsonl"
@@ -68,6 +76,8 @@ class TrainConfig:
     seed: int = 0
     resume: bool = False
     progress: bool = True
+    device: str = "auto"             # auto (CUDA when present), cpu, cuda, cuda:N
+    dtype: str = "auto"              # autocast dtype; auto: bfloat16 on CUDA and native-bf16 CPUs, else float32
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -77,6 +87,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1")
         if not (0 < self.r <= 1 and 0 < self.r_min <= 1):
             raise ValueError("r and r_min must be in (0, 1]")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
 
 
 # Settings a resumed run must share with the run it continues.
@@ -96,7 +108,7 @@ def lr_lambda(cfg: TrainConfig, total_steps: int):
 
 def doc_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     """Position sampling for one document in one epoch: the same whichever process draws it."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+    return torch.Generator(device="cpu").manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
 
 
 def micro_batches(items: list, lengths: list[int], budget: int) -> list[list]:
@@ -118,11 +130,19 @@ class Trainer:
         self.cfg = cfg
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
+        self.device = resolve_device(cfg.device)
+        if self.device.type == "cuda" and self.device.index is None:  # one GPU per process
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        else:  # every core, shared by the processes on this machine
+            configure_cpu_threads()
+            torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group("gloo")
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // self.world))
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.out = Path(cfg.out)
-        self.target, path = load_target(cfg.target, "float32")
+        self.target, path = load_target(cfg.target, "float32", device=self.device)  # online states: float32 KV
         self.target.requires_grad_(False)
         records = load_records(cfg.data, cfg.max_len)
         self.source = HiddenSource(self.target, cfg.hidden)
@@ -148,67 +168,69 @@ class Trainer:
         else:
             draft_ids = draft_vocab(self.train_records, cfg.draft_vocab, self.target.cfg.vocab_size)
             mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else choose_mask_token(load_tokenizer(path))
-        self.head = TrainHead.for_target(self.target, cfg.layers, draft_ids, mask_id, cfg.k, cfg.seed)
+        self.head = TrainHead.for_target(self.target, cfg.layers, draft_ids, mask_id, cfg.k, cfg.seed).to(self.device)
         self.head.cfg.check_target(self.target.cfg, self.target.aux_layers)
         if cfg.method == "eagle3":  # EAGLE-3 never reads the mask token or mask_hidden
             self.head.mask_hidden.requires_grad_(False)
             self.head.mask_embedding.requires_grad_(False)
-        self.objective = Objective(self.head, cfg.method, cfg.k, self.target.lm_weight[draft_ids])
+        self.objective = Objective(self.head, cfg.method, cfg.k, self.target.lm_weight[draft_ids.to(self.device)],
+                                   self.dtype)
         self.opt = torch.optim.AdamW(self.head.trainable(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
         self.last_eval: dict | None = None
         if state is not None:
             self._restore(state)
+        # data parallel: DDP averages the gradients (gloo on CPU, NCCL on GPUs), in the step's last
+        # backward only; buffers (vocabulary maps, RoPE) never change, so they are not re-broadcast
+        self.model = self.objective if self.world == 1 else DistributedDataParallel(
+            self.objective, device_ids=[self.device] if self.device.type == "cuda" else None, forward_sync_buffers=False)
 
     # ------------------------------------------------------------------ one step
     def _my_docs(self, step: int) -> list[tuple[int, Record]]:
         epoch, i = divmod(step, self.steps_per_epoch)
-        perm = torch.randperm(len(self.train_records), generator=torch.Generator().manual_seed(self.cfg.seed * 7919 + epoch))
+        gen = torch.Generator(device="cpu").manual_seed(self.cfg.seed * 7919 + epoch)
+        perm = torch.randperm(len(self.train_records), generator=gen, device="cpu")
         n = self.world * self.cfg.batch_size
         chosen = perm[i * n:(i + 1) * n].tolist()[self.rank::self.world]
         return [(j, self.train_records[j]) for j in chosen]
 
-    def train_step(self) -> dict:
+    def step_work(self) -> tuple[list[Piece], int, int]:
+        """This process's share of the current step: (pieces to run, supervised elements, tokens)."""
         cfg = self.cfg
         epoch = self.step // self.steps_per_epoch
         mine = self._my_docs(self.step)
-        groups = micro_batches(mine, [len(r.ids) for _, r in mine], cfg.micro_tokens)
-        work = []
-        for group in groups:
+        work, n_sup, n_tok = [], 0, 0
+        for group in micro_batches(mine, [len(r.ids) for _, r in mine], cfg.micro_tokens):
             batch = Batch.pack([self.source.doc(r) for _, r in group])
             gens = [doc_generator(cfg.seed, epoch, j) for j, _ in group] if cfg.method == "peagle" else None
             el = sample_elements(batch, cfg.k, cfg.r, cfg.r_min, gens)
-            work.append((batch, el))
-        counts = torch.tensor([float(sum(self.objective.count(b, e) for b, e in work)),
-                               float(sum(b.ids.shape[0] for b, _ in work))])
+            n_sup += self.objective.count(batch, el)
+            n_tok += batch.ids.shape[0]
+            work += pieces(batch, el, auto_segments(batch, el, cfg.segments, cfg.max_elements))
+        return work, n_sup, n_tok
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        work, n_sup, n_tok = self.step_work()
+        counts = torch.tensor([n_sup, n_tok], dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.all_reduce(counts)
         n_sup = max(1.0, float(counts[0]))
-        loss, correct, count = 0.0, torch.zeros(cfg.k), torch.zeros(cfg.k)
-        for batch, el in work:
-            s = self.objective.run(batch, el, auto_segments(batch, el, cfg.segments, cfg.max_elements),
-                                   1.0 / n_sup, backward=True)
-            loss += s.loss
-            correct += torch.tensor(s.correct, dtype=torch.float)
-            count += torch.tensor(s.count, dtype=torch.float)
-        params = self.head.trainable()
-        if self.world > 1:  # data parallel: one all-reduce of all gradients per step
-            flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params])
-            dist.all_reduce(flat)
-            for p, g in zip(params, flat.split([p.numel() for p in params])):
-                p.grad = g.view_as(p).clone()
-            totals = torch.cat([torch.tensor([loss]), correct, count])
+        # every loss over the global count; times the world size, as DDP averages over processes
+        s = self.objective.run(work, self.world / n_sup, backward=True, model=self.model)
+        totals = torch.cat([s.loss[None], s.correct, s.count])
+        if self.world > 1:
             dist.all_reduce(totals)
-            loss, correct, count = float(totals[0]), totals[1:cfg.k + 1], totals[cfg.k + 1:]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        loss, correct, count = float(totals[0]), totals[1:cfg.k + 1], totals[cfg.k + 1:]
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.head.trainable(), cfg.grad_clip)
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens += int(counts[1])
         return {"step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4), "loss": round(loss / n_sup, 5),
-                "acc": [round(float(c / max(n, 1)), 4) for c, n in zip(correct, count)],
+                "acc": [round(a, 4) for a in (correct / count.clamp(min=1)).tolist()],
                 "grad_norm": round(float(grad_norm), 4), "lr": self.sched.get_last_lr()[0], "tokens": self.tokens}
 
     # ------------------------------------------------------------------ loop
@@ -261,7 +283,7 @@ class Trainer:
             state = {
                 "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "last_eval": self.last_eval,
                 "config": dataclasses.asdict(self.cfg), "world_size": self.world,
-                "draft_ids": self.head.to_target_ids(torch.arange(self.head.cfg.draft_vocab_size)),
+                "draft_ids": self.head.to_target_ids(torch.arange(self.head.cfg.draft_vocab_size, device=self.device)).cpu(),
                 "mask_token_id": self.head.cfg.mask_token_id,
                 "head": {k: v for k, v in self.head.state_dict().items() if k != "embed_tokens.weight"},
                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
@@ -279,7 +301,7 @@ class Trainer:
         path = self.out / STATE
         if not path.is_file():
             return None
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=False, map_location="cpu")
         old = state["config"]
         diff = [f"{k}: {old.get(k)!r} -> {getattr(self.cfg, k)!r}" for k in RESUME_KEYS if old.get(k) != getattr(self.cfg, k)]
         if state["world_size"] != self.world:
