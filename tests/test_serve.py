@@ -26,6 +26,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(port: int, timeout: float = 120) -> bool:
+    """Poll ``/health`` until the server answers 200 (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if request(port, "GET", "/health")[0] == 200:
+                return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
 @pytest.fixture(scope="module")
 def server(tiny_chat_dir, tmp_path_factory):
     port = free_port()
@@ -35,14 +47,7 @@ def server(tiny_chat_dir, tmp_path_factory):
                              "--speculative-config", spec, "--port", str(port), "--api-key", KEY,
                              "--max-num-seqs", "2", "--max-model-len", "128", "--max-queue", "2",
                              "--served-model-name", "tiny"], env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if request(port, "GET", "/health")[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.3)
-    else:
+    if not wait_healthy(port):
         proc.kill()
         raise RuntimeError(proc.stderr.read())
     yield port

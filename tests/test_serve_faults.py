@@ -20,7 +20,7 @@ from schemathesis.checks import positive_data_acceptance
 import torch
 import uvicorn
 from hypothesis import HealthCheck, given, settings
-from test_serve import free_port, request, sse
+from test_serve import free_port, request, sse, wait_healthy
 
 from peagle.engine.llm_engine import LLMEngine
 from peagle.serve.api import build_app
@@ -184,13 +184,7 @@ def test_sigterm_exits_within_seconds_after_a_fault(tiny_chat_dir, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", "--target", str(tiny_chat_dir),
                              "--port", str(port), "--max-model-len", "128"], env=env, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if request(port, "GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.3)
+        assert wait_healthy(port)
         chat(port, temperature=1e-40)  # once killed the engine thread; later requests then hung forever
         threading.Thread(target=lambda: request(port, "POST", "/v1/completions",
                                                 {"prompt": "go", "max_tokens": 120, "ignore_eos": True}),
