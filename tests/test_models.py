@@ -424,3 +424,19 @@ def test_default_model_matches_hf():
     for tap, i in zip(aux.chunk(3, dim=-1), model.aux_layers):
         rel = (tap - hs[i]).abs().max() / hs[i].abs().max()
         assert rel.item() <= 1e-5, f"aux layer {i}: relative error {rel.item():.2e}"
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_long_chunk_after_a_cached_prefix_equals_full_pass(family, layout):
+    """A prompt chunk of more than SHORT_ROWS rows after a cached prefix (chunked prefill) attends
+    through SDPA's causal kernel aligned to its last key (or its window's mask): 70 then 80 tokens."""
+    hf = tiny_hf(family)
+    model = native_from_hf(hf)
+    ids = rand_ids(150, seed=21)
+    full, full_aux = run_full(model, ids)
+    slots = slot_layout(150, layout)
+    caches = model.make_caches(int(slots.max()) + 8)
+    a, a_aux = step(model, caches, ids, slots, 0, 70)
+    b, b_aux = step(model, caches, ids, slots, 70, 150)
+    assert (torch.cat([a, b]) - full).abs().max().item() <= ATOL
+    assert (torch.cat([a_aux, b_aux]) - full_aux).abs().max().item() <= ATOL

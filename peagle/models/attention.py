@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from peagle.models.layers import Linear, RMSNorm, apply_rope
 from peagle.runtime import to_device
@@ -52,6 +53,7 @@ class Group:
     blocks: torch.Tensor | None = None
     kv_slice: slice | None = None
     self_attend: bool = False
+    causal: bool = False      # one sequence's rows are the last Q of its L keys (a prompt or a chunk of one)
     masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
     _folded: dict = field(default_factory=dict)
 
@@ -127,7 +129,8 @@ class AttnMeta:
             g.valid = to_device([[j < s.num_rows for j in range(Q)] for s in spans], dev, torch.bool)
             qpos = positions[g.rows]
         s0 = spans[0]
-        if B == 1 and s0.start == 0 and s0.num_rows == s0.ctx_len and Q > SHORT_ROWS:
+        g.causal = B == 1 and Q > SHORT_ROWS and s0.start is not None and s0.start + s0.num_rows == s0.ctx_len
+        if g.causal and s0.start == 0:
             g.self_attend = True  # a whole prompt: its keys are this pass's own rows
         elif B == 1 and s0.block_table == list(range(s0.block_table[0], s0.block_table[0] + len(s0.block_table))):
             first = s0.block_table[0] * bs
@@ -140,8 +143,8 @@ class AttnMeta:
         decoding = B == 1 and Q == 1 and s0.start == s0.ctx_len - 1
         keys = torch.arange(g.length, device=dev)
         for w in windows:
-            if (decoding and not (w and L > w)) or (g.self_attend and w is None):
-                g.masks[w] = None  # all keys (decoding) or plain causal (is_causal)
+            if (decoding and not (w and L > w)) or (g.causal and w is None):
+                g.masks[w] = None  # all keys (decoding), or causal: SDPA's kernel, no mask
                 continue
             m = keys <= qpos[..., None]
             if w:
@@ -223,8 +226,9 @@ def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
            sinks: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
     """Grouped-query attention: q ``[B, n, H, d]``, k/v ``[B, L, Hkv, d]``, ``mask`` folded as
-    :meth:`Group.folded_mask` makes it (True: attend; None: all keys, or with ``causal`` plain causal
-    attention over a whole prompt, keys = queries) -> ``[B, n, H*d]``.
+    :meth:`Group.folded_mask` makes it (True: attend; None: all keys, or with ``causal`` the n queries
+    are the last n of the L keys, each seeing the keys up to its own: a prompt, or a chunk of one
+    after its cached start, through SDPA's causal kernel with no mask) -> ``[B, n, H*d]``.
 
     The query heads that share a KV head are folded into the query axis, so SDPA runs its fast
     kernel without repeating K/V (``enable_gqa`` falls back to the slow math path on CPU); SDPA
@@ -235,12 +239,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     Hkv = k.shape[2]
     g = H // Hkv
     kt, vt = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)                          # [B, Hkv, L, d]
-    if causal and sinks is None:  # a whole prompt: SDPA's causal kernel, no mask materialised
+    L = k.shape[1]
+    if causal and sinks is None:  # SDPA's causal kernel (aligned to the last key), no mask materialised
+        bias = {"is_causal": True} if n == L else {"attn_mask": causal_lower_right(n, L)}
         o = F.scaled_dot_product_attention(q.transpose(1, 2), kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1),
-                                           is_causal=True)
+                                           **bias)
         return o.transpose(1, 2).reshape(B, n, H * d)
     if causal:
-        mask = torch.ones(n, k.shape[1], dtype=torch.bool, device=q.device).tril()[None, None].repeat(1, 1, g, 1)
+        mask = torch.ones(n, L, dtype=torch.bool, device=q.device).tril(L - n)[None, None].repeat(1, 1, g, 1)
     qt = q.view(B, n, Hkv, g, d).permute(0, 2, 3, 1, 4).reshape(B, Hkv, g * n, d)
     if sinks is None:
         o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
@@ -296,7 +302,7 @@ class Attention(nn.Module):
             else:
                 qg = q[g.first:g.first + g.B * g.Q].view(g.B, g.Q, *q.shape[1:]) if g.first is not None else q[g.rows]
                 keys, values = cache.keys_values(g)
-                o = attend(qg, keys, values, g.folded_mask(w, gqa), self.sinks)
+                o = attend(qg, keys, values, g.folded_mask(w, gqa), self.sinks, causal=g.causal and g.masks[w] is None)
             if out is None:
                 return self.o_proj(o.view(T, -1))
             if g.first is not None:
