@@ -25,6 +25,7 @@ def llama():
 def auto_engine(target, head, method, **kw):
     engine = make_engine(target, head, method, "auto", max_speculative_tokens=8, **kw)
     engine.auto.target, engine.auto.drafter = TARGET, DRAFTER
+    engine.auto.observe = lambda *a: None   # the fixed curves stand: real step times would correct them
     return engine
 
 
@@ -91,7 +92,21 @@ def test_auto_config_and_k_max(llama):
     head = init_drafter(llama, 1, MASK, trained_k=6)
     engine = make_engine(llama, head, "parallel", "auto")
     assert engine.k_max == 6 and engine.auto.target(1) > 0 and engine.auto.drafter(1) > 0
+    engine.generate([prompts(1)[0]], SamplingParams(max_tokens=30, ignore_eos=True))
+    assert engine.auto.scale and all(s > 0 for s in engine.auto.scale.values())  # steady steps were timed
     with pytest.raises(ValueError, match="exceeds"):
         make_engine(llama, head, "parallel", "auto", max_speculative_tokens=7)
     with pytest.raises(ValueError, match="'auto'"):
         EngineConfig(num_speculative_tokens="seven")
+
+
+def test_measured_step_times_correct_the_cost_model():
+    """The start-up curves say one draft pays at 30% acceptance; steps at K=1 measured at 1.5x the
+    modelled time (what bare passes leave out) say it does not, and K drops to 0."""
+    auto = AutoK(4, True, TARGET, DRAFTER, prior=1e-6)
+    auto.accepted, auto.tried = [30.0, 0, 0, 0], [100.0, 0, 0, 0]
+    assert auto.choose(4) >= 1
+    for _ in range(20):
+        auto.observe(1, 4, 1.5 * auto.step_seconds(1, 4))
+        auto.observe(0, 4, auto.step_seconds(0, 4))
+    assert auto.scale[1] == pytest.approx(1.5) and auto.choose(4) == 0

@@ -4,7 +4,7 @@ Each step the engine drafts the K (0..K_max) that maximises expected tokens per 
 batch: ``B * E[tokens | K] / (verify(B*(K+1) rows) + drafting(K, B))``. ``E`` comes from the
 measured per-position acceptance (decayed counts, so it follows the text being generated); the
 costs come from the engine's own target and drafter passes, timed over a range of row counts when
-the engine starts. K = 0 is plain decoding (the drafter still writes its KV, one cheap pass, so
+the engine starts, corrected by the step times measured since (per K, a running ratio). K = 0 is plain decoding (the drafter still writes its KV, one cheap pass, so
 speculation can resume). A step at K_max every ``probe_every`` steps keeps the deeper positions'
 acceptance measured while a smaller K is chosen. No anchor does this online: vLLM's dynamic
 speculation reads a fixed table by batch size.
@@ -46,6 +46,7 @@ class AutoK:
     accepted: list[float] = field(default_factory=list)
     tried: list[float] = field(default_factory=list)
     steps: int = 0
+    scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per K
 
     def __post_init__(self):
         self.accepted = [0.5 * self.prior] + [0.0] * (self.k_max - 1)   # the first position's prior fades
@@ -83,6 +84,18 @@ class AutoK:
             drafting = self.drafter(rows) + (k - 1) * self.drafter(batch)
         return self.target(rows) + drafting
 
+    def observe(self, k: int, batch: int, seconds: float) -> None:
+        """A steady decode step at K (verified K drafts, drafted K) took ``seconds``: keep the
+        model's error at this K as a running ratio. It covers what timing bare passes at start-up
+        leaves out (many sequences' attention, the host's per-sequence work, a busy machine)."""
+        r = seconds / self.step_seconds(k, batch)
+        self.scale[k] = r if k not in self.scale else 0.9 * self.scale[k] + 0.1 * r
+
+    def corrected_seconds(self, k: int, batch: int) -> float:
+        """The modelled step time, scaled by the error measured at K (or at the nearest K measured)."""
+        near = min(self.scale, key=lambda j: (abs(j - k), j), default=None)
+        return self.step_seconds(k, batch) * (self.scale[near] if near is not None else 1.0)
+
     def choose(self, batch: int) -> int:
         """K for the drafts proposed now (verified next step); decays the acceptance counts."""
         self.steps += 1
@@ -90,5 +103,5 @@ class AutoK:
         self.tried = [t * self.decay for t in self.tried]
         if self.steps % self.probe_every == 0:
             return self.k_max
-        rate = [batch * self.expected_tokens(k) / self.step_seconds(k, batch) for k in range(self.k_max + 1)]
+        rate = [batch * self.expected_tokens(k) / self.corrected_seconds(k, batch) for k in range(self.k_max + 1)]
         return max(range(self.k_max + 1), key=rate.__getitem__)

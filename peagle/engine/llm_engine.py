@@ -115,6 +115,7 @@ class LLMEngine:
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # engine-wide totals, for metrics
         self.auto = AutoK(self.k_max, config.method == "parallel", *self._measure_costs()) if config.auto else None
+        self._last_k = -1   # the K of the drafts the next step verifies
 
     @torch.inference_mode()
     def _measure_costs(self) -> tuple[CostCurve, CostCurve]:
@@ -258,6 +259,7 @@ class LLMEngine:
     def step(self) -> StepResult:
         """One target pass, verification and drafting, all on the model's device; one host sync
         at the end reads every sequence's accepted count, emitted token and next drafts."""
+        t0 = time.perf_counter()
         work = self._schedule()
         result = StepResult()
         if not work:
@@ -331,6 +333,9 @@ class LLMEngine:
                 self.running.remove(seq)
                 self.blocks.release(seq)
                 result.finished.append(seq)
+        if self.auto and k == self._last_k and all(n == 1 for _, n in work):  # a steady decode step
+            self.auto.observe(k, len(batch), time.perf_counter() - t0)
+        self._last_k = k
         return result
 
     def _num_drafts(self, seq: Sequence, k: int) -> int:
