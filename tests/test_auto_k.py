@@ -7,6 +7,8 @@ import pytest
 from conftest import native_from_hf, tiny_hf
 from test_engine import MASK, OracleDrafter, make_engine, prompts
 
+import torch
+
 from peagle.engine.auto_k import AutoK, CostCurve
 from peagle.engine.llm_engine import EngineConfig
 from peagle.engine.sampling import SamplingParams
@@ -110,3 +112,31 @@ def test_measured_step_times_correct_the_cost_model():
         auto.observe(1, 4, 1.5 * auto.step_seconds(1, 4))
         auto.observe(0, 4, auto.step_seconds(0, 4))
     assert auto.scale[1] == pytest.approx(1.5) and auto.choose(4) == 0
+
+
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_steps_at_k0_skip_the_drafter_and_leave_no_hole_in_its_kv(llama, method):
+    """Steps at K = 0 run no drafter pass; when drafting resumes, the rows it missed are read first:
+    the drafter's KV of every position then equals that of a run that drafted every step."""
+    p = prompts(1, seed=6)[0]
+    head = init_drafter(llama, 2, MASK, seed=4)
+    kv, outs = [], []
+    for plan in ([3] * 20, [3, 0, 0, 0, 2, 0, 0, 3, 0, 3, 3, 0, 0, 0, 0, 0, 3, 3, 3, 3]):
+        engine = auto_engine(llama, head, method)
+        ks = iter(plan)
+        engine.auto.choose = lambda b: next(ks)
+        calls, propose = [], engine._propose
+        engine._propose = lambda *a: calls.append(1) or propose(*a)
+        seq = engine.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True))
+        for _ in range(len(plan)):
+            engine.step()
+        assert len(calls) == sum(k > 0 for k in plan)
+        n = seq.num_cached - 1   # positions whose drafter KV a kept row wrote
+        slots = torch.tensor([seq.block_table[q // 16] * 16 + q % 16 for q in range(n)])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.drafter_caches])
+        outs.append(seq.output_ids)
+    m = min(len(outs[0]), len(outs[1]))
+    assert outs[0][:m] == outs[1][:m]
+    n = min(kv[0][0].shape[0], kv[1][0].shape[0]) // 2
+    for a, b in zip(*kv):
+        torch.testing.assert_close(a[:n], b[:n], atol=1e-5, rtol=1e-5)

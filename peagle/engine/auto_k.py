@@ -4,9 +4,11 @@ Each step the engine drafts the K (0..K_max) that maximises expected tokens per 
 batch: ``B * E[tokens | K] / (verify(B*(K+1) rows) + drafting(K, B))``. ``E`` comes from the
 measured per-position acceptance (decayed counts, so it follows the text being generated); the
 costs come from the engine's own target and drafter passes, timed over a range of row counts when
-the engine starts, corrected by the step times measured since (per K, a running ratio). K = 0 is plain decoding (the drafter still writes its KV, one cheap pass, so
-speculation can resume). A step at K_max every ``probe_every`` steps keeps the deeper positions'
-acceptance measured while a smaller K is chosen. No anchor does this online: vLLM's dynamic
+the engine starts, corrected by the step times measured since (per K, a running ratio). K = 0 is
+plain decoding: the drafter is skipped, and the rows it missed are read in its next pass when
+drafting resumes (the engine keeps their target taps), so its KV has no holes. A step at K_max
+every ``probe_every`` steps keeps the deeper positions' acceptance measured while a smaller K is
+chosen. No anchor does this online: vLLM's dynamic
 speculation reads a fixed table by batch size.
 """
 from __future__ import annotations
@@ -77,7 +79,7 @@ class AutoK:
         """A steady-state step at K: verify B*(K+1) rows, then draft for the next one."""
         rows = batch * (k + 1)
         if k == 0:
-            drafting = self.drafter(batch)
+            drafting = 0.0   # the drafter catches up on these rows when drafting resumes
         elif self.parallel:
             drafting = self.drafter(rows + batch * (k - 1))
         else:

@@ -250,7 +250,7 @@ class LLMEngine:
             raise RuntimeError(f"request {seq.request_id} does not fit the KV cache alone")
         self.running.remove(seq)
         self.blocks.release(seq)
-        seq.drafts = []
+        seq.drafts, seq.draft_lag = [], []   # recomputed from its first token
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
@@ -304,8 +304,11 @@ class LLMEngine:
         finite = logits.isfinite().all(-1)[rows].all(1)   # a NaN or inf in any verified row
         out = [finite[:, None].long(), accepted[:, None], tokens[:, None]]
         k = self.auto.choose(len(batch)) if self.auto else self.k_max
-        if self.k_max:  # rows whose KV stays valid: the new tokens and the accepted drafts
+        if k:  # rows whose KV stays valid: the new tokens and the accepted drafts
             num_valid = to_device([n for _, n in work], dev) + accepted
+            if any(seq.draft_lag for seq in batch):
+                spans, ids_t, pos_t, last, num_valid, taps = self._with_lag(batch, spans, ids_t, pos_t, last,
+                                                                            num_valid, taps)
             out.append(self._propose(spans, ids_t, pos_t, last, num_valid, tokens, taps, k))
         packed = torch.cat(out, dim=1).tolist()
         if not all(row[0] for row in packed):  # before any state changes: the caller fails these requests
@@ -315,6 +318,9 @@ class LLMEngine:
         for i, ((seq, n), row) in enumerate(zip(work, packed)):
             a, token, proposed = row[1], row[2], row[3:]
             seq.num_cached += n + a      # the new tokens and the accepted drafts have KV now
+            if self.k_max and not k:     # the drafter skipped these rows: keep what it will read
+                rows = slice(last[i], last[i] + n + a)
+                seq.draft_lag.append((ids_t[rows], pos_t[rows], taps[rows]))
             if partial[i]:
                 continue
             verified = seq.drafts
@@ -338,6 +344,25 @@ class LLMEngine:
         self._last_k = k
         return result
 
+    def _with_lag(self, batch: list[Sequence], spans: list[Span], ids: torch.Tensor, positions: torch.Tensor,
+                  cu: list[int], num_valid: torch.Tensor, taps: torch.Tensor) -> tuple:
+        """The drafter's inputs with each sequence's lagging rows (steps at K = 0) before its rows of
+        this pass: they are kept rows at the positions just before, so the expansion reads them as
+        one longer prefix and the drafter's KV has no holes. Rare (drafting resumes), so per sequence."""
+        parts, lags = [], []
+        for i, seq in enumerate(batch):
+            rows = slice(cu[i], cu[i + 1])
+            lag = seq.draft_lag + [(ids[rows], positions[rows], taps[rows])]
+            parts.append([torch.cat(x) for x in zip(*lag)])
+            lags.append(sum(x[0].shape[0] for x in seq.draft_lag))
+            seq.draft_lag = []
+        new_cu = [0]
+        for p in parts:
+            new_cu.append(new_cu[-1] + p[0].shape[0])
+        spans = [Span(s.num_rows + n, s.ctx_len, s.block_table) for s, n in zip(spans, lags)]
+        return (spans, torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), new_cu,
+                num_valid + to_device(lags, self.device), torch.cat([p[2] for p in parts]))
+
     def _num_drafts(self, seq: Sequence, k: int) -> int:
         """K, less where the request is about to hit max_tokens or max_model_len."""
         left = seq.params.max_tokens - len(seq.output_ids)
@@ -349,11 +374,10 @@ class LLMEngine:
         offsets; ``num_valid`` rows kept, ``bonus`` the emitted token, ``taps`` the target's aux
         hidden states): the verified batch is expanded as vLLM does (:mod:`peagle.engine.expansion`),
         one drafter pass reads the drafts at the bonus and mask rows, and EAGLE-3 then continues one
-        token at a time, feeding back the head's own pre-norm hidden state. ``k = 0``: the pass
-        only writes the drafter's KV (no LM head), so drafting can resume later."""
+        token at a time, feeding back the head's own pre-norm hidden state."""
         d, dev = self.drafter, self.device
         parallel = self.cfg.method == "parallel"
-        num_masks = k - 1 if parallel and k else 0
+        num_masks = k - 1 if parallel else 0
         b = expand(ids, positions, to_device(cu, dev), num_valid, bonus, num_masks, d.cfg.mask_token_id)
         hidden = d.project(taps)[b.hidden_map.clamp(min=0)]
         if num_masks:
@@ -362,8 +386,6 @@ class LLMEngine:
         meta = AttnMeta([Span(s.num_rows + num_masks, s.ctx_len + num_masks, s.block_table) for s in spans], bs,
                         no_write=b.is_rejected)
         normed, prenorm = d(b.input_ids, hidden, b.positions, self.drafter_caches, meta)
-        if k == 0:
-            return torch.zeros(len(spans), 0, dtype=torch.long, device=dev)
         rows = b.sample_idx.flatten()
         drafts = d.to_target_ids(d.logits(normed[rows]).argmax(-1)).view(len(spans), -1)
         if parallel:

@@ -70,6 +70,9 @@ class Sequence:
         self.block_table: list[int] = []
         self.num_cached = 0           # tokens whose target (and drafter) KV is valid
         self.drafts: list[int] = []   # proposed tokens, verified by the next target pass
+        # rows the drafter has not read (steps at K = 0): (ids, positions, target taps), read when
+        # drafting resumes so its KV has no holes
+        self.draft_lag: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.finish_reason: str | None = None
         self.text = ""
         self.detok: Detokenizer | None = None      # the engine's, when it has a tokenizer
