@@ -6,9 +6,9 @@ measured per-position acceptance (decayed counts, so it follows the text being g
 costs come from the engine's own target and drafter passes, timed over a range of row counts when
 the engine starts, corrected by the step times measured since (per K, a running ratio). K = 0 is
 plain decoding: the drafter is skipped, and the rows it missed are read in its next pass when
-drafting resumes (the engine keeps their target taps), so its KV has no holes. A step at K_max
-every ``probe_every`` steps keeps the deeper positions' acceptance measured while a smaller K is
-chosen. No anchor does this online: vLLM's dynamic
+drafting resumes (the engine keeps their target taps), so its KV has no holes. Every
+``probe_every`` steps a step drafts two positions deeper than pays now, so acceptance there stays
+measured (a deeper position seldom tried leans on the one before it) and K can climb again. No anchor does this online: vLLM's dynamic
 speculation reads a fixed table by batch size.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ class AutoK:
     parallel: bool              # P-EAGLE: one drafter pass; EAGLE-3: K passes
     target: CostCurve           # a target pass (and verification) over n rows
     drafter: CostCurve          # a drafter pass over n rows (with its LM head)
-    probe_every: int = 16
+    probe_every: int = 16       # steps between probes two positions deeper
     decay: float = 0.98         # per step: about the last 50 steps count
     prior: float = 1.0          # pseudo-rounds of each position's prior (0.5 at first, then the one before)
     accepted: list[float] = field(default_factory=list)
@@ -103,7 +103,8 @@ class AutoK:
         self.steps += 1
         self.accepted = [a * self.decay for a in self.accepted]
         self.tried = [t * self.decay for t in self.tried]
-        if self.steps % self.probe_every == 0:
-            return self.k_max
         rate = [batch * self.expected_tokens(k) / self.corrected_seconds(k, batch) for k in range(self.k_max + 1)]
-        return max(range(self.k_max + 1), key=rate.__getitem__)
+        best = max(range(self.k_max + 1), key=rate.__getitem__)
+        if self.steps % self.probe_every == 0:   # look two positions deeper than pays now
+            return min(best + 2, self.k_max)
+        return best
