@@ -4,10 +4,9 @@ own are timed at start-up), so the choices do not depend on this machine's speed
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import native_from_hf, tiny_hf
 from test_engine import MASK, OracleDrafter, make_engine, prompts
-
-import torch
 
 from peagle.engine.auto_k import AutoK, CostCurve
 from peagle.engine.llm_engine import EngineConfig
@@ -43,12 +42,10 @@ def test_auto_is_lossless_at_every_k_it_picks(llama, method):
     ps = prompts(3, seed=1)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
-    cfg = init_drafter(llama, 1, MASK).cfg
     seen = set()
     for wrong_every in (2, 4, 1000):
-        head = OracleDrafter(cfg, ps[0] + ref[0], wrong_every)
-        head.init_weights(0)
-        got, ks = chosen(auto_engine(llama, head.eval(), method), ps[:1], params)
+        head = OracleDrafter.of(llama, ps[0] + ref[0], wrong_every)
+        got, ks = chosen(auto_engine(llama, head, method), ps[:1], params)
         assert got == ref[:1], wrong_every
         seen |= set(ks)
     got, ks = chosen(auto_engine(llama, init_drafter(llama, 2, MASK, seed=3), method), ps, params)
@@ -61,17 +58,14 @@ def test_useless_head_drafts_nothing_and_perfect_head_the_maximum(llama, method)
     p = prompts(1, seed=2)[0]
     params = SamplingParams(max_tokens=80, ignore_eos=True)
     ref = make_engine(llama, None, "none").generate([p], params)[0].token_ids
-    cfg = init_drafter(llama, 1, MASK).cfg
-    useless = OracleDrafter(cfg, p + ref, wrong_every=1)   # every draft is wrong
-    perfect = OracleDrafter(cfg, p + ref, wrong_every=10 ** 6)
-    for head in (useless, perfect):
-        head.init_weights(0)
-    _, ks = chosen(auto_engine(llama, useless.eval(), method), [p], params)
+    useless = OracleDrafter.of(llama, p + ref, wrong_every=1)   # every draft is wrong
+    perfect = OracleDrafter.of(llama, p + ref, wrong_every=10 ** 6)
+    _, ks = chosen(auto_engine(llama, useless, method), [p], params)
     # while the prior fades, a few percent of acceptance still pays for a draft this cheap to
     # verify; settled, only the periodic probes (two positions deep) draft
     settled = ks[30:]
     assert len(settled) > 40 and set(settled) == {0, 2} and settled.count(2) <= len(settled) // 16 + 1, ks
-    _, ks = chosen(auto_engine(llama, perfect.eval(), method), [p], params)
+    _, ks = chosen(auto_engine(llama, perfect, method), [p], params)
     assert sum(k == 8 for k in ks[3:]) >= len(ks[3:]) - 1, ks
 
 

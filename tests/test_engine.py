@@ -37,6 +37,13 @@ class OracleDrafter(Drafter):
         super().__init__(cfg)
         self.reference, self.wrong_every = reference, wrong_every
 
+    @classmethod
+    def of(cls, target, reference: list[int], wrong_every: int, cfg=None) -> "OracleDrafter":
+        """An initialised oracle for ``target`` (a 1-layer head's shape unless ``cfg``), ready to run."""
+        head = cls(cfg or init_drafter(target, 1, MASK).cfg, reference, wrong_every)
+        head.init_weights(0)
+        return head.eval()
+
     def forward(self, ids, hidden, positions, caches, meta):
         normed, prenorm = super().forward(ids, hidden, positions, caches, meta)
         tag = positions.to(normed.dtype)[:, None]  # the row at position p predicts token p + 2
@@ -79,12 +86,10 @@ def test_lossless_oracle_head_deep_acceptance(llama, method):
     prompt = prompts(1, seed=3)[0]
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     ref = make_engine(llama, None, "none").generate([prompt], params)[0].token_ids
-    cfg = init_drafter(llama, 1, MASK).cfg
     for k in range(1, 11):
         for wrong_every in (3, 7, 1000):
-            head = OracleDrafter(cfg, prompt + ref, wrong_every)
-            head.init_weights(0)
-            out = make_engine(llama, head.eval(), method, k).generate([prompt], params)[0]
+            head = OracleDrafter.of(llama, prompt + ref, wrong_every)
+            out = make_engine(llama, head, method, k).generate([prompt], params)[0]
             assert out.token_ids == ref, (k, wrong_every)
             if wrong_every == 1000:  # a perfect drafter: every round accepts all it may
                 assert out.stats.acceptance_length > min(k, 4) * 0.75 + 0.5
@@ -245,8 +250,7 @@ def test_speculative_sampling_end_to_end_matches_target(head):
     if head == "bad":
         drafter = init_drafter(target, 1, MASK, seed=9)
     else:
-        drafter = OracleDrafter(init_drafter(target, 1, MASK).cfg, prompt + greedy, 1000)
-        drafter.init_weights(0)
+        drafter = OracleDrafter.of(target, prompt + greedy, 1000)
     n = 4000
     engine = make_engine(target, drafter.eval(), "parallel", 3, max_num_seqs=64)
     outs = engine.generate([prompt] * n, [SamplingParams(**{**sp.__dict__, "seed": i}) for i in range(n)])
@@ -435,9 +439,7 @@ def test_logprobs_are_the_targets_under_speculation(llama, method):
     p = prompts(1, seed=6)[0]
     params = SamplingParams(max_tokens=20, ignore_eos=True, logprobs=3)
     ref = make_engine(llama, None, "none").generate([p], params)[0].token_ids
-    head = OracleDrafter(init_drafter(llama, 1, MASK).cfg, p + ref, wrong_every=5)
-    head.init_weights(0)
-    engine = make_engine(llama, head.eval(), method, 4)
+    engine = make_engine(llama, OracleDrafter.of(llama, p + ref, wrong_every=5), method, 4)
     seq = engine.add_request(p, params)
     while engine.has_unfinished():
         engine.step()
@@ -464,9 +466,7 @@ def test_chunked_prefill_is_lossless(llama, method):
     ref = [o.token_ids for o in make_engine(llama, None, "none", enable_chunked_prefill=False).generate(ps, params)]
     heads = [None] if method == "none" else [init_drafter(llama, 2, MASK, seed=5)]
     if method != "none":
-        oracle = OracleDrafter(heads[0].cfg, ps[2] + ref[2], wrong_every=1000)
-        oracle.init_weights(0)
-        heads.append(oracle.eval())
+        heads.append(OracleDrafter.of(llama, ps[2] + ref[2], 1000, cfg=heads[0].cfg))
     for head in heads:
         for budget in (7, 16):
             for n in (1, 4):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import accumulate
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -279,17 +280,13 @@ class LLMEngine:
             partial.append(start + n < seq.num_tokens)       # a prompt chunk before the last: nothing emitted
         dev = self.device
         ids_t, pos_t = to_device(ids, dev), to_device(positions, dev)
-        last = [0]
-        for span, n in zip(spans, verify_rows):
-            last.append(last[-1] + span.num_rows)
-        logit_rows = [r for span, end, n in zip(spans, last[1:], verify_rows) for r in range(end - n, end)]
+        cu = list(accumulate((s.num_rows for s in spans), initial=0))     # each sequence's first input row
+        logit_rows = [r for end, n in zip(cu[1:], verify_rows) for r in range(end - n, end)]
         logits, taps = self.target(ids_t, pos_t, self.target_caches, AttnMeta(spans, self.cfg.block_size),
                                    to_device(logit_rows, dev))
 
         # 2. verify on the device
-        first = [0]
-        for n in verify_rows:
-            first.append(first[-1] + n)
+        first = list(accumulate(verify_rows, initial=0))                   # each sequence's first logit row
         rows = to_device([[f + min(j, n - 1) for j in range(kmax + 1)] for f, n in zip(first, verify_rows)], dev)
         accepted, tokens = verify_greedy(logits, rows, to_device(drafts, dev))
         for i, seq in enumerate(batch):
@@ -306,10 +303,10 @@ class LLMEngine:
         k = self.auto.choose(len(batch)) if self.auto else self.k_max
         if k:  # rows whose KV stays valid: the new tokens and the accepted drafts
             num_valid = to_device([n for _, n in work], dev) + accepted
+            drafter_in = (spans, ids_t, pos_t, cu, num_valid, taps)
             if any(seq.draft_lag for seq in batch):
-                spans, ids_t, pos_t, last, num_valid, taps = self._with_lag(batch, spans, ids_t, pos_t, last,
-                                                                            num_valid, taps)
-            out.append(self._propose(spans, ids_t, pos_t, last, num_valid, tokens, taps, k))
+                drafter_in = self._with_lag(batch, *drafter_in)
+            out.append(self._propose(*drafter_in, tokens, k))
         packed = torch.cat(out, dim=1).tolist()
         if not all(row[0] for row in packed):  # before any state changes: the caller fails these requests
             raise SamplingError("the model produced non-finite logits")
@@ -319,7 +316,7 @@ class LLMEngine:
             a, token, proposed = row[1], row[2], row[3:]
             seq.num_cached += n + a      # the new tokens and the accepted drafts have KV now
             if self.k_max and not k:     # the drafter skipped these rows: keep what it will read
-                rows = slice(last[i], last[i] + n + a)
+                rows = slice(cu[i], cu[i] + n + a)
                 seq.draft_lag.append((ids_t[rows], pos_t[rows], taps[rows]))
             if partial[i]:
                 continue
@@ -356,12 +353,10 @@ class LLMEngine:
             parts.append([torch.cat(x) for x in zip(*lag)])
             lags.append(sum(x[0].shape[0] for x in seq.draft_lag))
             seq.draft_lag = []
-        new_cu = [0]
-        for p in parts:
-            new_cu.append(new_cu[-1] + p[0].shape[0])
         spans = [Span(s.num_rows + n, s.ctx_len, s.block_table) for s, n in zip(spans, lags)]
-        return (spans, torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), new_cu,
-                num_valid + to_device(lags, self.device), torch.cat([p[2] for p in parts]))
+        ids, positions, taps = (torch.cat(x) for x in zip(*parts))
+        return (spans, ids, positions, list(accumulate((s.num_rows for s in spans), initial=0)),
+                num_valid + to_device(lags, self.device), taps)
 
     def _num_drafts(self, seq: Sequence, k: int) -> int:
         """K, less where the request is about to hit max_tokens or max_model_len."""
@@ -369,10 +364,10 @@ class LLMEngine:
         return max(0, min(k, left - 1, self.max_model_len - seq.num_tokens))
 
     def _propose(self, spans: list[Span], ids: torch.Tensor, positions: torch.Tensor, cu: list[int],
-                 num_valid: torch.Tensor, bonus: torch.Tensor, taps: torch.Tensor, k: int) -> torch.Tensor:
+                 num_valid: torch.Tensor, taps: torch.Tensor, bonus: torch.Tensor, k: int) -> torch.Tensor:
         """``k`` drafts ``[B, k]`` for each sequence of the target pass (``spans``; ``cu`` its row
-        offsets; ``num_valid`` rows kept, ``bonus`` the emitted token, ``taps`` the target's aux
-        hidden states): the verified batch is expanded as vLLM does (:mod:`peagle.engine.expansion`),
+        offsets; ``num_valid`` rows kept, ``taps`` the target's aux hidden states, ``bonus`` the
+        emitted token): the verified batch is expanded as vLLM does (:mod:`peagle.engine.expansion`),
         one drafter pass reads the drafts at the bonus and mask rows, and EAGLE-3 then continues one
         token at a time, feeding back the head's own pre-norm hidden state."""
         d, dev = self.drafter, self.device

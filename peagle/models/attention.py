@@ -9,6 +9,7 @@ the rows' positions), so the layers run without host work or per-sequence tensor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -89,9 +90,7 @@ class AttnMeta:
         past it). Called by the model's forward, once."""
         dev, bs = positions.device, self.block_size
         spans = self.spans
-        firsts = [0]
-        for s in spans:
-            firsts.append(firsts[-1] + s.num_rows)
+        firsts = list(accumulate((s.num_rows for s in spans), initial=0))
         # slot of each row: its block table entry for its position (one gather over a padded table)
         nb = max(len(s.block_table) for s in spans)
         table = to_device([s.block_table + [0] * (nb - len(s.block_table)) for s in spans], dev)
@@ -105,7 +104,8 @@ class AttnMeta:
         short = sorted((i for i, s in enumerate(spans) if s.num_rows <= SHORT_ROWS), key=lambda i: spans[i].ctx_len)
         batches, cur = [], []
         for i in short:  # by growing length: a batch ends before padding would pass the bound
-            if cur and (len(cur) + 1) * spans[i].ctx_len > MAX_PADDING * (sum(spans[j].ctx_len for j in cur) + spans[i].ctx_len):
+            padded, real = (len(cur) + 1) * spans[i].ctx_len, sum(spans[j].ctx_len for j in cur) + spans[i].ctx_len
+            if cur and padded > MAX_PADDING * real:
                 batches.append(cur)
                 cur = []
             cur.append(i)
