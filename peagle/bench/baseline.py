@@ -332,7 +332,7 @@ def bench_target_passes(args, engine, hf, ctx: list[int], bar) -> dict:
         hf_cache.crop(-n)
         return t
 
-    ours_t, hf_t = timed_rounds(args, bar, sizes, ours, hf_pass if hf is not None else None, args.hf_threads)
+    ours_t, hf_t, load = timed_rounds(args, bar, sizes, ours, hf_pass if hf is not None else None, args.hf_threads)
     engine.abort(seq.request_id)
     base, hf_base = median(ours_t[1]), median(hf_t[1]) if hf is not None else None
     rows = []
@@ -343,13 +343,15 @@ def bench_target_passes(args, engine, hf, ctx: list[int], bar) -> dict:
             r["hf_ratio_to_1"] = median(hf_t[n]) / hf_base
             r["ours_over_hf"] = median(ours_t[n]) / median(hf_t[n])
         rows.append(r)
-    return {"context": C, "rows": rows, "other_cores": ours_t["other_cores"]}
+    return {"context": C, "rows": rows, "other_cores": load}
 
 
-def timed_rounds(args, bar, sizes: list[int], ours, other=None, other_threads: int | None = None) -> tuple[dict, dict]:
+def timed_rounds(args, bar, sizes: list[int], ours, other=None,
+                 other_threads: int | None = None) -> tuple[dict, dict, float]:
     """Warm-up then ``micro_reps`` rounds; each round times ``ours`` at every size, then ``other``
     (HF on ``other_threads``: pools switched twice a round, with a pause so the other pool's
-    spinning workers sleep first)."""
+    spinning workers sleep first). Returns (our times by size, the other's, the cores other jobs
+    kept busy meanwhile, median)."""
     from peagle.models.layers import configure_cpu_threads
 
     ours_t, hf_t, loads = {n: [] for n in sizes}, {n: [] for n in sizes}, []
@@ -373,8 +375,7 @@ def timed_rounds(args, bar, sizes: list[int], ours, other=None, other_threads: i
                     hf_t[n].append(t)
         bar.update(1)
     configure_cpu_threads()
-    ours_t["other_cores"] = median(loads)
-    return ours_t, hf_t
+    return ours_t, hf_t, median(loads)
 
 
 # ----------------------------------------------------------------------------- 3. prefill
@@ -410,11 +411,11 @@ def bench_prefill(args, engine, hf, ctx: list[int], bar) -> dict:
 
     whole_t: list[float] = []
     reps = dict(vars(args), micro_warmup=1, micro_reps=args.prefill_reps)
-    ours_t, hf_t = timed_rounds(argparse.Namespace(**reps), bar, [len(ctx)], ours, hf_pass, args.hf_threads)
+    ours_t, hf_t, load = timed_rounds(argparse.Namespace(**reps), bar, [len(ctx)], ours, hf_pass, args.hf_threads)
     n, hf_s = len(ctx), median(hf_t[len(ctx)])
     return {"tokens": n, "chunk": engine.cfg.max_num_batched_tokens, "ours_s": median(ours_t[n]), "hf_s": hf_s,
             "ours_over_hf": median(ours_t[n]) / hf_s, "whole_s": median(whole_t[1:]),
-            "whole_over_hf": median(whole_t[1:]) / hf_s, "other_cores": ours_t["other_cores"]}
+            "whole_over_hf": median(whole_t[1:]) / hf_s, "other_cores": load}
 
 
 # ----------------------------------------------------------------------------- 4. drafting
@@ -438,14 +439,14 @@ def bench_drafting(args, target, heads: dict, ctx: list[int], target_1tok_ms: fl
     ks = list(range(1, args.max_k + 1))
     with torch.inference_mode():
         calls = {(m, k): propose_call(m, k) for m in heads for k in ks}
-        par, e3 = timed_rounds(args, bar, ks, lambda k: calls[("parallel", k)](),
+        par, e3, load = timed_rounds(args, bar, ks, lambda k: calls[("parallel", k)](),
                                lambda k: calls[("eagle3", k)]())
     rows = []
     for k in ks:
         pm, em = 1e3 * median(par[k]), 1e3 * median(e3[k])
         rows.append({"k": k, "parallel_ms": pm, "parallel_frac_of_target": pm / target_1tok_ms,
                      "eagle3_ms": em, "eagle3_frac_of_target": em / target_1tok_ms, "eagle3_over_parallel": em / pm})
-    return {"context": len(ctx), "other_cores": par["other_cores"], "target_1tok_ms": target_1tok_ms, "rows": rows,
+    return {"context": len(ctx), "other_cores": load, "target_1tok_ms": target_1tok_ms, "rows": rows,
             "heads": {m: {"num_layers": h.cfg.num_layers, "draft_vocab_size": h.cfg.draft_vocab_size}
                       for m, h in heads.items()}}
 
