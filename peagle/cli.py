@@ -173,6 +173,7 @@ TRAIN_HELP = {
     "layers": "decoder layers of the head", "k": "depths trained: parallel groups (peagle) or unrolled steps (eagle3)",
     "draft_vocab": "draft vocabulary size (the most frequent response tokens)",
     "hidden": "folder written by `peagle hidden` (default: run the target online)",
+    "init_from": "start from this head's weights (vLLM format, same layers and draft vocabulary); fresh optimizer",
     "batch_size": "documents per process per step", "micro_tokens": "tokens packed into one micro-batch",
     "segments": "sequence partition: segments per micro-batch (saves memory, same gradients)",
     "r": "position sampling: depth d keeps (n-d)*max(r**d, r_min) anchors",

@@ -92,6 +92,21 @@ def test_resume_refuses_changed_settings(tiny_chat_dir, synth_dir, tmp_path):
         Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", max_steps=2, k=3, resume=True))
 
 
+def test_init_from_starts_at_the_given_head_and_refuses_another_shape(tiny_chat_dir, synth_dir, tmp_path):
+    first = train(config(tiny_chat_dir, synth_dir, tmp_path / "first", max_steps=4))
+    # --init-from with no steps to take: the head evaluates as the one it started from, weights equal
+    again = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "again", max_steps=4, init_from=str(tmp_path / "first")))
+    again.evaluate()
+    assert again.last_eval["al"] == first["al"] and again.last_eval["acc"] == first["acc"]
+    again.save()
+    a, b = head_tensors(tmp_path / "first"), head_tensors(tmp_path / "again")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="--layers 2 != the head's 1"):
+        Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "x", layers=2, init_from=str(tmp_path / "first")))
+    with pytest.raises(ValueError, match="--draft-vocab 256 != the head's 512"):
+        Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "x", draft_vocab=256, init_from=str(tmp_path / "first")))
+
+
 def cli(*args, **kw):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "peagle.cli", *args], env=env, stdout=subprocess.PIPE,

@@ -3,6 +3,8 @@ the mask token's row, which is learned (PEAGLE.md §1). Initialised from the tar
 helps: its LM-head rows for the draft vocabulary and its final norm."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -35,6 +37,19 @@ class TrainHead(Drafter):
             head.norm.weight.copy_(target.model.norm.weight)
         head.set_vocab_map(draft_ids)
         return head
+
+    def load_from(self, drafter: Drafter) -> None:
+        """Start from a trained head of the same shape: its weights, and its mask row as the learned
+        mask embedding (the rest of the embedding stays the target's)."""
+        mine, theirs = (dataclasses.replace(c, trained_k=None, extra={}) for c in (self.cfg, drafter.cfg))
+        if mine != theirs:
+            raise ValueError(f"head mismatch: {theirs} cannot start a head shaped {mine}")
+        sd = {k: v for k, v in drafter.state_dict().items() if k != "embed_tokens.weight"}
+        missing, unexpected = self.load_state_dict(sd, strict=False)
+        if unexpected or set(missing) - {"embed_tokens.weight", "mask_embedding"}:
+            raise ValueError(f"head mismatch: missing {missing}, unexpected {unexpected}")
+        with torch.no_grad():
+            self.mask_embedding.copy_(drafter.embed_tokens.weight[self.cfg.mask_token_id])
 
     def trainable(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

@@ -54,6 +54,7 @@ class TrainConfig:
     draft_vocab: int = 8192
     mask_token_id: int | None = None  # default: a spare special token of the tokenizer
     hidden: str | None = None        # `peagle hidden` output; None computes the target's states online
+    init_from: str | None = None     # a vLLM-format head to start from (its weights; a fresh optimizer)
     epochs: float = 1.0
     max_steps: int | None = None
     batch_size: int = 8              # documents per process per step
@@ -163,13 +164,18 @@ class Trainer:
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
 
         state = self._load_state() if cfg.resume else None
+        init = None if state is not None or cfg.init_from is None else self._init_head()
         if state is not None:
             draft_ids, mask_id = state["draft_ids"], state["mask_token_id"]
+        elif init is not None:
+            draft_ids, mask_id = init.to_target_ids(torch.arange(init.cfg.draft_vocab_size)), init.cfg.mask_token_id
         else:
             draft_ids = draft_vocab(self.train_records, cfg.draft_vocab, self.target.cfg.vocab_size)
             mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else choose_mask_token(load_tokenizer(path))
         self.head = TrainHead.for_target(self.target, cfg.layers, draft_ids, mask_id, cfg.k, cfg.seed).to(self.device)
         self.head.cfg.check_target(self.target.cfg, self.target.aux_layers)
+        if init is not None:
+            self.head.load_from(init.to(self.device))
         if cfg.method == "eagle3":  # EAGLE-3 never reads the mask token or mask_hidden
             self.head.mask_hidden.requires_grad_(False)
             self.head.mask_embedding.requires_grad_(False)
@@ -296,6 +302,20 @@ class Trainer:
             os.replace(tmp, path)
         if self.world > 1:
             dist.barrier()
+
+    def _init_head(self):
+        """The head ``--init-from`` names, checked against this run's shape."""
+        from peagle.models.drafter import load_drafter
+
+        cfg = self.cfg
+        init = load_drafter(cfg.init_from, base_embedding=self.target.model.embed_tokens.weight)
+        init.cfg.check_target(self.target.cfg, self.target.aux_layers)
+        diff = [f"{name} {mine} != the head's {theirs}" for name, mine, theirs in (
+            ("--layers", cfg.layers, init.cfg.num_layers), ("--draft-vocab", cfg.draft_vocab, init.cfg.draft_vocab_size),
+            ("--mask-token-id", cfg.mask_token_id, init.cfg.mask_token_id)) if mine is not None and mine != theirs]
+        if diff:
+            raise ValueError(f"--init-from {cfg.init_from} does not fit this run: " + "; ".join(diff))
+        return init
 
     def _load_state(self) -> dict | None:
         path = self.out / STATE
