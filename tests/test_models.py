@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import native_from_hf, run_full, tiny_hf
-from peagle.models.attention import AttnMeta, Span
+from peagle.models.attention import AttnMeta, Span, prefix_then_causal
 from peagle.models.llama import SUPPORTED_ARCHITECTURES, CheckpointError, LlamaModel, ModelConfig, \
     UnsupportedModelError
 from peagle.models.loader import ModelNotFoundError, load_target
@@ -440,3 +440,18 @@ def test_long_chunk_after_a_cached_prefix_equals_full_pass(family, layout):
     b, b_aux = step(model, caches, ids, slots, 70, 150)
     assert (torch.cat([a, b]) - full).abs().max().item() <= ATOL
     assert (torch.cat([a_aux, b_aux]) - full_aux).abs().max().item() <= ATOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,L", [(1, 9), (5, 12), (7, 8), (64, 200)])
+def test_chunk_after_a_prefix_equals_the_lower_right_causal_mask(dtype, n, L):
+    """The CPU path for a prefill chunk after cached keys (prefix without a mask + causal chunk,
+    merged by log-sum-exp) equals SDPA under the materialised lower-right causal mask."""
+    g = torch.Generator().manual_seed(n * 1000 + L)
+    q, k, v = (torch.randn(2, 3, m, 16, generator=g).to(dtype) for m in (n, L, L))
+    mask = torch.ones(n, L, dtype=torch.bool).tril(L - n)
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    got = prefix_then_causal(q, k, v)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)

@@ -223,6 +223,20 @@ def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask
     return o.reshape(T, H * d)
 
 
+def prefix_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of a chunk of ``n`` queries that are the last ``n`` of ``L`` keys (``[B, H, *, d]``),
+    on the CPU: the cached prefix without a mask and the chunk under the causal kernel, merged by
+    their log-sum-exps. Given the lower-right causal bias, the CPU kernel would materialise the mask
+    and score every masked block; this skips them (a 2,048-token chunk after 2,048 cached tokens:
+    about 20% less attention time)."""
+    p = k.shape[2] - q.shape[2]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    o1, lse1 = flash(q, k[:, :, :p], v[:, :, :p])[:2]
+    o2, lse2 = flash(q, k[:, :, p:], v[:, :, p:], is_causal=True)[:2]   # lse: [B, H, n], float32
+    lse = torch.logaddexp(lse1, lse2)
+    return (o1 * (lse1 - lse).exp()[..., None] + o2 * (lse2 - lse).exp()[..., None]).to(q.dtype)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
            sinks: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
     """Grouped-query attention: q ``[B, n, H, d]``, k/v ``[B, L, Hkv, d]``, ``mask`` folded as
@@ -241,9 +255,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     kt, vt = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)                          # [B, Hkv, L, d]
     L = k.shape[1]
     if causal and sinks is None:  # SDPA's causal kernel (aligned to the last key), no mask materialised
-        bias = {"is_causal": True} if n == L else {"attn_mask": causal_lower_right(n, L)}
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1),
-                                           **bias)
+        qh, kh, vh = q.transpose(1, 2), kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1)
+        if n == L:
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+        elif q.device.type == "cpu":
+            o = prefix_then_causal(qh, kh, vh)
+        else:  # CUDA's kernels take the lower-right causal bias without materialising it
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(n, L))
         return o.transpose(1, 2).reshape(B, n, H * d)
     if causal:
         mask = torch.ones(n, L, dtype=torch.bool, device=q.device).tril(L - n)[None, None].repeat(1, 1, g, 1)
