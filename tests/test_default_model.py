@@ -76,3 +76,19 @@ def test_init_drafter_then_generate_with_it(tmp_path):
     assert outs[0]["token_ids"] == outs[1]["token_ids"] == outs[2]["token_ids"]
     r = run_cli("generate", "--drafter", str(head), "-k", "6", "hi")  # more than the head was trained for
     assert r.returncode == 1 and "K=5" in r.stderr
+
+
+def test_baseline_runs_the_sections_asked_for(tmp_path):
+    """``peagle.bench.baseline --sections``: only those are timed and reported (here prefill and the
+    pass table drafting needs, each tiny), in the JSON and in the markdown."""
+    from peagle.bench.baseline import main as baseline
+
+    res = baseline(["--sections", "prefill,drafting", "--prefill-tokens", "96", "--prefill-reps", "1",
+                    "--micro-reps", "1", "--micro-warmup", "0", "--max-k", "2", "--verify-sizes", "1,2",
+                    "--context", "64", "--prompts", "1", "--wait-idle", "0", "--settle", "0", "--no-hf-passes",
+                    "--dtype", "float32", "--json", str(tmp_path / "b.json")])
+    assert {"prefill", "target_passes", "drafting"} <= res.keys() and "end_to_end" not in res
+    assert res["prefill"]["tokens"] == 96 and res["prefill"]["hf_s"] > 0
+    assert [r["k"] for r in res["drafting"]["rows"]] == [1, 2]
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert saved.keys() == res.keys()

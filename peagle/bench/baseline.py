@@ -471,8 +471,20 @@ def match_str(info: dict) -> str:
 
 
 def markdown(res: dict) -> str:
-    a = res["args"]
     out = []
+    if "end_to_end" in res:
+        out += markdown_end_to_end(res)
+    if "target_passes" in res:
+        out += markdown_passes(res)
+    if "prefill" in res:
+        out += markdown_prefill(res)
+    if "drafting" in res:
+        out += markdown_drafting(res)
+    return "\n".join(out)
+
+
+def markdown_end_to_end(res: dict) -> list[str]:
+    a, out = res["args"], []
     e2e = res["end_to_end"]
     out.append(f"### 1. Plain decoding, {a['max_new_tokens']} new tokens, {a['prompts']} MT-Bench prompts "
                f"x {a['reps']} reps (median over all runs)\n")
@@ -506,6 +518,12 @@ def markdown(res: dict) -> str:
     goal = none["ratio_vs_hf"] >= 1.2
     out.append(f"Ours `none` / HF decode ({res['env']['dtype']}): **{none['ratio_vs_hf']:.2f}x** (paired median "
                f"{none['paired_ratio_vs_hf']:.2f}x); goal >= 1.2x: **{'met' if goal else 'not met'}**.")
+    out.append("")
+    return out
+
+
+def markdown_passes(res: dict) -> list[str]:
+    a, out = res["args"], []
     tp = res["target_passes"]
     eight = next((r for r in tp["rows"] if r["tokens"] == 8), None)
     if eight:
@@ -524,6 +542,11 @@ def markdown(res: dict) -> str:
             line += f" {fmt(r['hf_ms'], 2)} | {fmt(r['hf_ratio_to_1'], 2)} | {fmt(r['ours_over_hf'], 2)} |"
         out.append(line)
     out.append("")
+    return out
+
+
+def markdown_prefill(res: dict) -> list[str]:
+    a, out = res["args"], []
     pf = res["prefill"]
     out.append(f"### 3. Prefill of a {pf['tokens']}-token prompt (time to the first token, median of "
                f"{a['prefill_reps']})\n")
@@ -532,6 +555,11 @@ def markdown(res: dict) -> str:
     out.append(f"| {fmt(pf['ours_s'], 2)} | {fmt(pf['whole_s'], 2)} | {fmt(pf['hf_s'], 2)} | "
                f"{fmt(pf['ours_over_hf'], 2)} | {fmt(pf['whole_over_hf'], 2)} |")
     out.append("")
+    return out
+
+
+def markdown_drafting(res: dict) -> list[str]:
+    a, out = res["args"], []
     dr = res["drafting"]
     hd = ", ".join(f"{m}: {h['num_layers']} layer(s), draft vocabulary {h['draft_vocab_size']}"
                    for m, h in dr["heads"].items())
@@ -545,10 +573,13 @@ def markdown(res: dict) -> str:
                    f"{fmt(r['eagle3_ms'], 2)} | {fmt(r['eagle3_frac_of_target'], 2)} | "
                    f"{fmt(r['eagle3_over_parallel'], 2)} |")
     out.append("")
-    return "\n".join(out)
+    return out
 
 
 # ----------------------------------------------------------------------------- main
+
+SECTIONS = ("e2e", "passes", "prefill", "drafting")
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m peagle.bench.baseline", description=__doc__,
@@ -577,7 +608,15 @@ def parse_args(argv=None):
                     help="before each round of end-to-end runs and each pass-timing phase, wait up to this "
                          "many seconds for other processes to go quiet (0: do not wait)")
     ap.add_argument("--no-hf-passes", action="store_true", help="skip HF's column in the pass timings")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help="comma-separated, of " + ", ".join(SECTIONS) + " (drafting also times passes; without "
+                         "e2e, contexts repeat the prompts alone)")
     args = ap.parse_args(argv)
+    args.sections = [x for x in args.sections.split(",") if x]
+    if unknown := set(args.sections) - set(SECTIONS):
+        ap.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    if "drafting" in args.sections and "passes" not in args.sections:
+        args.sections.append("passes")
     args.verify_sizes = sorted({int(x) for x in args.verify_sizes.split(",")})
     if 1 not in args.verify_sizes:
         args.verify_sizes.insert(0, 1)
@@ -614,19 +653,28 @@ def main(argv=None) -> dict:
 
     n_systems = 1 + len(engines)
     rounds = args.micro_warmup + args.micro_reps
-    bar = tqdm(total=n_systems + args.reps * args.prompts * n_systems + 2 * rounds + 1 + args.prefill_reps,
+    sec = args.sections
+    bar = tqdm(total=("e2e" in sec) * (n_systems + args.reps * args.prompts * n_systems)
+               + ("passes" in sec) * (rounds + 1) + ("drafting" in sec) * rounds + ("prefill" in sec) * args.prefill_reps,
                desc="baseline", unit="run", file=sys.stderr, dynamic_ncols=True)
-    runs = bench_end_to_end(args, engines, hf, prompts_ids, bar)
-    e2e = summarize_end_to_end(args, runs, engine.target, prompts_ids, engine.eos_token_ids)
-    outputs = [runs["hf"][p][0]["tokens"] for p in range(len(prompts_ids))]
-    bar.set_postfix_str("target passes")
-    passes = bench_target_passes(args, engine, None if args.no_hf_passes else hf,
-                                 build_context(prompts_ids, outputs, args.context), bar)
-    bar.set_postfix_str("prefill")
-    prefill = bench_prefill(args, engine, hf, build_context(prompts_ids, outputs, args.prefill_tokens), bar)
-    bar.set_postfix_str("drafting")
-    drafting = bench_drafting(args, engine.target, heads, build_context(prompts_ids, outputs, args.context),
-                              passes["rows"][0]["ours_ms"], bar)
+    found: dict = {}
+    outputs = [[] for _ in prompts_ids]
+    if "e2e" in sec:
+        runs = bench_end_to_end(args, engines, hf, prompts_ids, bar)
+        found["end_to_end"] = summarize_end_to_end(args, runs, engine.target, prompts_ids, engine.eos_token_ids)
+        found["end_to_end_raw"] = runs
+        outputs = [runs["hf"][p][0]["tokens"] for p in range(len(prompts_ids))]
+    if "passes" in sec:
+        bar.set_postfix_str("target passes")
+        found["target_passes"] = bench_target_passes(args, engine, None if args.no_hf_passes else hf,
+                                                     build_context(prompts_ids, outputs, args.context), bar)
+    if "prefill" in sec:
+        bar.set_postfix_str("prefill")
+        found["prefill"] = bench_prefill(args, engine, hf, build_context(prompts_ids, outputs, args.prefill_tokens), bar)
+    if "drafting" in sec:
+        bar.set_postfix_str("drafting")
+        found["drafting"] = bench_drafting(args, engine.target, heads, build_context(prompts_ids, outputs, args.context),
+                                           found["target_passes"]["rows"][0]["ours_ms"], bar)
     bar.close()
 
     res = {
@@ -637,11 +685,7 @@ def main(argv=None) -> dict:
                 "model": str(path), "device": str(engine.device), "dtype": dtype_name(engine.dtype),
                 "loadavg_start": load0, "loadavg_end": os.getloadavg(),
                 "wall_s": time.perf_counter() - t_start},
-        "end_to_end": e2e,
-        "end_to_end_raw": runs,
-        "target_passes": passes,
-        "prefill": prefill,
-        "drafting": drafting,
+        **found,
     }
     md = markdown(res)
     print(md)
