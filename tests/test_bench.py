@@ -274,18 +274,21 @@ def test_bench_sweep_tiny(tiny_chat_dir, head_dir, prompts_file, tmp_path, capsy
 def test_learning_curves_table_and_plot(tmp_path):
     from peagle.bench.curves import main as curves
 
-    for name, layers, als in (("a", 1, [1.1, 1.2]), ("b", 4, [1.05, 1.3])):
+    for name, layers, als, init in (("a", 1, [1.1, 1.2], None), ("b", 4, [1.05, 1.3], None),
+                                    ("c", 1, [1.25, 1.4], str(tmp_path / "a"))):
         run = tmp_path / name
         run.mkdir()
         lines = [{"event": "start", "config": {"method": "peagle", "layers": layers, "k": 4, "lr": 1e-3,
-                                                "batch_size": 4, "draft_vocab": 512}}]
+                                                "batch_size": 4, "draft_vocab": 512, "init_from": init}}]
         lines += [{"event": "eval", "step": 10 * (i + 1), "tokens": 1000 * (i + 1), "acc": [0.5, 0.2, 0.1, 0.05],
                    "al": al, "elapsed_s": 60.0 * (i + 1)} for i, al in enumerate(als)]
         lines.append(lines[-1])  # a resumed run logs its last evaluation again: shown once
         (run / "train_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    curves([str(tmp_path / "a"), str(tmp_path / "b"), "--labels", "one", "four", "--threads", "2",
-            "--out", str(tmp_path / "out")])
+    curves([str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c"), "--labels", "one", "four", "again",
+            "--threads", "2", "--out", str(tmp_path / "out")])
     md = (tmp_path / "out" / "curves.md").read_text()
     assert "### one" in md and "### four" in md and "4 layer(s)" in md
     assert md.count("| 20 | 2,000 | 4.0 | 1.300 | 0.500 / 0.200 / 0.100 / 0.050 |") == 1
+    # the run started from "a" counts on from a's end (2,000 tokens, 4 core-minutes)
+    assert "| 20 | 4,000 | 8.0 | 1.400 |" in md and "started from" in md.split("### again")[1]
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000

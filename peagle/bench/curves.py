@@ -5,7 +5,8 @@ core-seconds (wall seconds x threads), so runs of different head depths compare 
     python -m peagle.bench.curves runs/p1 runs/p4 --labels "1 layer" "4 layers" --threads 1 --out docs/results/curves
 
 writes ``curves.md`` (one table per run) and ``curves.png`` (estimated AL against tokens and
-against core-seconds).
+against core-minutes). A run started ``--init-from`` another run of the list is drawn after it: its
+tokens and core-minutes count from where that one ended.
 """
 from __future__ import annotations
 
@@ -26,17 +27,20 @@ def read_evals(run: str | Path) -> tuple[dict, list[dict]]:
     return cfg, [evals[s] for s in sorted(evals)]
 
 
-def table(label: str, cfg: dict, evals: list[dict], threads: int) -> str:
+def table(label: str, cfg: dict, evals: list[dict], threads: int, offset: tuple[int, float] = (0, 0.0)) -> str:
     depths = len(evals[0]["acc"]) if evals else 0
     shown = [d for d in (0, 1, 2, 3, 6, 9) if d < depths]
     out = [f"### {label}", "",
            f"`{cfg.get('method')}`, {cfg.get('layers')} layer(s), K={cfg.get('k')}, lr {cfg.get('lr')}, "
-           f"batch {cfg.get('batch_size')} documents, draft vocabulary {cfg.get('draft_vocab')}, {threads} thread(s)", "",
+           f"batch {cfg.get('batch_size')} documents, draft vocabulary {cfg.get('draft_vocab')}, {threads} thread(s)"
+           + (f"; started from `{cfg['init_from']}` (tokens and core-minutes count on from its end)"
+              if offset != (0, 0.0) else ""), "",
            "| step | training tokens | core-minutes | est. AL | top-1 acc, depths " + " / ".join(str(d + 1) for d in shown) + " |",
            "|---|---|---|---|---|"]
     for e in evals:
         acc = " / ".join(f"{e['acc'][d]:.3f}" for d in shown)
-        out.append(f"| {e['step']} | {e['tokens']:,} | {e['elapsed_s'] * threads / 60:.1f} | {e['al']:.3f} | {acc} |")
+        out.append(f"| {e['step']} | {offset[0] + e['tokens']:,} | {offset[1] + e['elapsed_s'] * threads / 60:.1f} | "
+                   f"{e['al']:.3f} | {acc} |")
     return "\n".join(out) + "\n"
 
 
@@ -52,18 +56,22 @@ def main(argv: list[str] | None = None) -> None:
     if len(labels) != len(args.runs) or len(threads) != len(args.runs):
         ap.error("--labels and --threads need one value per run")
     runs = [(lab, *read_evals(r), t) for lab, r, t in zip(labels, args.runs, threads)]
+    start = {Path(r).resolve(): (ev[-1]["tokens"], ev[-1]["elapsed_s"] * t / 60) if ev else (0, 0.0)
+             for r, (_, _, ev, t) in zip(args.runs, runs)}
+    offsets = [start.get(Path(cfg["init_from"]).resolve(), (0, 0.0)) if cfg.get("init_from") else (0, 0.0)
+               for _, cfg, _, _ in runs]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "curves.md").write_text("\n".join(table(lab, cfg, ev, t) for lab, cfg, ev, t in runs))
+    (out / "curves.md").write_text("\n".join(table(lab, cfg, ev, t, off) for (lab, cfg, ev, t), off in zip(runs, offsets)))
 
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for lab, _, ev, t in runs:
-        axes[0].plot([e["tokens"] / 1e6 for e in ev], [e["al"] for e in ev], marker="o", label=lab)
-        axes[1].plot([e["elapsed_s"] * t / 60 for e in ev], [e["al"] for e in ev], marker="o", label=lab)
+    for (lab, _, ev, t), (tok0, min0) in zip(runs, offsets):
+        axes[0].plot([(tok0 + e["tokens"]) / 1e6 for e in ev], [e["al"] for e in ev], marker="o", label=lab)
+        axes[1].plot([min0 + e["elapsed_s"] * t / 60 for e in ev], [e["al"] for e in ev], marker="o", label=lab)
     axes[0].set(xlabel="training tokens (millions)", ylabel="held-out estimated AL")
     axes[1].set(xlabel="core-minutes", ylabel="held-out estimated AL")
     for ax in axes:
