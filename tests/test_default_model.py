@@ -84,8 +84,10 @@ def test_baseline_runs_the_sections_asked_for(tmp_path):
     pass table drafting needs, each tiny), in the JSON and in the markdown."""
     from peagle.bench.baseline import main as baseline
 
-    res = baseline(["--sections", "prefill,drafting", "--prefill-tokens", "96", "--prefill-reps", "1",
-                    "--micro-reps", "1", "--micro-warmup", "0", "--max-k", "2", "--verify-sizes", "1,2",
+    questions = tmp_path / "question.jsonl"  # MT-Bench's format; CI has no shared data
+    questions.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["Write a haiku."]}) + "\n")
+    res = baseline(["--questions", str(questions), "--sections", "prefill,drafting", "--prefill-tokens", "96",
+                    "--prefill-reps", "1", "--micro-reps", "1", "--micro-warmup", "0", "--max-k", "2", "--verify-sizes", "1,2",
                     "--context", "64", "--prompts", "1", "--wait-idle", "0", "--settle", "0", "--no-hf-passes",
                     "--dtype", "float32", "--json", str(tmp_path / "b.json")])
     assert {"prefill", "target_passes", "drafting"} <= res.keys() and "end_to_end" not in res
