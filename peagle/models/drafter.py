@@ -220,6 +220,10 @@ class Drafter(nn.Module):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
+    def draft_vocab_ids(self) -> torch.Tensor:
+        """The target id of every draft-vocabulary entry, in order, on the head's device."""
+        return torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device) + self.d2t
+
     def init_weights(self, seed: int = 0, std: float = 0.02) -> None:
         """Random init for a fresh head: normal(0, std) everywhere but unit norms. ``mask_hidden`` gets
         the same small scale: it enters the mask slots' residual stream as ``fc(mask_hidden)``, and a
@@ -322,7 +326,7 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in tensors.items()})
     drafter.to(device=device, dtype=dtype)
     set_fast_layout(drafter)
-    target_ids = drafter.to_target_ids(torch.arange(cfg.draft_vocab_size, device=device))
+    target_ids = drafter.draft_vocab_ids()
     if int(target_ids.min()) < 0 or int(target_ids.max()) >= cfg.vocab_size:
         raise CheckpointError(f"{path}: d2t maps draft ids outside the target vocabulary")
     return drafter.eval()

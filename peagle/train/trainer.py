@@ -168,7 +168,7 @@ class Trainer:
         if state is not None:
             draft_ids, mask_id = state["draft_ids"], state["mask_token_id"]
         elif init is not None:
-            draft_ids, mask_id = init.to_target_ids(torch.arange(init.cfg.draft_vocab_size)), init.cfg.mask_token_id
+            draft_ids, mask_id = init.draft_vocab_ids(), init.cfg.mask_token_id
         else:
             draft_ids = draft_vocab(self.train_records, cfg.draft_vocab, self.target.cfg.vocab_size)
             mask_id = cfg.mask_token_id if cfg.mask_token_id is not None else choose_mask_token(load_tokenizer(path))
@@ -289,7 +289,7 @@ class Trainer:
             state = {
                 "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "last_eval": self.last_eval,
                 "config": dataclasses.asdict(self.cfg), "world_size": self.world,
-                "draft_ids": self.head.to_target_ids(torch.arange(self.head.cfg.draft_vocab_size, device=self.device)).cpu(),
+                "draft_ids": self.head.draft_vocab_ids().cpu(),
                 "mask_token_id": self.head.cfg.mask_token_id,
                 "head": {k: v for k, v in self.head.state_dict().items() if k != "embed_tokens.weight"},
                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
