@@ -114,7 +114,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
                                        max_num_seqs=args.batch_size, max_model_len=args.max_model_len,
                                        kv_cache_tokens=kv_tokens)
     n = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
-                   args.seed, args.batch_size, args.shard_size)
+                   args.seed, args.batch_size, args.shard_size, turns=args.turns, samples=args.samples,
+                   sample_temperature=args.sample_temperature)
     print(f"wrote {n} responses to {args.out}", file=sys.stderr)
     return 0
 
@@ -263,7 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--max-new-tokens", type=int, default=512)
     y.add_argument("--max-model-len", type=int, default=2048)
     add_runtime_args(y)
-    y.add_argument("--temperature", type=float, default=0.0)
+    y.add_argument("--temperature", type=float, default=0.0, help="of each prompt's first sample (0: greedy)")
+    y.add_argument("--turns", type=int, default=1,
+                   help="user turns per conversation: later ShareGPT turns follow the target's own answers")
+    y.add_argument("--samples", type=int, default=1, help="responses per prompt (the extra ones sampled)")
+    y.add_argument("--sample-temperature", type=float, default=0.7, help="temperature of the extra samples")
     y.add_argument("--seed", type=int, default=0)
     y.add_argument("--batch-size", type=int, default=64, help="requests decoded together")
     y.add_argument("--shard-size", type=int, default=2000, help="responses per JSONL shard")

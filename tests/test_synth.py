@@ -59,3 +59,32 @@ def test_bad_prompt_file(tmp_path):
     p.write_text(json.dumps({"text": "no known field"}) + "\n")
     with pytest.raises(ValueError, match="no 'turns', 'question' or 'prompt'"):
         read_prompts([str(p)])
+
+
+def test_later_turns_follow_the_targets_own_answers_and_resume(tiny_chat_dir, prompt_files, tmp_path):
+    engine = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", max_num_seqs=4, max_model_len=256)
+    chat = [prompt_files[0]]  # 5 conversations of two user turns
+    out = tmp_path / "turns"
+    kw = dict(max_new_tokens=6, progress=False, turns=2, samples=2, sample_temperature=1.0)
+    assert synthesize(engine, chat, out, num_prompts=3, **kw) == 12  # 3 prompts x 2 samples x 2 turns
+    recs = {r["id"]: r for r in records(out)}
+    base = {r["id"] for r in recs.values() if r["turn"] == 1 and r["sample"] == 0}
+    assert len(base) == 3 and set(recs) == {b + s + t for b in base for s in ("", "#s1") for t in ("", "#t2")}
+    for rid, r in recs.items():
+        if r["turn"] == 2:  # the whole conversation, with the first turn's answer as the target wrote it
+            first = recs[rid.removesuffix("#t2")]
+            msgs = [{"role": "user", "content": first["prompt"]}, {"role": "assistant", "content": first["response"]},
+                    {"role": "user", "content": "And more?"}]
+            assert r["prompt_token_ids"] == engine.encode_prompt(msgs) and r["prompt"] == "And more?"
+    # greedy first sample, sampled second: the same prompt, different answers (seeded, so repeatable)
+    assert any(recs[f"{i}#s1"]["response_token_ids"] != recs[i]["response_token_ids"]
+               for i in recs if recs[i]["turn"] == 1 and "#s" not in i)
+    # a kill that lost the second turns: a rerun makes exactly those, from the answers on disk
+    shard = sorted(out.glob("responses-*.jsonl"))[-1]
+    lines = shard.read_text().splitlines(keepends=True)
+    shard.write_text("".join(line for line in lines if '#t2"' not in line))
+    assert synthesize(engine, chat, out, num_prompts=3, **kw) == 6
+    again = {r["id"]: r for r in records(out)}
+    assert again == recs
+    with pytest.raises(ValueError, match="sample temperature"):
+        synthesize(engine, chat, out, samples=2, sample_temperature=0.0, progress=False)

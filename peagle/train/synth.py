@@ -1,9 +1,14 @@
 """``peagle synth``: the target writes the responses that heads are trained on.
 
-Prompts come from JSONL files in the shared formats (``turns``: the first user turn; ``question``;
+Prompts come from JSONL files in the shared formats (``turns``: user turns; ``question``;
 ``prompt``). Each finished response is appended to a shard at once and flushed, so a killed run
 loses only the requests in flight; re-running with the same arguments skips what is done. A full
 shard is gzipped (about 4x smaller), so the data a head was trained on can live in git.
+
+More data per prompt, as public EAGLE recipes regenerate it: ``turns`` > 1 continues ShareGPT
+conversations (the user's next turn after the target's own answer; record id ``<id>#t2``...), and
+``samples`` > 1 adds responses at ``sample_temperature`` (``<id>#s1``...). Every record is one
+document: the whole conversation so far as its prompt, the newest answer as its response.
 """
 from __future__ import annotations
 
@@ -12,10 +17,11 @@ import hashlib
 import json
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from peagle.prompts import read_prompts
+from peagle.prompts import Prompt, read_prompts
 from peagle.engine.sampling import SamplingParams
 
 SHARD = "responses-{:05d}.jsonl"
@@ -49,9 +55,10 @@ def close_shard(path: Path) -> None:
     path.unlink()
 
 
-def done_ids(out_dir: Path) -> set[str]:
-    """Ids already written; a torn last line of the open shard (a kill mid-write) is cut off."""
-    done = {r["id"] for f in out_dir.glob("responses-*.jsonl.gz") for r in _records(f)}
+def done_responses(out_dir: Path) -> dict[str, str]:
+    """Response text by id of what is written (later turns continue from it); a torn last line of
+    the open shard (a kill mid-write) is cut off."""
+    done = {r["id"]: r["response"] for f in out_dir.glob("responses-*.jsonl.gz") for r in _records(f)}
     for shard in out_dir.glob("responses-*.jsonl"):
         if shard.with_name(shard.name + ".gz").exists():  # killed between gzip and unlink
             shard.unlink()
@@ -60,9 +67,10 @@ def done_ids(out_dir: Path) -> set[str]:
         with open(shard, "rb") as fh:
             for line in fh:
                 try:
-                    done.add(json.loads(line)["id"])
+                    r = json.loads(line)
+                    done[r["id"]] = r["response"]
                     good += len(line)
-                except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
+                except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
                     break
         if good < shard.stat().st_size:
             with open(shard, "r+b") as fh:
@@ -70,50 +78,99 @@ def done_ids(out_dir: Path) -> set[str]:
     return done
 
 
+def record_id(prompt_id: str, sample: int, turn: int) -> str:
+    """A document's id: the prompt's for its first sample's first turn (data written before
+    samples and turns existed keeps its ids)."""
+    return prompt_id + (f"#s{sample}" if sample else "") + (f"#t{turn}" if turn > 1 else "")
+
+
+@dataclass
+class Job:
+    """One request: ``prompt``'s user turn ``turn`` (1-based) of sample ``sample``, after the
+    target's earlier answers ``answers``."""
+
+    prompt: Prompt
+    sample: int
+    turn: int
+    answers: list[str]
+
+    @property
+    def id(self) -> str:
+        return record_id(self.prompt.id, self.sample, self.turn)
+
+    def messages(self) -> list[dict]:
+        msgs = []
+        for user, answer in zip(self.prompt.turns, self.answers + [None]):
+            msgs.append({"role": "user", "content": user})
+            if answer is None:
+                return msgs
+            msgs.append({"role": "assistant", "content": answer})
+        return msgs
+
+
 def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_prompts: int | None = None,
                max_new_tokens: int = 512, temperature: float = 0.0, seed: int = 0, batch_size: int = 16,
-               shard_size: int = 2000, progress: bool = True) -> int:
-    """Generate responses for the first ``num_prompts`` of the (seeded) shuffled prompts; returns
-    how many were written in this run."""
+               shard_size: int = 2000, progress: bool = True, turns: int = 1, samples: int = 1,
+               sample_temperature: float = 0.7) -> int:
+    """Generate responses for the first ``num_prompts`` of the (seeded) shuffled prompts: up to
+    ``turns`` user turns of each, ``samples`` times (the first at ``temperature``, the others at
+    ``sample_temperature``); returns how many were written in this run."""
+    if turns < 1 or samples < 1:
+        raise ValueError(f"turns and samples must be >= 1, got {turns} and {samples}")
+    if samples > 1 and sample_temperature <= 0:
+        raise ValueError("extra samples need a sample temperature > 0 (greedy samples would repeat the first)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prompts = read_prompts(prompt_files)
     random.Random(seed).shuffle(prompts)
     prompts = prompts[:num_prompts] if num_prompts else prompts
-    done = done_ids(out)
-    todo = [p for p in prompts if p.id not in done]
+    done = done_responses(out)
+    todo, total, left = [], 0, 0
+    for p in prompts:
+        for s in range(samples):
+            n = min(turns, len(p.turns))
+            answers = []
+            while len(answers) < n and record_id(p.id, s, len(answers) + 1) in done:
+                answers.append(done[record_id(p.id, s, len(answers) + 1)])
+            if len(answers) < n:
+                todo.append(Job(p, s, len(answers) + 1, answers))
+            total, left = total + n, left + n - len(answers)
     existing = shards(out)
     shard_no, in_shard = len(existing), 0
     if existing and existing[-1].suffix == ".jsonl":  # keep filling the open shard
         shard_no -= 1
         in_shard = sum(1 for _ in open(existing[-1]))
     meta = {"prompt_files": [str(f) for f in prompt_files], "num_prompts": len(prompts), "seed": seed,
-            "max_new_tokens": max_new_tokens, "temperature": temperature}
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "turns": turns, "samples": samples,
+            "sample_temperature": sample_temperature}
     (out / "synth_config.json").write_text(json.dumps(meta, indent=2))
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="synth", unit="resp")
+        bar = tqdm(total=total, initial=total - left, desc="synth", unit="resp")
     written, queue, live = 0, list(reversed(todo)), {}
     fh = open(out / SHARD.format(shard_no), "a")
     try:
         while queue or live:
             while queue and len(live) < 2 * batch_size:
-                p = queue.pop()
-                ids = engine.encode_prompt(p.text)
+                job = queue.pop()
+                ids = engine.encode_prompt(job.messages())
                 room = engine.max_model_len - len(ids)
                 if room < 8:  # a prompt too long for the context is skipped (and skipped again on resume)
                     continue
-                params = SamplingParams(temperature=temperature, max_tokens=min(max_new_tokens, room),
-                                        seed=int(hashlib.sha1(p.id.encode()).hexdigest()[:8], 16) ^ seed)
-                live[engine.add_request(ids, params, p.id).request_id] = (p, ids)
+                temp = temperature if job.sample == 0 else sample_temperature
+                params = SamplingParams(temperature=temp, max_tokens=min(max_new_tokens, room),
+                                        seed=int(hashlib.sha1(job.id.encode()).hexdigest()[:8], 16) ^ seed)
+                live[engine.add_request(ids, params, job.id).request_id] = (job, ids)
             for seq in engine.step().finished:
-                p, ids = live.pop(seq.request_id)
-                rec = {"id": p.id, "source": p.source, "prompt": p.text, "response": seq.text,
-                       "prompt_token_ids": ids, "response_token_ids": seq.output_ids,
-                       "finish_reason": seq.finish_reason}
+                job, ids = live.pop(seq.request_id)
+                rec = {"id": job.id, "source": job.prompt.source, "prompt": job.prompt.turns[job.turn - 1],
+                       "response": seq.text, "prompt_token_ids": ids, "response_token_ids": seq.output_ids,
+                       "finish_reason": seq.finish_reason, "turn": job.turn, "sample": job.sample}
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()
+                if job.turn < min(turns, len(job.prompt.turns)):  # the conversation goes on next
+                    queue.append(Job(job.prompt, job.sample, job.turn + 1, job.answers + [seq.text]))
                 written += 1
                 in_shard += 1
                 if bar is not None:
