@@ -100,12 +100,9 @@ class Job:
 
     def messages(self) -> list[dict]:
         msgs = []
-        for user, answer in zip(self.prompt.turns, self.answers + [None]):
-            msgs.append({"role": "user", "content": user})
-            if answer is None:
-                return msgs
-            msgs.append({"role": "assistant", "content": answer})
-        return msgs
+        for user, answer in zip(self.prompt.turns, self.answers):
+            msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        return msgs + [{"role": "user", "content": self.prompt.turns[self.turn - 1]}]
 
 
 def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_prompts: int | None = None,
@@ -130,8 +127,11 @@ def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_
         for s in range(samples):
             n = min(turns, len(p.turns))
             answers = []
-            while len(answers) < n and record_id(p.id, s, len(answers) + 1) in done:
-                answers.append(done[record_id(p.id, s, len(answers) + 1)])
+            for turn in range(1, n + 1):
+                answer = done.get(record_id(p.id, s, turn))
+                if answer is None:
+                    break
+                answers.append(answer)
             if len(answers) < n:
                 todo.append(Job(p, s, len(answers) + 1, answers))
             total, left = total + n, left + n - len(answers)
