@@ -21,6 +21,8 @@ headline numbers are ratios between figures taken in this same run.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import os
 import platform
@@ -428,7 +430,11 @@ def bench_drafting(args, target, heads: dict, ctx: list[int], target_1tok_ms: fl
     from peagle.engine.sampling import SamplingParams
 
     def propose_call(method: str, k: int):
-        engine = LLMEngine(target, heads[method], EngineConfig(method=method, num_speculative_tokens=k, max_num_seqs=1))
+        # a pass costs the same whatever K the head was trained for: lift the engine's guard so the
+        # table runs past it (a copy of the head sharing its weights, with no trained K)
+        head = copy.copy(heads[method])
+        head.cfg = dataclasses.replace(head.cfg, trained_k=None)
+        engine = LLMEngine(target, head, EngineConfig(method=method, num_speculative_tokens=k, max_num_seqs=1))
         calls, propose = [], engine._propose
         engine._propose = lambda *a: calls.append(a) or propose(*a)
         engine.add_request(ctx, SamplingParams(max_tokens=10 ** 6, ignore_eos=True))
