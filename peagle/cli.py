@@ -25,7 +25,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop or [])
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
-                                       device=args.device, max_num_seqs=1, max_model_len=args.max_model_len)
+                                       device=args.device, max_num_seqs=1, max_model_len=args.max_model_len,
+                                       enforce_eager=args.enforce_eager)
     ids = engine.encode_prompt(args.prompt, chat=args.chat)
     t0 = time.perf_counter()
     out = engine.generate([ids], params)[0]
@@ -34,7 +35,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = {
         "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
         "method": args.method, "k": 0 if args.method == "none" else args.k,
-        "device": str(engine.device), "dtype": dtype_name(engine.dtype),
+        "device": str(engine.device), "dtype": dtype_name(engine.dtype), "cuda_graphs": engine.graphs is not None,
         "num_prompt_tokens": len(ids), "num_output_tokens": len(out.token_ids),
         "acceptance_length": round(s.acceptance_length, 4),
         "per_position_acceptance": [round(x, 4) for x in s.per_position_acceptance],
@@ -88,9 +89,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                        dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
                                        max_num_batched_tokens=args.max_num_batched_tokens,
                                        enable_chunked_prefill=args.enable_chunked_prefill,
-                                       max_model_len=args.max_model_len)
+                                       max_model_len=args.max_model_len, enforce_eager=args.enforce_eager)
     name = args.served_model_name or (args.target or "SmolLM2-135M-Instruct")
     how = spec["method"] if spec["method"] == "none" else f"{spec['method']}, K={spec['k']}"
+    how += ", CUDA graphs" if engine.graphs is not None else ""
     print(f"peagle: serving {name} on {engine.device} in {dtype_name(engine.dtype)} ({how}) "
           f"at http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)
@@ -112,7 +114,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     kv_tokens = args.batch_size * min(args.max_model_len, 1024)
     engine = LLMEngine.from_pretrained(args.target, method="none", dtype=args.dtype, device=args.device,
                                        max_num_seqs=args.batch_size, max_model_len=args.max_model_len,
-                                       kv_cache_tokens=kv_tokens)
+                                       kv_cache_tokens=kv_tokens, enforce_eager=args.enforce_eager)
     n = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
                    args.seed, args.batch_size, args.shard_size, turns=args.turns, samples=args.samples,
                    sample_temperature=args.sample_temperature)
@@ -225,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft tokens per round, or auto (default): the engine chooses K each step")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--max-model-len", type=int, default=None)
-    add_runtime_args(g)
+    add_runtime_args(g, engine=True)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -252,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                    help="prefill long prompts in chunks that share steps with running requests (default: on)")
     v.add_argument("--max-model-len", type=int, default=None)
-    add_runtime_args(v)
+    add_runtime_args(v, engine=True)
     v.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond which the server answers 503")
     v.set_defaults(func=cmd_serve)
 
@@ -263,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--num-prompts", type=int, default=None, help="the first N of the seeded shuffle (default: all)")
     y.add_argument("--max-new-tokens", type=int, default=512)
     y.add_argument("--max-model-len", type=int, default=2048)
-    add_runtime_args(y)
+    add_runtime_args(y, engine=True)
     y.add_argument("--temperature", type=float, default=0.0, help="of each prompt's first sample (0: greedy)")
     y.add_argument("--turns", type=int, default=1,
                    help="user turns per conversation: later ShareGPT turns follow the target's own answers")

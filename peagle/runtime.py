@@ -60,11 +60,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def add_runtime_args(p) -> None:
-    """``--dtype`` and ``--device`` for a command-line parser, as vLLM names them."""
+def add_runtime_args(p, engine: bool = False) -> None:
+    """``--dtype`` and ``--device`` for a command-line parser, as vLLM names them; with ``engine``
+    (commands that run the engine) ``--enforce-eager`` too."""
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="weights and activations: auto = bfloat16 on CUDA and on CPUs with native bf16, else float32")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    if engine:
+        p.add_argument("--enforce-eager", action="store_true",
+                       help="CUDA: run decode steps eagerly, without CUDA graphs (the CPU always does)")
 
 
 def to_device(data: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:

@@ -237,7 +237,7 @@ def head_dir(tiny_chat_dir, tmp_path_factory):
 def test_bench_offline_json(tiny_chat_dir, head_dir, prompts_file, capsys):
     rc = main(["bench", "offline", "--target", str(tiny_chat_dir), "--drafter", str(head_dir), "-k", "2",
                "--max-concurrency", "2", "--dataset-name", "custom", "--dataset-path", str(prompts_file),
-               "--num-prompts", "3", "--output-len", "6", "--json", "--disable-tqdm"])
+               "--num-prompts", "3", "--output-len", "6", "--json", "--disable-tqdm", "--enforce-eager"])
     printed = capsys.readouterr()
     assert rc == 0, printed.err
     res = json.loads(printed.out.strip().splitlines()[-1])

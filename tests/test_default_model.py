@@ -46,15 +46,15 @@ def run_cli(*args):
 
 def test_cli_generate_json_and_errors():
     outs = {}
-    for method in ("parallel", "none"):
+    for method, eager in (("parallel", []), ("none", ["--enforce-eager"])):
         r = run_cli("generate", "--json", "--dtype", "float32", "--method", method, "-k", "3", "--max-new-tokens", "24",
-                    "Name a fruit.")
+                    *eager, "Name a fruit.")
         assert r.returncode == 0, r.stderr
         outs[method] = json.loads(r.stdout.strip().splitlines()[-1])
     for key in ("text", "token_ids", "num_prompt_tokens", "num_output_tokens", "acceptance_length",
                 "per_position_acceptance", "elapsed_s", "output_tokens_per_s"):
         assert key in outs["parallel"], key
-    assert (outs["parallel"]["device"], outs["parallel"]["dtype"]) == ("cpu", "float32")
+    assert (outs["parallel"]["device"], outs["parallel"]["dtype"], outs["parallel"]["cuda_graphs"]) == ("cpu", "float32", False)
     assert outs["parallel"]["token_ids"] == outs["none"]["token_ids"]
     assert outs["parallel"]["text"] == outs["none"]["text"] and outs["parallel"]["text"]
     assert len(outs["parallel"]["per_position_acceptance"]) == 3

@@ -325,18 +325,22 @@ def test_greedy_and_sampled_requests_share_a_batch(llama):
 
 # --------------------------------------------------------------------------- device discipline
 
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("method", ["parallel", "eagle3", "none"])
-def test_step_creates_every_tensor_on_the_models_device(llama, method):
+def test_step_creates_every_tensor_on_the_models_device(llama, method, padded):
     """The CUDA path's proxy on CPU: with the default device set to ``meta``, any tensor the engine,
     the expansion, sampling or attention metadata makes without naming its device is a meta tensor,
     and the step fails (a meta tensor cannot be read back). Greedy and seeded sampled requests run
-    together; the output must equal the same run without the default device."""
+    together; the output must equal the same run without the default device. ``padded``: decode
+    steps in the layout CUDA graphs replay (peagle.engine.graphs), run here without capture."""
     head = init_drafter(llama, 2, MASK, seed=3) if method != "none" else None
     params = [SamplingParams(max_tokens=12, ignore_eos=True),
               SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)]
     ps = prompts(2, seed=5)
     expected = [o.token_ids for o in make_engine(llama, head, method).generate(ps, params)]
     engine = make_engine(llama, head, method)
+    if padded:
+        engine.graphs = engine.make_graphs(capture=False)
     torch.set_default_device("meta")
     try:
         got = [o.token_ids for o in engine.generate(ps, params)]

@@ -34,10 +34,12 @@ class Models:
     tokenizer: object
     path: Path                   # the target's folder (HF baselines load it)
     max_model_len: int | None = None
+    enforce_eager: bool = False  # CUDA: no graphs
 
     @classmethod
     def load(cls, target: str | None, drafter: str | None, eagle3_drafter: str | None, methods: list[str],
-             max_model_len: int | None = None, dtype: str = "auto", device: str = "auto") -> "Models":
+             max_model_len: int | None = None, dtype: str = "auto", device: str = "auto",
+             enforce_eager: bool = False) -> "Models":
         """``drafter`` serves both methods unless ``eagle3_drafter`` is given; with neither, each
         method takes the target's shipped head for it."""
         from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
@@ -46,7 +48,7 @@ class Models:
         tok = load_tokenizer(path)
         heads = {m: load_drafter_for(model, path, (eagle3_drafter or drafter) if m == "eagle3" else drafter, tok, m)
                  for m in methods if m != "none"}
-        return cls(model, heads, tok, path, max_model_len)
+        return cls(model, heads, tok, path, max_model_len, enforce_eager)
 
     @property
     def trained_k(self) -> int | None:
@@ -58,7 +60,7 @@ class Models:
         from peagle.engine.llm_engine import EngineConfig, LLMEngine
 
         cfg = EngineConfig(method=method, num_speculative_tokens=k or 1, max_num_seqs=concurrency,
-                           max_model_len=self.max_model_len)
+                           max_model_len=self.max_model_len, enforce_eager=self.enforce_eager)
         return LLMEngine(self.target, self.heads.get(method), cfg, self.tokenizer)
 
 
@@ -191,7 +193,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle3-drafter", default=None,
                    help="head for the eagle3 method (default: --drafter, else the target's EAGLE-3 head)")
     p.add_argument("--max-model-len", type=int, default=None)
-    add_runtime_args(p)
+    add_runtime_args(p, engine=True)
     p.add_argument("--methods", default="parallel,eagle3,none", help="comma-separated: parallel, eagle3, none")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
 
@@ -213,7 +215,7 @@ def main(args: argparse.Namespace) -> int:
     check_grid(methods, ks, [args.max_concurrency])
     work = load_workload(args, args.dataset_name, args.dataset_path)
     models = Models.load(args.target, args.drafter, args.eagle3_drafter, methods, args.max_model_len,
-                         args.dtype, args.device)
+                         args.dtype, args.device, args.enforce_eager)
     cells = grid_cells(models, methods, ks, [args.max_concurrency])
     bar = tqdm(total=len(cells) * work.num_requests, desc="bench offline", unit="req", file=sys.stderr,
                disable=args.disable_tqdm)

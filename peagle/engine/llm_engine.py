@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import torch
+import torch.nn.functional as F
 
 from peagle.engine.auto_k import AutoK, CostCurve
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.expansion import expand
+from peagle.engine.graphs import StepGraphs, bucket
 from peagle.engine.detokenizer import Detokenizer
 from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, verify, verify_greedy
 from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
@@ -47,6 +49,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True     # off: a prompt is prefilled whole (a longer one runs alone)
     block_size: int = 16
     kv_cache_tokens: int | None = None      # default: max_num_seqs full sequences, capped at 16384
+    enforce_eager: bool = False             # CUDA: no CUDA graphs for decode steps (vLLM's flag; CPUs never capture)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -105,9 +108,12 @@ class LLMEngine:
         self.max_positions = self.max_model_len + self.k_max + 1
         slots = config.kv_cache_tokens or max(min(config.max_num_seqs * self.max_positions, 16384), self.max_positions)
         self.blocks = BlockManager(-(-slots // config.block_size), config.block_size)
-        num_slots = self.blocks.num_blocks * config.block_size
+        self.pad_block = self.blocks.num_blocks  # one more block, never handed out: padding sequences write there
+        num_slots = (self.blocks.num_blocks + 1) * config.block_size
         self.target_caches = target.make_caches(num_slots)
         self.drafter_caches = drafter.make_caches(num_slots) if config.method != "none" else []
+        use_graphs = self.device.type == "cuda" and not config.enforce_eager and target.graph_safe
+        self.graphs = self.make_graphs(capture=True) if use_graphs else None
         eos = set(eos_token_ids or []) | set(target.cfg.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
@@ -117,6 +123,12 @@ class LLMEngine:
         self.stats = SpecStats()  # engine-wide totals, for metrics
         self.auto = AutoK(self.k_max, config.method == "parallel", *self._measure_costs()) if config.auto else None
         self._last_k = -1   # the K of the drafts the next step verifies
+
+    def make_graphs(self, capture: bool) -> StepGraphs:
+        """The padded decode passes (:mod:`peagle.engine.graphs`); ``capture=False`` runs them eagerly
+        (the CPU tests of the layout)."""
+        return StepGraphs(self.target, self.drafter if self.cfg.method != "none" else None, self.target_caches,
+                          self.drafter_caches, self.cfg.block_size, capture)
 
     @torch.inference_mode()
     def _measure_costs(self) -> tuple[CostCurve, CostCurve]:
@@ -266,12 +278,17 @@ class LLMEngine:
         if not work:
             return result
         batch = [seq for seq, _ in work]
+        # a decode step runs the padded layout under CUDA graphs: every sequence feeds `width` rows
+        # (filler rows after its drafts), padding sequences fill the batch to a bucket
+        padded = self.graphs is not None and all(n == 1 for _, n in work) and not any(s.draft_lag for s in batch)
+        kmax = max(len(seq.drafts) for seq in batch)
+        width = kmax + 1 if padded else 0
         # 1. one target pass: prompts (or chunks of them), and [last token, drafts...] of decoding sequences
         ids, positions, spans, verify_rows, drafts, partial = [], [], [], [], [], []
-        kmax = max(len(seq.drafts) for seq in batch)
         for seq, n in work:
             start = seq.num_cached
             inp = seq.tokens[start:start + n] + seq.drafts   # drafts only when decoding
+            inp += [0] * (width - len(inp))                  # filler rows: verified by no one, rejected
             ids += inp
             positions += range(start, start + len(inp))
             spans.append(Span(len(inp), start + len(inp), seq.block_table, start))
@@ -279,11 +296,24 @@ class LLMEngine:
             drafts.append(seq.drafts + [-1] * (kmax - len(seq.drafts)))
             partial.append(start + n < seq.num_tokens)       # a prompt chunk before the last: nothing emitted
         dev = self.device
+        tables = None
+        if padded:
+            num_pad = bucket(len(batch), self.cfg.max_num_seqs) - len(batch)
+            ids += [0] * (num_pad * width)
+            positions += [0] * (num_pad * width)
+            spans += [Span(width, 1, [self.pad_block], 0)] * num_pad
+            nb = bucket(max(len(s.block_table) for s in spans), -(-self.max_positions // self.cfg.block_size))
+            tables = to_device([s.block_table + [self.pad_block] * (nb - len(s.block_table)) for s in spans], dev)
         ids_t, pos_t = to_device(ids, dev), to_device(positions, dev)
         cu = list(accumulate((s.num_rows for s in spans), initial=0))     # each sequence's first input row
-        logit_rows = [r for end, n in zip(cu[1:], verify_rows) for r in range(end - n, end)]
-        logits, taps = self.target(ids_t, pos_t, self.target_caches, AttnMeta(spans, self.cfg.block_size),
-                                   to_device(logit_rows, dev))
+        # the verified rows: each sequence's last new token and its drafts
+        logit_rows = to_device([c + n - 1 + j for c, (_, n), v in zip(cu, work, verify_rows) for j in range(v)], dev)
+        if padded:
+            logits, taps = self.graphs.target(ids_t, pos_t, tables)
+            logits = logits[logit_rows]
+        else:
+            logits, taps = self.target(ids_t, pos_t, self.target_caches, AttnMeta(spans, self.cfg.block_size),
+                                       logit_rows)
 
         # 2. verify on the device
         first = list(accumulate(verify_rows, initial=0))                   # each sequence's first logit row
@@ -302,11 +332,13 @@ class LLMEngine:
         out = [finite[:, None].long(), accepted[:, None], tokens[:, None]]
         k = self.auto.choose(len(batch)) if self.auto else self.k_max
         if k:  # rows whose KV stays valid: the new tokens and the accepted drafts
-            num_valid = to_device([n for _, n in work], dev) + accepted
+            num_pad = len(spans) - len(batch)   # padding sequences keep one row and read token 0
+            num_valid = to_device([n for _, n in work] + [1] * num_pad, dev) + F.pad(accepted, (0, num_pad))
             drafter_in = (spans, ids_t, pos_t, cu, num_valid, taps)
             if any(seq.draft_lag for seq in batch):
                 drafter_in = self._with_lag(batch, *drafter_in)
-            out.append(self._propose(*drafter_in, tokens, k))
+            bonus = F.pad(tokens, (0, num_pad))
+            out.append(self._propose(*drafter_in, bonus, k, tables)[:len(batch)])
         packed = torch.cat(out, dim=1).tolist()
         if not all(row[0] for row in packed):  # before any state changes: the caller fails these requests
             raise SamplingError("the model produced non-finite logits")
@@ -316,8 +348,8 @@ class LLMEngine:
             a, token, proposed = row[1], row[2], row[3:]
             seq.num_cached += n + a      # the new tokens and the accepted drafts have KV now
             if self.k_max and not k:     # the drafter skipped these rows: keep what it will read
-                rows = slice(cu[i], cu[i] + n + a)
-                seq.draft_lag.append((ids_t[rows], pos_t[rows], taps[rows]))
+                rows = slice(cu[i], cu[i] + n + a)   # (taps may be a graph's output: copied)
+                seq.draft_lag.append((ids_t[rows], pos_t[rows], taps[rows].clone()))
             if partial[i]:
                 continue
             verified = seq.drafts
@@ -364,12 +396,14 @@ class LLMEngine:
         return max(0, min(k, left - 1, self.max_model_len - seq.num_tokens))
 
     def _propose(self, spans: list[Span], ids: torch.Tensor, positions: torch.Tensor, cu: list[int],
-                 num_valid: torch.Tensor, taps: torch.Tensor, bonus: torch.Tensor, k: int) -> torch.Tensor:
+                 num_valid: torch.Tensor, taps: torch.Tensor, bonus: torch.Tensor, k: int,
+                 tables: torch.Tensor | None = None) -> torch.Tensor:
         """``k`` drafts ``[B, k]`` for each sequence of the target pass (``spans``; ``cu`` its row
         offsets; ``num_valid`` rows kept, ``taps`` the target's aux hidden states, ``bonus`` the
         emitted token): the verified batch is expanded as vLLM does (:mod:`peagle.engine.expansion`),
         one drafter pass reads the drafts at the bonus and mask rows, and EAGLE-3 then continues one
-        token at a time, feeding back the head's own pre-norm hidden state."""
+        token at a time, feeding back the head's own pre-norm hidden state. With ``tables`` (the
+        padded block tables of a decode step) the drafter's passes are the graphed ones."""
         d, dev = self.drafter, self.device
         parallel = self.cfg.method == "parallel"
         num_masks = k - 1 if parallel else 0
@@ -378,17 +412,24 @@ class LLMEngine:
         if num_masks:
             hidden = torch.where(b.is_masked[:, None], d.mask_feature(), hidden)
         bs = self.cfg.block_size
-        meta = AttnMeta([Span(s.num_rows + num_masks, s.ctx_len + num_masks, s.block_table) for s in spans], bs,
-                        no_write=b.is_rejected)
-        normed, prenorm = d(b.input_ids, hidden, b.positions, self.drafter_caches, meta)
+        if tables is not None:
+            normed, prenorm = self.graphs.drafter(b.input_ids, hidden, b.positions, tables, b.is_rejected)
+        else:
+            meta = AttnMeta([Span(s.num_rows + num_masks, s.ctx_len + num_masks, s.block_table) for s in spans], bs,
+                            no_write=b.is_rejected)
+            normed, prenorm = d(b.input_ids, hidden, b.positions, self.drafter_caches, meta)
         rows = b.sample_idx.flatten()
         drafts = d.to_target_ids(d.logits(normed[rows]).argmax(-1)).view(len(spans), -1)
         if parallel:
             return drafts
         h, pos, out = prenorm[rows], b.positions[rows], [drafts[:, 0]]
+        every_row_writes = torch.zeros(len(spans), dtype=torch.bool, device=dev) if tables is not None else None
         for step in range(1, k):
-            meta = AttnMeta([Span(1, s.ctx_len + step, s.block_table) for s in spans], bs)
-            normed, h = d(out[-1], h, pos + step, self.drafter_caches, meta)
+            if tables is not None:
+                normed, h = self.graphs.drafter(out[-1], h, pos + step, tables, every_row_writes)
+            else:
+                meta = AttnMeta([Span(1, s.ctx_len + step, s.block_table) for s in spans], bs)
+                normed, h = d(out[-1], h, pos + step, self.drafter_caches, meta)
             out.append(d.to_target_ids(d.logits(normed).argmax(-1)))
         return torch.stack(out, dim=1)
 

@@ -153,6 +153,35 @@ class AttnMeta:
         return g
 
 
+class PaddedMeta(AttnMeta):
+    """``B`` sequences of ``rows`` rows each (row ``b*rows + j`` is sequence ``b``'s ``j``-th), their
+    block tables ``tables`` (device ``[B, nb]``) all padded to one width: built on the device alone,
+    from tensors of fixed shape, so a CUDA graph can replay it (:mod:`peagle.engine.graphs`). Each
+    row attends to every key of its whole padded table at or before its own position: the price of
+    fixed shapes is attention over the padding, which a GPU pays less for than for launching the
+    kernels of a pass one by one. Positions past the table (padding sequences) read its last block."""
+
+    def __init__(self, tables: torch.Tensor, rows: int, block_size: int, no_write: torch.Tensor | None = None):
+        super().__init__([], block_size, no_write)
+        self.tables, self.rows = tables, rows
+
+    def prepare(self, positions: torch.Tensor, num_slots: int, windows: tuple[int | None, ...] = (None,)) -> "PaddedMeta":
+        B, nb = self.tables.shape
+        bs, pos = self.block_size, positions.view(B, self.rows)
+        block = self.tables.gather(1, (pos // bs).clamp(max=nb - 1))
+        slots = (block * bs + pos % bs).flatten()
+        self.slot_mapping = slots if self.no_write is None else torch.where(self.no_write, num_slots, slots)
+        g = Group(B, self.rows, nb * bs, bs, first=0, blocks=self.tables)
+        keys = torch.arange(nb * bs, device=positions.device)
+        for w in windows:
+            m = keys <= pos[..., None]
+            if w:
+                m &= keys > pos[..., None] - w
+            g.masks[w] = m
+        self.groups = [g]
+        return self
+
+
 class KVCache:
     """One layer's paged key/value pool: ``[num_slots + 1, kv_heads, head_dim]`` each, the last
     slot a scratch row for rows that write nothing. Zeroed once: batched attention reads whole

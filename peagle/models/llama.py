@@ -200,6 +200,12 @@ class LlamaModel(nn.Module):
         return MLP(self.cfg.hidden_size, self.cfg.intermediate_size, self.cfg.mlp_bias)
 
     @property
+    def graph_safe(self) -> bool:
+        """Whether a CUDA graph can replay its forward: no host reads inside (the mixture-of-experts
+        layers' routing reads the chosen experts on the host, so those targets decode eagerly)."""
+        return not self.cfg.moe_layers
+
+    @property
     def lm_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
