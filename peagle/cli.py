@@ -115,10 +115,11 @@ def cmd_synth(args: argparse.Namespace) -> int:
     engine = LLMEngine.from_pretrained(args.target, method="none", dtype=args.dtype, device=args.device,
                                        max_num_seqs=args.batch_size, max_model_len=args.max_model_len,
                                        kv_cache_tokens=kv_tokens, enforce_eager=args.enforce_eager)
-    n = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
-                   args.seed, args.batch_size, args.shard_size, turns=args.turns, samples=args.samples,
-                   sample_temperature=args.sample_temperature)
-    print(f"wrote {n} responses to {args.out}", file=sys.stderr)
+    run = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
+                     args.seed, args.batch_size, args.shard_size, turns=args.turns, samples=args.samples,
+                     sample_temperature=args.sample_temperature)
+    print(f"wrote {run.responses} responses ({run.response_tokens} tokens, {run.tokens_per_s:.1f} tokens/s on "
+          f"{engine.device} in {dtype_name(engine.dtype)}) to {args.out}", file=sys.stderr)
     return 0
 
 

@@ -32,8 +32,11 @@ def test_formats_resume_and_torn_lines(tiny_chat_dir, prompt_files, tmp_path):
     assert {p.source for p in read_prompts(prompt_files)} == {"chat", "math", "custom"}
     engine = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", max_num_seqs=4, max_model_len=256)
     out = tmp_path / "synth"
-    assert synthesize(engine, prompt_files, out, num_prompts=5, max_new_tokens=8, shard_size=3, progress=False) == 5
+    run = synthesize(engine, prompt_files, out, num_prompts=5, max_new_tokens=8, shard_size=3, progress=False)
     first = records(out)
+    assert run.responses == 5 and run.response_tokens == sum(len(r["response_token_ids"]) for r in first)
+    log = [json.loads(line) for line in (out / "synth_runs.jsonl").read_text().splitlines()]
+    assert len(log) == 1 and log[0]["responses"] == 5 and log[0]["tokens_per_s"] > 0 and log[0]["device"] == "cpu"
     assert len(first) == 5 and [f.name for f in sorted(out.iterdir()) if f.name.startswith("responses")] == \
         ["responses-00000.jsonl.gz", "responses-00001.jsonl"]  # full shards are gzipped
     rec = first[0]
@@ -42,11 +45,12 @@ def test_formats_resume_and_torn_lines(tiny_chat_dir, prompt_files, tmp_path):
     # a kill mid-write leaves a torn line: it is cut, and that response is made again
     last = sorted(out.glob("responses-*.jsonl"))[-1]
     last.write_bytes(last.read_bytes() + b'{"id": "chat:c9", "resp')
-    assert synthesize(engine, prompt_files, out, num_prompts=8, max_new_tokens=8, shard_size=3, progress=False) == 3
+    assert synthesize(engine, prompt_files, out, num_prompts=8, max_new_tokens=8, shard_size=3, progress=False).responses == 3
     ids = [r["id"] for r in records(out)]
     assert len(ids) == len(set(ids)) == 8
     assert ids[:5] == [r["id"] for r in first]
-    assert synthesize(engine, prompt_files, out, num_prompts=8, max_new_tokens=8, shard_size=3, progress=False) == 0
+    assert synthesize(engine, prompt_files, out, num_prompts=8, max_new_tokens=8, shard_size=3, progress=False).responses == 0
+    assert len((out / "synth_runs.jsonl").read_text().splitlines()) == 2  # a run that wrote nothing logs nothing
     # the same seed gives the same prompt order; greedy responses are the target's own
     again = tmp_path / "again"
     synthesize(engine, prompt_files, again, num_prompts=8, max_new_tokens=8, progress=False)
@@ -66,7 +70,7 @@ def test_later_turns_follow_the_targets_own_answers_and_resume(tiny_chat_dir, pr
     chat = [prompt_files[0]]  # 5 conversations of two user turns
     out = tmp_path / "turns"
     kw = dict(max_new_tokens=6, progress=False, turns=2, samples=2, sample_temperature=1.0)
-    assert synthesize(engine, chat, out, num_prompts=3, **kw) == 12  # 3 prompts x 2 samples x 2 turns
+    assert synthesize(engine, chat, out, num_prompts=3, **kw).responses == 12  # 3 prompts x 2 samples x 2 turns
     recs = {r["id"]: r for r in records(out)}
     base = {r["id"] for r in recs.values() if r["turn"] == 1 and r["sample"] == 0}
     assert len(base) == 3 and set(recs) == {b + s + t for b in base for s in ("", "#s1") for t in ("", "#t2")}
@@ -83,7 +87,7 @@ def test_later_turns_follow_the_targets_own_answers_and_resume(tiny_chat_dir, pr
     shard = sorted(out.glob("responses-*.jsonl"))[-1]
     lines = shard.read_text().splitlines(keepends=True)
     shard.write_text("".join(line for line in lines if '#t2"' not in line))
-    assert synthesize(engine, chat, out, num_prompts=3, **kw) == 6
+    assert synthesize(engine, chat, out, num_prompts=3, **kw).responses == 6
     again = {r["id"]: r for r in records(out)}
     assert again == recs
     with pytest.raises(ValueError, match="sample temperature"):

@@ -4,7 +4,8 @@
    chat-templated MT-Bench prompts, same number of new tokens (HF: ``min_new_tokens`` = max, ours:
    ``ignore_eos``), one request at a time; decode tok/s = (new tokens - 1) / (total time - time to
    first token), TTFT, and whether the greedy tokens agree; the speculative methods end to end, each
-   with the head ``load_drafter_for`` gives for it (the shipped P-EAGLE and EAGLE-3 heads);
+   with the head ``load_drafter_for`` gives for it (the shipped P-EAGLE and EAGLE-3 heads), at
+   ``--k`` (default ``auto``, as ``peagle generate``: so the `parallel` row is generate's defaults);
 2. the cost of one engine step verifying 1, 2, 4, 8, 16 tokens at a context of ~256 tokens (ours,
    and HF's forward with a DynamicCache for reference);
 3. the prefill of a 4,000-token prompt, ours against HF's forward, in the same dtype;
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from peagle.engine.auto_k import parse_k
 from peagle.prompts import MT_BENCH, read_prompt_file
 from peagle.runtime import add_runtime_args
 
@@ -498,7 +500,8 @@ def markdown_end_to_end(res: dict) -> list[str]:
                "| other jobs' cores |")
     out.append("|---|---|---|---|---|---|---|---|---|")
     for name, s in e2e["systems"].items():
-        label = "HF transformers `generate`" if name == "hf" else f"peagle `{name}`"
+        label = ("HF transformers `generate`" if name == "hf" else f"peagle `{name}`"
+                 + ("" if name == "none" else f" (K={a['k']})"))
         threads = (f"torch {a['hf_threads']}" if name == "hf"
                    else f"torch {res['env']['engine_torch_threads']}")
         ratio = "1.00" if name == "hf" else f"{s['ratio_vs_hf']:.2f} ({s['paired_ratio_vs_hf']:.2f})"
@@ -597,7 +600,8 @@ def parse_args(argv=None):
     ap.add_argument("--questions", type=Path, default=MT_BENCH)
     ap.add_argument("--methods", default="none,parallel,eagle3",
                     help="our engine's methods to run end to end ('none' is always run)")
-    ap.add_argument("--k", type=int, default=7, help="K for the end-to-end speculative methods")
+    ap.add_argument("--k", type=parse_k, default="auto",
+                    help="K for the end-to-end speculative methods (default auto, as generate)")
     ap.add_argument("--context", type=int, default=256, help="context length for the pass timings")
     ap.add_argument("--verify-sizes", default="1,2,4,8,16")
     ap.add_argument("--max-k", type=int, default=10)

@@ -9,6 +9,9 @@ More data per prompt, as public EAGLE recipes regenerate it: ``turns`` > 1 conti
 conversations (the user's next turn after the target's own answer; record id ``<id>#t2``...), and
 ``samples`` > 1 adds responses at ``sample_temperature`` (``<id>#s1``...). Every record is one
 document: the whole conversation so far as its prompt, the newest answer as its response.
+
+Each run appends its settings and its throughput (response tokens per second of generation) to
+``synth_runs.jsonl`` in the output folder: a folder extended by later runs keeps every run's record.
 """
 from __future__ import annotations
 
@@ -17,12 +20,14 @@ import hashlib
 import json
 import os
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
 from peagle.prompts import Prompt, read_prompts
 from peagle.engine.sampling import SamplingParams
+from peagle.runtime import dtype_name
 
 SHARD = "responses-{:05d}.jsonl"
 
@@ -105,13 +110,25 @@ class Job:
         return msgs + [{"role": "user", "content": self.prompt.turns[self.turn - 1]}]
 
 
+@dataclass
+class SynthRun:
+    """What one run wrote, and how fast: response tokens over the seconds spent generating."""
+    responses: int
+    response_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.response_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
 def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_prompts: int | None = None,
                max_new_tokens: int = 512, temperature: float = 0.0, seed: int = 0, batch_size: int = 16,
                shard_size: int = 2000, progress: bool = True, turns: int = 1, samples: int = 1,
-               sample_temperature: float = 0.7) -> int:
+               sample_temperature: float = 0.7) -> SynthRun:
     """Generate responses for the first ``num_prompts`` of the (seeded) shuffled prompts: up to
     ``turns`` user turns of each, ``samples`` times (the first at ``temperature``, the others at
-    ``sample_temperature``); returns how many were written in this run."""
+    ``sample_temperature``); returns what this run wrote (also appended to ``synth_runs.jsonl``)."""
     if turns < 1 or samples < 1:
         raise ValueError(f"turns and samples must be >= 1, got {turns} and {samples}")
     if samples > 1 and sample_temperature <= 0:
@@ -140,15 +157,16 @@ def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_
     if existing and existing[-1].suffix == ".jsonl":  # keep filling the open shard
         shard_no -= 1
         in_shard = sum(1 for _ in open(existing[-1]))
-    meta = {"prompt_files": [str(f) for f in prompt_files], "num_prompts": len(prompts), "seed": seed,
-            "max_new_tokens": max_new_tokens, "temperature": temperature, "turns": turns, "samples": samples,
-            "sample_temperature": sample_temperature}
-    (out / "synth_config.json").write_text(json.dumps(meta, indent=2))
+    settings = {"prompt_files": [str(f) for f in prompt_files], "num_prompts": len(prompts), "seed": seed,
+                "max_new_tokens": max_new_tokens, "temperature": temperature, "turns": turns, "samples": samples,
+                "sample_temperature": sample_temperature, "batch_size": batch_size,
+                "device": str(engine.device), "dtype": dtype_name(engine.dtype)}
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=total, initial=total - left, desc="synth", unit="resp")
-    written, queue, live = 0, list(reversed(todo)), {}
+    run, queue, live = SynthRun(0, 0, 0.0), list(reversed(todo)), {}
+    t0 = time.perf_counter()
     fh = open(out / SHARD.format(shard_no), "a")
     try:
         while queue or live:
@@ -171,9 +189,12 @@ def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_
                 fh.flush()
                 if job.turn < min(turns, len(job.prompt.turns)):  # the conversation goes on next
                     queue.append(Job(job.prompt, job.sample, job.turn + 1, job.answers + [seq.text]))
-                written += 1
+                run.responses += 1
+                run.response_tokens += len(seq.output_ids)
+                run.seconds = time.perf_counter() - t0
                 in_shard += 1
                 if bar is not None:
+                    bar.set_postfix(tok_s=f"{run.tokens_per_s:.0f}", refresh=False)
                     bar.update(1)
                 if in_shard >= shard_size:
                     fh.close()
@@ -184,4 +205,8 @@ def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_
         fh.close()
         if bar is not None:
             bar.close()
-    return written
+        if run.responses:
+            with open(out / "synth_runs.jsonl", "a") as log:
+                log.write(json.dumps({**settings, **asdict(run), "tokens_per_s": round(run.tokens_per_s, 1),
+                                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+    return run
