@@ -110,7 +110,6 @@ def test_mixture_of_experts_targets_are_not_graphed():
 def test_graphs_only_on_cuda_and_enforce_eager_turns_them_off():
     target = native_from_hf(tiny_hf("llama"))
     assert make_engine(target, None, "none").graphs is None   # the CPU never captures
-    assert EngineConfig(enforce_eager=True).enforce_eager
     if torch.cuda.is_available():
         cuda = native_from_hf(tiny_hf("llama")).cuda()
         assert LLMEngine(cuda, None, EngineConfig(method="none")).graphs is not None
