@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from peagle.models.attention import PaddedMeta
+
 
 def bucket(n: int, most: int) -> int:
     """The next power of two >= ``n``, at most ``most`` (fewer shapes, so fewer graphs)."""
@@ -67,8 +69,6 @@ class StepGraphs:
     :class:`PaddedMeta` batch."""
 
     def __init__(self, target, drafter, target_caches, drafter_caches, block_size: int, capture: bool):
-        from peagle.models.attention import PaddedMeta
-
         pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for every graph
 
         def target_pass(ids, positions, tables):

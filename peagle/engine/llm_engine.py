@@ -283,6 +283,7 @@ class LLMEngine:
         padded = self.graphs is not None and all(n == 1 for _, n in work) and not any(s.draft_lag for s in batch)
         kmax = max(len(seq.drafts) for seq in batch)
         width = kmax + 1 if padded else 0
+        num_pad = bucket(len(batch), self.cfg.max_num_seqs) - len(batch) if padded else 0  # padding sequences
         # 1. one target pass: prompts (or chunks of them), and [last token, drafts...] of decoding sequences
         ids, positions, spans, verify_rows, drafts, partial = [], [], [], [], [], []
         for seq, n in work:
@@ -298,7 +299,6 @@ class LLMEngine:
         dev = self.device
         tables = None
         if padded:
-            num_pad = bucket(len(batch), self.cfg.max_num_seqs) - len(batch)
             ids += [0] * (num_pad * width)
             positions += [0] * (num_pad * width)
             spans += [Span(width, 1, [self.pad_block], 0)] * num_pad
@@ -332,12 +332,13 @@ class LLMEngine:
         out = [finite[:, None].long(), accepted[:, None], tokens[:, None]]
         k = self.auto.choose(len(batch)) if self.auto else self.k_max
         if k:  # rows whose KV stays valid: the new tokens and the accepted drafts
-            num_pad = len(spans) - len(batch)   # padding sequences keep one row and read token 0
-            num_valid = to_device([n for _, n in work] + [1] * num_pad, dev) + F.pad(accepted, (0, num_pad))
+            num_valid = to_device([n for _, n in work], dev) + accepted
+            bonus = tokens
+            if num_pad:  # padding sequences keep one row and read token 0
+                num_valid, bonus = F.pad(num_valid, (0, num_pad), value=1), F.pad(tokens, (0, num_pad))
             drafter_in = (spans, ids_t, pos_t, cu, num_valid, taps)
             if any(seq.draft_lag for seq in batch):
                 drafter_in = self._with_lag(batch, *drafter_in)
-            bonus = F.pad(tokens, (0, num_pad))
             out.append(self._propose(*drafter_in, bonus, k, tables)[:len(batch)])
         packed = torch.cat(out, dim=1).tolist()
         if not all(row[0] for row in packed):  # before any state changes: the caller fails these requests

@@ -68,6 +68,15 @@ class Group:
         return self._folded[key]
 
 
+def key_mask(length: int, qpos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """``[..., length]``: key j is visible to a query at position p iff j <= p (and p - j < window)."""
+    keys = torch.arange(length, device=qpos.device)
+    m = keys <= qpos[..., None]
+    if window:
+        m &= keys > qpos[..., None] - window
+    return m
+
+
 class AttnMeta:
     """Where one forward's rows sit in the paged KV cache (see the module docstring).
 
@@ -141,15 +150,11 @@ class AttnMeta:
                                   for s in spans], dev)
             g.length = L if B == 1 else nbk * bs
         decoding = B == 1 and Q == 1 and s0.start == s0.ctx_len - 1
-        keys = torch.arange(g.length, device=dev)
         for w in windows:
             if (decoding and not (w and L > w)) or (g.causal and w is None):
                 g.masks[w] = None  # all keys (decoding), or causal: SDPA's kernel, no mask
                 continue
-            m = keys <= qpos[..., None]
-            if w:
-                m &= keys > qpos[..., None] - w
-            g.masks[w] = m
+            g.masks[w] = key_mask(g.length, qpos, w)
         return g
 
 
@@ -172,12 +177,7 @@ class PaddedMeta(AttnMeta):
         slots = (block * bs + pos % bs).flatten()
         self.slot_mapping = slots if self.no_write is None else torch.where(self.no_write, num_slots, slots)
         g = Group(B, self.rows, nb * bs, bs, first=0, blocks=self.tables)
-        keys = torch.arange(nb * bs, device=positions.device)
-        for w in windows:
-            m = keys <= pos[..., None]
-            if w:
-                m &= keys > pos[..., None] - w
-            g.masks[w] = m
+        g.masks = {w: key_mask(nb * bs, pos, w) for w in windows}
         self.groups = [g]
         return self
 
