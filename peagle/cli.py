@@ -124,7 +124,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_hidden(args: argparse.Namespace) -> int:
-    from peagle.models.layers import configure_cpu_threads
+    from peagle.runtime import configure_cpu
     from peagle.models.loader import load_target
     from peagle.runtime import dtype_name, resolve_device, resolve_dtype
     from peagle.train.data import load_records, write_hidden
@@ -132,7 +132,7 @@ def cmd_hidden(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if device.type == "cpu":
-        configure_cpu_threads()
+        configure_cpu()
     target, _ = load_target(args.target, dtype, device=device)
     records = load_records(args.data, args.max_len)
     n = write_hidden(target, records, args.out, args.shard_docs)

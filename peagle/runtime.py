@@ -6,6 +6,7 @@ natively (AVX512_BF16 or AMX), float32 elsewhere (float16 has no fast CPU GEMM).
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -23,6 +24,13 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def configure_cpu() -> None:
+    """CPU inference and training: one torch thread pool over every core (``PEAGLE_TORCH_THREADS``
+    overrides). One pool only: a second one (numpy's OpenBLAS, say) spinning on the same cores slows
+    decoding several-fold."""
+    torch.set_num_threads(int(os.environ.get("PEAGLE_TORCH_THREADS", 0)) or os.cpu_count() or 1)
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:

@@ -16,13 +16,13 @@ import pytest
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from peagle.models.attention import AttnMeta
-from peagle.models.layers import configure_cpu_threads
 from peagle.models.llama import LlamaModel, ModelConfig
 from peagle.models.loader import resolve_target
+from peagle.runtime import configure_cpu
 
 # Tiny models run as fast on one thread, and the other core stays free (the engine reads this).
 os.environ.setdefault("PEAGLE_TORCH_THREADS", "1")
-configure_cpu_threads()
+configure_cpu()
 
 TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=2, bos_token_id=1)

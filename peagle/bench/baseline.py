@@ -150,9 +150,9 @@ def run_hf(hf, ids: list[int], n: int, threads: int) -> dict:
 
 def run_ours(engine, ids: list[int], n: int) -> dict:
     from peagle.engine.sampling import SamplingParams
-    from peagle.models.layers import configure_cpu_threads
+    from peagle.runtime import configure_cpu
 
-    configure_cpu_threads()
+    configure_cpu()
     with OtherLoad() as ol:
         t0 = time.perf_counter()
         out = engine.generate([ids], SamplingParams(max_tokens=n, ignore_eos=True))[0]
@@ -239,8 +239,8 @@ def bench_end_to_end(args, engines: dict, hf, prompts_ids: list[list[int]], bar)
                 bar.set_postfix_str(f"rep {rep + 1} prompt {p + 1} {name}")
                 runs[name][p][rep] = run(name, ids)
                 bar.update(1)
-    from peagle.models.layers import configure_cpu_threads
-    configure_cpu_threads()
+    from peagle.runtime import configure_cpu
+    configure_cpu()
     return runs
 
 
@@ -308,11 +308,11 @@ def bench_target_passes(args, engine, hf, ctx: list[int], bar) -> dict:
     host sync, the path production runs; the sequence is put back after each step so the context
     stays C. HF: its forward over n tokens with a DynamicCache (cropped back), for reference."""
     from peagle.engine.sampling import SamplingParams
-    from peagle.models.layers import configure_cpu_threads
+    from peagle.runtime import configure_cpu
 
     C, sizes = len(ctx), args.verify_sizes
     verify_ids = (ctx * 2)[C:C + max(sizes)]   # the tokens being "verified": any real ids
-    configure_cpu_threads()
+    configure_cpu()
     seq = engine.add_request(ctx, SamplingParams(max_tokens=10 ** 6, ignore_eos=True))
     engine.step()   # prefill: C tokens cached, one emitted
     state = list(seq.tokens)
@@ -356,12 +356,12 @@ def timed_rounds(args, bar, sizes: list[int], ours, other=None,
     (HF on ``other_threads``: pools switched twice a round, with a pause so the other pool's
     spinning workers sleep first). Returns (our times by size, the other's, the cores other jobs
     kept busy meanwhile, median)."""
-    from peagle.models.layers import configure_cpu_threads
+    from peagle.runtime import configure_cpu
 
     ours_t, hf_t, loads = {n: [] for n in sizes}, {n: [] for n in sizes}, []
     wait_for_idle(args.wait_idle, bar)
     for rep in range(args.micro_warmup + args.micro_reps):
-        configure_cpu_threads()
+        configure_cpu()
         settle(args)
         with OtherLoad() as ol:
             for n in sizes:
@@ -378,7 +378,7 @@ def timed_rounds(args, bar, sizes: list[int], ours, other=None,
                 if rep >= args.micro_warmup:
                     hf_t[n].append(t)
         bar.update(1)
-    configure_cpu_threads()
+    configure_cpu()
     return ours_t, hf_t, median(loads)
 
 

@@ -137,7 +137,7 @@ def run_hf(hf, tokenizer, work: Workload, lookup: int | None, threads: int, bar=
     from transformers.generation.streamers import BaseStreamer
 
     from peagle.bench.metrics import RequestRecord, summarize
-    from peagle.models.layers import configure_cpu_threads
+    from peagle.runtime import configure_cpu
 
     class ChunkTimer(BaseStreamer):
         """``generate`` puts the prompt first, then each step's new tokens."""
@@ -181,7 +181,7 @@ def run_hf(hf, tokenizer, work: Workload, lookup: int | None, threads: int, bar=
                 if bar is not None:
                     bar.update(1)
     duration = time.perf_counter() - t0
-    configure_cpu_threads()
+    configure_cpu()
     return {"dataset": work.name, "system": "hf-prompt-lookup" if lookup else "hf", "k": lookup or 0,
             "concurrency": 1, **summarize(records, duration)}
 

@@ -27,9 +27,9 @@ from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, v
 from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
 from peagle.models.attention import AttnMeta, Span
 from peagle.models.drafter import Drafter
-from peagle.models.layers import configure_cpu_threads, pack_for_inference
+from peagle.models.layers import pack_for_inference
 from peagle.models.llama import LlamaModel
-from peagle.runtime import to_device
+from peagle.runtime import configure_cpu, to_device
 
 METHODS = ("parallel", "eagle3", "none")
 
@@ -82,7 +82,7 @@ class LLMEngine:
         self.target, self.drafter, self.cfg, self.tokenizer = target, drafter, config, tokenizer
         self.device, self.dtype = target.lm_weight.device, target.lm_weight.dtype
         if self.device.type == "cpu":
-            configure_cpu_threads()
+            configure_cpu()
         target.pack_for_inference()
         if drafter is not None:
             pack_for_inference(drafter)

@@ -60,13 +60,6 @@ def set_fast_layout(model: nn.Module) -> None:
             m.weight.data = w.t().contiguous().t() if wants_in_out(w) else w.contiguous()
 
 
-def configure_cpu_threads() -> None:
-    """CPU inference: one torch thread pool over every core (``PEAGLE_TORCH_THREADS`` overrides).
-    One pool only: a second one (numpy's OpenBLAS, say) spinning on the same cores slows decoding
-    several-fold."""
-    torch.set_num_threads(int(os.environ.get("PEAGLE_TORCH_THREADS", 0)) or os.cpu_count() or 1)
-
-
 class Linear(nn.Module):
     """A linear layer whose weight lives in ``[in, out]`` memory order (see :func:`linear`).
     Left uninitialised: weights are loaded, or set by the owner's ``init_weights``."""

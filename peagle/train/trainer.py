@@ -32,8 +32,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from peagle.models.drafter import save_drafter
-from peagle.models.layers import configure_cpu_threads
-from peagle.runtime import DTYPE_CHOICES, resolve_device, resolve_dtype
+from peagle.runtime import DTYPE_CHOICES, configure_cpu, resolve_device, resolve_dtype
 from peagle.train.data import HiddenSource, Record, draft_vocab, is_eval, load_records
 from peagle.train.head import TrainHead
 from peagle.train.objective import (METHODS, Batch, Objective, Piece, auto_segments, evaluate, pieces,
@@ -138,7 +137,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         else:  # every core, shared by the processes on this machine
-            configure_cpu_threads()
+            configure_cpu()
             torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
