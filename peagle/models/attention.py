@@ -21,7 +21,6 @@ from peagle.runtime import to_device
 
 SHORT_ROWS = 64          # sequences with at most this many rows (decoding, verifying, drafting) attend in batches
 MAX_PADDING = 1.25       # ... of sequences whose contexts, padded to the longest, hold at most 25% padding
-SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @dataclass(frozen=True)
@@ -205,11 +204,9 @@ class KVCache:
         B, nb = g.blocks.shape
         out = []
         for pool in (self.k, self.v):
-            # gathered as integers of the same width: torch's index_select copies those 2-4x faster
-            # than bf16 or float32 rows (CPU, measured), and the bits are the same
             per_block = pool[:self.num_slots].view(-1, g.block_size * pool.shape[1] * pool.shape[2])
-            kv = per_block.view(SAME_WIDTH_INT[pool.element_size()]).index_select(0, g.blocks.flatten())
-            out.append(kv.view(pool.dtype).view(B, nb * g.block_size, *pool.shape[1:])[:, :g.length])
+            kv = per_block.index_select(0, g.blocks.flatten()).view(B, nb * g.block_size, *pool.shape[1:])
+            out.append(kv[:, :g.length])
         return out[0], out[1]
 
 
