@@ -6,10 +6,14 @@ measured per-position acceptance (decayed counts, so it follows the text being g
 costs come from the engine's own target and drafter passes, timed over a range of row counts when
 the engine starts, corrected by the step times measured since (per K, a running ratio). K = 0 is
 plain decoding: the drafter is skipped, and the rows it missed are read in its next pass when
-drafting resumes (the engine keeps their target taps), so its KV has no holes. Every
-``probe_every`` steps a step drafts two positions deeper than pays now, so acceptance there stays
-measured (a deeper position seldom tried leans on the one before it) and K can climb again. No anchor does this online: vLLM's dynamic
-speculation reads a fixed table by batch size.
+drafting resumes (the engine keeps their target taps), so its KV has no holes. That catch-up pass
+is a cost of resuming: spread over a probe interval, it is added to every K > 0 while rows are
+missed, so K leaves 0 only for a gain that pays it back (near break-even the choice would otherwise
+flip every few steps and pay it each time). Every probe interval a step drafts two positions
+deeper than pays now, so acceptance there stays measured (a deeper position seldom tried leans on
+the one before it) and K can climb again; while probes find that nothing pays, the interval
+doubles (up to ``probe_max`` steps), so a useless head costs next to nothing. No anchor does this
+online: vLLM's dynamic speculation reads a fixed table by batch size.
 """
 from __future__ import annotations
 
@@ -42,15 +46,19 @@ class AutoK:
     parallel: bool              # P-EAGLE: one drafter pass; EAGLE-3: K passes
     target: CostCurve           # a target pass (and verification) over n rows
     drafter: CostCurve          # a drafter pass over n rows (with its LM head)
-    probe_every: int = 16       # steps between probes two positions deeper
+    probe_every: int = 16       # steps between probes two positions deeper (doubling while none pays)
+    probe_max: int = 128        # ... up to this many
     decay: float = 0.98         # per step: about the last 50 steps count
     prior: float = 1.0          # pseudo-rounds of each position's prior (0.5 at first, then the one before)
     accepted: list[float] = field(default_factory=list)
     tried: list[float] = field(default_factory=list)
     steps: int = 0
     scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per K
+    interval: int = 0           # steps from one probe to the next (set from probe_every)
+    next_probe: int = 0
 
     def __post_init__(self):
+        self.interval = self.next_probe = self.probe_every
         self.accepted = [0.5 * self.prior] + [0.0] * (self.k_max - 1)   # the first position's prior fades
         self.tried = [self.prior] + [0.0] * (self.k_max - 1)            # with the counts, as evidence comes
 
@@ -98,13 +106,18 @@ class AutoK:
         near = min(self.scale, key=lambda j: (abs(j - k), j), default=None)
         return self.step_seconds(k, batch) * (self.scale[near] if near is not None else 1.0)
 
-    def choose(self, batch: int) -> int:
-        """K for the drafts proposed now (verified next step); decays the acceptance counts."""
+    def choose(self, batch: int, missed_rows: int = 0) -> int:
+        """K for the drafts proposed now (verified next step), with ``missed_rows`` rows the drafter
+        must catch up on before it drafts (steps at K = 0); decays the acceptance counts."""
         self.steps += 1
         self.accepted = [a * self.decay for a in self.accepted]
         self.tried = [t * self.decay for t in self.tried]
-        rate = [batch * self.expected_tokens(k) / self.corrected_seconds(k, batch) for k in range(self.k_max + 1)]
+        catch_up = self.drafter(missed_rows) / self.probe_every if missed_rows else 0.0
+        rate = [batch * self.expected_tokens(k) / (self.corrected_seconds(k, batch) + (catch_up if k else 0.0))
+                for k in range(self.k_max + 1)]
         best = max(range(self.k_max + 1), key=rate.__getitem__)
-        if self.steps % self.probe_every == 0:   # look two positions deeper than pays now
+        if self.steps >= self.next_probe:   # look two positions deeper than pays now
+            self.interval = min(2 * self.interval, self.probe_max) if best == 0 else self.probe_every
+            self.next_probe = self.steps + self.interval
             return min(best + 2, self.k_max)
         return best

@@ -330,7 +330,8 @@ class LLMEngine:
         # 3. propose the next drafts, then the one host sync
         finite = logits.isfinite().all(-1)[rows].all(1)   # a NaN or inf in any verified row
         out = [finite[:, None].long(), accepted[:, None], tokens[:, None]]
-        k = self.auto.choose(len(batch)) if self.auto else self.k_max
+        missed = sum(rows.shape[0] for seq in batch for rows, _, _ in seq.draft_lag)
+        k = self.auto.choose(len(batch), missed) if self.auto else self.k_max
         if k:  # rows whose KV stays valid: the new tokens and the accepted drafts
             num_valid = to_device([n for _, n in work], dev) + accepted
             bonus = tokens
