@@ -176,6 +176,7 @@ TRAIN_HELP = {
     "method": "peagle (parallel drafting) or eagle3 (training-time test, the baseline)",
     "layers": "decoder layers of the head", "k": "depths trained: parallel groups (peagle) or unrolled steps (eagle3)",
     "draft_vocab": "draft vocabulary size (the most frequent response tokens)",
+    "labels": "soft: the target's distribution over the draft vocabulary; hard: its greedy token",
     "hidden": "folder written by `peagle hidden` (default: run the target online)",
     "init_from": "start from this head's weights (vLLM format, same layers and draft vocabulary); fresh optimizer",
     "batch_size": "documents per process per step", "micro_tokens": "tokens packed into one micro-batch",
@@ -193,6 +194,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     import dataclasses
 
     from peagle.runtime import DTYPE_CHOICES
+    from peagle.train.objective import LABELS
     from peagle.train.trainer import TrainConfig
 
     for f in dataclasses.fields(TrainConfig):
@@ -206,7 +208,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         else:
             kind = {"int | None": int, "str | None": str, "float": float, "int": int, "str": str}[str(f.type)]
             p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_,
-                           choices=DTYPE_CHOICES if f.name == "dtype" else None)
+                           choices={"dtype": DTYPE_CHOICES, "labels": LABELS}.get(f.name))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

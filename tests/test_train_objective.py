@@ -146,6 +146,30 @@ def test_engine_drafts_are_the_training_elements(target, monkeypatch):
 
 
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_hard_labels_are_the_targets_greedy_token_in_draft_ids(target, method):
+    """``labels="hard"``: cross-entropy against the target's argmax, spelled here by a dictionary
+    from target to draft ids; soft labels give a different loss on the same elements."""
+    doc = make_doc(target, 40, 12, seed=5)
+    head = make_head(target)
+    rows = target.lm_weight[head.to_target_ids(torch.arange(80))]
+    batch = Batch.pack([doc])
+    el = sample_elements(batch, K, 1.0, 1.0, None)
+    draft_of = {int(t): d for d, t in enumerate(head.to_target_ids(torch.arange(80)))}
+    with torch.no_grad():
+        normed = Objective(head, method, K, rows).hidden(batch, el)
+        loss, _, supervised = Objective(head, method, K, rows, labels="hard").score(batch, el, normed)
+        soft, _, _ = Objective(head, method, K, rows).score(batch, el, normed)
+    want = batch.argmax[el.tok + el.depth + 1]
+    assert supervised.tolist() == [int(w) in draft_of for w in want] and 0 < int(supervised.sum()) < len(el)
+    labels = torch.tensor([draft_of[int(w)] for w in want[supervised]])
+    logp = torch.log_softmax(head.logits(normed[supervised]).float(), -1)
+    torch.testing.assert_close(loss, -logp[torch.arange(len(labels)), labels].sum())
+    assert not torch.isclose(loss, soft)
+    with pytest.raises(ValueError, match="labels"):
+        Objective(head, method, K, rows, labels="argmax")
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
 def test_packed_documents_do_not_see_each_other(target, method):
     docs = [make_doc(target, 30, 8, seed=3), make_doc(target, 22, 5, seed=4)]
     head = make_head(target)

@@ -25,6 +25,7 @@ from peagle.models.drafter import Drafter
 from peagle.models.attention import ChainMask, DenseKV
 
 METHODS = ("peagle", "eagle3")
+LABELS = ("soft", "hard")
 
 
 @dataclass
@@ -175,21 +176,25 @@ class Objective(nn.Module):
     """Runs a head over a packed batch's elements and scores them against the target.
 
     ``target_head`` holds the target's LM-head rows of the draft vocabulary ``[V_draft, H_target]``:
-    the label of an element is ``softmax(final @ target_head.T)``, the target's distribution
-    restricted to the draft vocabulary. Elements whose target argmax is outside it carry no loss.
+    with ``labels="soft"`` the label of an element is ``softmax(final @ target_head.T)``, the
+    target's distribution restricted to the draft vocabulary; with ``"hard"`` its greedy token, the
+    one greedy verification accepts. Elements whose target argmax is outside it carry no loss.
 
     A module whose ``forward`` is one piece's loss, so that data-parallel training can wrap it
     whole (DDP sees every use of the head's weights inside one forward). ``dtype`` is the autocast
     dtype: the head keeps float32 weights; bfloat16/float16 run its matmuls in that dtype."""
 
     def __init__(self, head: Drafter, method: str, k: int, target_head: torch.Tensor,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, labels: str = "soft"):
         super().__init__()
         if method not in METHODS:
             raise ValueError(f"unknown training method {method!r}; choose one of {', '.join(METHODS)}")
-        self.head, self.method, self.k, self.dtype = head, method, k, dtype
+        if labels not in LABELS:
+            raise ValueError(f"unknown labels {labels!r}; choose one of {', '.join(LABELS)}")
+        self.head, self.method, self.k, self.dtype, self.labels = head, method, k, dtype, labels
         self.target_head = target_head.detach()
         self.in_draft = head.t2d
+        self.draft_ids = head.draft_vocab_ids()   # sorted target ids: a target id's draft id by search
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Matmuls in ``dtype`` (weights stay float32); float32: no autocast."""
@@ -223,7 +228,7 @@ class Objective(nn.Module):
 
     def score(self, batch: Batch, el: Elements, normed: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(summed soft cross-entropy over supervised elements, top-1 correct, supervised) for ``el``.
+        """(summed cross-entropy over supervised elements, top-1 correct, supervised) for ``el``.
 
         A target token outside the draft vocabulary can never be drafted: such elements carry no
         loss, and evaluation counts them as misses."""
@@ -232,6 +237,10 @@ class Objective(nn.Module):
         want = batch.argmax[label]
         supervised = self.in_draft[want]
         correct = self.head.to_target_ids(logits.argmax(-1)) == want
+        if self.labels == "hard":
+            loss = F.cross_entropy(logits[supervised].float(), torch.searchsorted(self.draft_ids, want[supervised]),
+                                   reduction="sum")
+            return loss, correct, supervised
         rows, inverse = label[supervised].unique(return_inverse=True)  # depths share label rows
         p = (batch.final[rows] @ self.target_head.t()).float().softmax(-1)[inverse]
         loss = -(p * F.log_softmax(logits[supervised].float(), -1)).sum()

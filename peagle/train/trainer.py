@@ -35,7 +35,7 @@ from peagle.models.drafter import save_drafter
 from peagle.runtime import DTYPE_CHOICES, configure_cpu, resolve_device, resolve_dtype
 from peagle.train.data import HiddenSource, Record, draft_vocab, is_eval, load_records
 from peagle.train.head import TrainHead
-from peagle.train.objective import (METHODS, Batch, Objective, Piece, auto_segments, evaluate, pieces,
+from peagle.train.objective import (LABELS, METHODS, Batch, Objective, Piece, auto_segments, evaluate, pieces,
                                     sample_elements)
 
 STATE = "checkpoint/state.pt"
@@ -51,6 +51,7 @@ class TrainConfig:
     layers: int = 1
     k: int = 8                       # depths trained (P-EAGLE: parallel groups; EAGLE-3: unrolled steps)
     draft_vocab: int = 8192
+    labels: str = "soft"             # soft: the target's distribution over the draft vocabulary; hard: its greedy token
     mask_token_id: int | None = None  # default: a spare special token of the tokenizer
     hidden: str | None = None        # `peagle hidden` output; None computes the target's states online
     init_from: str | None = None     # a vLLM-format head to start from (its weights; a fresh optimizer)
@@ -87,6 +88,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1")
         if not (0 < self.r <= 1 and 0 < self.r_min <= 1):
             raise ValueError("r and r_min must be in (0, 1]")
+        if self.labels not in LABELS:
+            raise ValueError(f"unknown labels {self.labels!r}; choose one of {', '.join(LABELS)}")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
 
@@ -179,7 +182,7 @@ class Trainer:
             self.head.mask_hidden.requires_grad_(False)
             self.head.mask_embedding.requires_grad_(False)
         self.objective = Objective(self.head, cfg.method, cfg.k, self.target.lm_weight[draft_ids.to(self.device)],
-                                   self.dtype)
+                                   self.dtype, cfg.labels)
         self.opt = torch.optim.AdamW(self.head.trainable(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
