@@ -103,7 +103,7 @@ def test_probes_back_off_while_nothing_pays_and_return_when_drafting_does():
         ks.append(auto.choose(16))
         auto.record(ks[-1], 0)
     probes = [i + 1 for i, k in enumerate(ks) if k]
-    assert set(ks) == {0, 2} and probes[:5] == [16, 48, 112, 240, 368], probes   # 16, 32, 64, 128, 128 apart
+    assert set(ks) == {0, 2} and probes[:5] == [16, 48, 112, 176, 240], probes   # 16, 32, 64, 64, 64 apart
     auto.accepted, auto.tried = [90.0] * 8, [100.0] * 8   # the text turned predictable
     assert auto.choose(1) > 0
     start = auto.steps

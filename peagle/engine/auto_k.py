@@ -47,7 +47,7 @@ class AutoK:
     target: CostCurve           # a target pass (and verification) over n rows
     drafter: CostCurve          # a drafter pass over n rows (with its LM head)
     probe_every: int = 16       # steps between probes two positions deeper (doubling while none pays)
-    probe_max: int = 128        # ... up to this many
+    probe_max: int = 64         # ... up to this many (the drafter's catch-up then reads at most 64 steps' rows)
     decay: float = 0.98         # per step: about the last 50 steps count
     prior: float = 1.0          # pseudo-rounds of each position's prior (0.5 at first, then the one before)
     accepted: list[float] = field(default_factory=list)

@@ -18,3 +18,9 @@ done
 wait
 cp runs/labels/soft/train_log.jsonl docs/results/labels/soft.jsonl
 cp runs/labels/hard/train_log.jsonl docs/results/labels/hard.jsonl
+# A 2-layer head on the same data and schedule (soft labels), for the layers curve at equal tokens
+PEAGLE_TORCH_THREADS=1 .venv/bin/peagle train --data /tmp/snap --hidden runs/hidden-snap \
+  --out runs/labels/soft-2layers --method peagle --layers 2 -k 8 --labels soft --max-steps 250 --batch-size 4 \
+  --lr 1e-3 --min-lr 1e-4 --warmup-steps 25 --eval-every 125 --eval-docs 64 --eval-fraction 0.05 \
+  --save-every 50 --log-every 25 --seed 1 --no-progress --resume > runs/labels/soft-2layers.log 2>&1
+cp runs/labels/soft-2layers/train_log.jsonl docs/results/labels/soft-2layers.jsonl
