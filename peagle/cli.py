@@ -124,9 +124,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_hidden(args: argparse.Namespace) -> int:
-    from peagle.runtime import configure_cpu
     from peagle.models.loader import load_target
-    from peagle.runtime import dtype_name, resolve_device, resolve_dtype
+    from peagle.runtime import configure_cpu, dtype_name, resolve_device, resolve_dtype
     from peagle.train.data import load_records, write_hidden
 
     device = resolve_device(args.device)
