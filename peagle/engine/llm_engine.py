@@ -330,8 +330,7 @@ class LLMEngine:
         # 3. propose the next drafts, then the one host sync
         finite = logits.isfinite().all(-1)[rows].all(1)   # a NaN or inf in any verified row
         out = [finite[:, None].long(), accepted[:, None], tokens[:, None]]
-        missed = sum(rows.shape[0] for seq in batch for rows, _, _ in seq.draft_lag)
-        k = self.auto.choose(len(batch), missed) if self.auto else self.k_max
+        k = self.auto.choose(len(batch), sum(s.draft_lag_rows for s in batch)) if self.auto else self.k_max
         if k:  # rows whose KV stays valid: the new tokens and the accepted drafts
             num_valid = to_device([n for _, n in work], dev) + accepted
             bonus = tokens
@@ -385,7 +384,7 @@ class LLMEngine:
             rows = slice(cu[i], cu[i + 1])
             lag = seq.draft_lag + [(ids[rows], positions[rows], taps[rows])]
             parts.append([torch.cat(x) for x in zip(*lag)])
-            lags.append(sum(x[0].shape[0] for x in seq.draft_lag))
+            lags.append(seq.draft_lag_rows)
             seq.draft_lag = []
         spans = [Span(s.num_rows + n, s.ctx_len, s.block_table) for s, n in zip(spans, lags)]
         ids, positions, taps = (torch.cat(x) for x in zip(*parts))

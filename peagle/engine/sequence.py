@@ -84,6 +84,11 @@ class Sequence:
         self.finish_time: float | None = None
 
     @property
+    def draft_lag_rows(self) -> int:
+        """Rows the drafter must catch up on before it drafts again."""
+        return sum(ids.shape[0] for ids, _, _ in self.draft_lag)
+
+    @property
     def output_ids(self) -> list[int]:
         return self.tokens[len(self.prompt_ids):]
 
