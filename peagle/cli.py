@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -328,8 +329,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Long jobs (synth, hidden, train) stop cleanly on SIGINT and SIGTERM alike: the KeyboardInterrupt
+    # runs their `finally` (close the shard, log the run). A shell that starts a job in the background
+    # leaves SIGINT ignored, so the handler is set here rather than inherited.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -92,3 +97,25 @@ def test_later_turns_follow_the_targets_own_answers_and_resume(tiny_chat_dir, pr
     assert again == recs
     with pytest.raises(ValueError, match="sample temperature"):
         synthesize(engine, chat, out, samples=2, sample_temperature=0.0, progress=False)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_synth_cleanly_even_started_in_the_background(tiny_chat_dir, prompt_files, tmp_path, sig):
+    """A shell's background job starts with SIGINT ignored; the CLI still stops on SIGINT or SIGTERM by
+    running synthesize's ``finally``: the open shard is whole and the run is logged."""
+    out = tmp_path / "synth"
+    ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731 (what `cmd &` does)
+    proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "synth", "--target", str(tiny_chat_dir),
+                             "--prompts", *prompt_files, "--out", str(out), "--max-new-tokens", "200", "--max-model-len", "256",
+                             "--batch-size", "1", "--dtype", "float32"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore_sigint,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not (out.exists() and records(out)):
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == 130, proc.stdout.read()
+    assert "interrupted" in proc.stdout.read()
+    done = records(out)
+    log = [json.loads(line) for line in (out / "synth_runs.jsonl").read_text().splitlines()]
+    assert 1 <= len(done) < 12 and len(done) - 1 <= log[-1]["responses"] <= len(done)  # the signal may fall between write and count
