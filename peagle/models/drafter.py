@@ -29,8 +29,6 @@ class DrafterMismatchError(ValueError):
     pass
 
 
-
-
 @dataclass
 class DrafterConfig:
     hidden_size: int
