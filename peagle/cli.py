@@ -329,17 +329,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LONG_JOBS = ("synth", "hidden", "train")
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # Long jobs (synth, hidden, train) stop cleanly on SIGINT and SIGTERM alike: the KeyboardInterrupt
-    # runs their `finally` (close the shard, log the run). A shell that starts a job in the background
-    # leaves SIGINT ignored, so the handler is set here rather than inherited.
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    if args.command in LONG_JOBS:
+        # They stop cleanly on SIGINT and SIGTERM alike: the KeyboardInterrupt runs their `finally`
+        # (close the shard, log the run). A shell that starts a job in the background leaves SIGINT
+        # ignored, so the handler is set here rather than inherited. (The server has uvicorn's.)
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.func(args)
     except KeyboardInterrupt:
