@@ -106,8 +106,8 @@ def test_a_signal_stops_synth_cleanly_even_started_in_the_background(tiny_chat_d
     out = tmp_path / "synth"
     ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731 (what `cmd &` does)
     proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "synth", "--target", str(tiny_chat_dir),
-                             "--prompts", *prompt_files, "--out", str(out), "--max-new-tokens", "200", "--max-model-len", "256",
-                             "--batch-size", "1", "--dtype", "float32"],
+                             "--prompts", *prompt_files, "--out", str(out), "--max-new-tokens", "200",
+                             "--max-model-len", "256", "--batch-size", "1", "--dtype", "float32"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore_sigint,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.time() + 240
@@ -118,4 +118,5 @@ def test_a_signal_stops_synth_cleanly_even_started_in_the_background(tiny_chat_d
     assert "interrupted" in proc.stdout.read()
     done = records(out)
     log = [json.loads(line) for line in (out / "synth_runs.jsonl").read_text().splitlines()]
-    assert 1 <= len(done) < 12 and len(done) - 1 <= log[-1]["responses"] <= len(done)  # the signal may fall between write and count
+    # the signal may fall between a record's write and its count
+    assert 1 <= len(done) < 12 and len(done) - 1 <= log[-1]["responses"] <= len(done)
