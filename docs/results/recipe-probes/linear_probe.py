@@ -22,7 +22,7 @@ from peagle.train.data import load_records
 hidden_dir, data_dir = sys.argv[1:3]
 torch.set_num_threads(1)
 target, _ = load_target(None, "float32", device="cpu")
-W, E, lm = target.model.norm.weight.float(), target.model.embed_tokens.weight.float(), target.lm_weight.float()
+W, E = target.model.norm.weight.float(), target.model.embed_tokens.weight.float()
 
 
 def rows(shard: int, limit: int | None = None):
@@ -40,14 +40,14 @@ def rows(shard: int, limit: int | None = None):
     return torch.cat(taps), torch.cat(emb), torch.cat(y), torch.cat(label), torch.cat(nxt)
 
 
+@torch.no_grad()
 def top1(h: torch.Tensor, label: torch.Tensor) -> float:
-    normed = h / h.pow(2).mean(-1, keepdim=True).sqrt() * W
-    return (normed @ lm.T).argmax(-1).eq(label).float().mean().item()
+    return target.logits(target.model.norm(h)).argmax(-1).eq(label).float().mean().item()
 
 
 tr = [torch.cat(x) for x in zip(rows(0), rows(1))]
 te = rows(3, 64)
-confidence = ((te[2] * W) @ lm.T).softmax(-1).amax(-1).mean().item()
+confidence = target.logits(te[2] * W).softmax(-1).amax(-1).mean().item()
 print(f"the target's own probability of its greedy token at a+1 (mean, held-out rows): {confidence:.3f}")
 for name, cols in (("taps g[a]", (0,)), ("embedding of x[a+1]", (1,)), ("taps and embedding", (0, 1)),
                    ("taps g[a+1] (the cheat probe's input)", (4,))):

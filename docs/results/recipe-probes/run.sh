@@ -3,7 +3,7 @@
 # first 1,024 synthesized documents (985 trained, 39 held out by id hash), float32 (this AVX2-only
 # CPU has no native bf16), one thread each, two runs side by side. Each run sees 391k document
 # tokens: 250 steps x 4 documents, or 1,000 steps x 1 document for the batch-size probe.
-cd /work/main
+cd "$(dirname "$0")/../../.."   # the repository root
 mkdir -p /tmp/snap runs/exp
 cp data/synth/smollm2-135m-instruct/responses-0000[01].jsonl.gz /tmp/snap/
 .venv/bin/peagle hidden --data /tmp/snap --out runs/hidden-snap --dtype float32 &

@@ -81,11 +81,11 @@ if env("LSINIT") == "1":
                         p.zero_()
         slow = float(env("SLOW", "1"))
         if slow != 1:
-            names = ("fc.weight", "lm_head.weight")
-            params = [(n, p) for n, p in head.named_parameters() if p.requires_grad]
-            groups = [{"params": [p for n, p in params if n not in names]},
-                      {"params": [p for n, p in params if n in names], "lr": cfg.lr * slow}]
-            self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+            # the trainer's own optimizer, fc and lm_head moved into a second group at lr * slow
+            moved = [p for n, p in head.named_parameters() if p.requires_grad and n in ("fc.weight", "lm_head.weight")]
+            group = self.opt.param_groups[0]
+            group["params"] = [p for p in group["params"] if all(p is not q for q in moved)]
+            self.opt.add_param_group({"params": moved, "lr": cfg.lr * slow})
             self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, T.lr_lambda(cfg, self.total_steps))
     T.Trainer.__init__ = _init_lstsq
 
