@@ -81,23 +81,25 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from peagle.engine.llm_engine import LLMEngine
     from peagle.serve.api import build_app, speculative_config
-    from peagle.serve.async_engine import AsyncEngine
+    from peagle.serve.async_engine import AsyncEngine, EngineSpec
 
     spec = speculative_config(args.speculative_config)
-    engine = LLMEngine.from_pretrained(args.target, spec["drafter"], method=spec["method"], k=spec["k"],
-                                       dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
-                                       max_num_batched_tokens=args.max_num_batched_tokens,
-                                       enable_chunked_prefill=args.enable_chunked_prefill,
-                                       max_model_len=args.max_model_len, enforce_eager=args.enforce_eager)
+    # uvicorn shuts down gracefully on SIGTERM, then raises it again: exit cleanly then, through the
+    # `finally` below that stops the engine process
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    # the engine is built and run in a process of its own (peagle/serve/engine_core.py says why)
+    async_engine = AsyncEngine(EngineSpec(dict(
+        target=args.target, drafter=spec["drafter"], method=spec["method"], k=spec["k"], dtype=args.dtype,
+        device=args.device, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=args.enable_chunked_prefill, max_model_len=args.max_model_len,
+        enforce_eager=args.enforce_eager)), max_queue=args.max_queue)
+    info = async_engine.info
     name = args.served_model_name or (args.target or "SmolLM2-135M-Instruct")
     how = spec["method"] if spec["method"] == "none" else f"{spec['method']}, K={spec['k']}"
-    how += ", CUDA graphs" if engine.graphs is not None else ""
-    print(f"peagle: serving {name} on {engine.device} in {dtype_name(engine.dtype)} ({how}) "
-          f"at http://{args.host}:{args.port}",
-          file=sys.stderr, flush=True)
-    async_engine = AsyncEngine(engine, max_queue=args.max_queue)
+    how += ", CUDA graphs" if info.cuda_graphs else ""
+    print(f"peagle: serving {name} on {info.device} in {info.dtype} ({how}) at http://{args.host}:{args.port} "
+          f"(engine process {info.pid})", file=sys.stderr, flush=True)
     try:
         # on SIGTERM, running requests get a few seconds to finish; then they are cancelled (and aborted)
         uvicorn.run(build_app(async_engine, name, args.api_key), host=args.host, port=args.port, log_level="warning",
@@ -216,7 +218,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from peagle.bench import offline, serve, sweep
+    from peagle.bench import offline, serve, serving, sweep
     from peagle.runtime import DEVICE_HELP, DTYPE_CHOICES
 
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
@@ -321,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module, text in [
             ("serve", serve, "stream a dataset to an OpenAI-compatible server (flags as vllm bench serve)"),
             ("offline", offline, "in-process: AL, per-position acceptance and tok/s per method and K"),
-            ("sweep", sweep, "method x K x concurrency x dataset grid with HF peers; JSON, Markdown, PNG")]:
+            ("sweep", sweep, "method x K x concurrency x dataset grid with HF peers; JSON, Markdown, PNG"),
+            ("serving", serving, "the serving table: peagle's and llama.cpp's servers against the offline engine")]:
         bp = bsub.add_parser(name, help=text, description=module.__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_args(bp)
@@ -334,6 +337,10 @@ LONG_JOBS = ("synth", "hidden", "train")
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _exit_cleanly(signum, frame) -> None:
+    raise SystemExit(0)
 
 
 def main(argv: list[str] | None = None) -> int:

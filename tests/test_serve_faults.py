@@ -1,7 +1,9 @@
 """Faults stay local: each fault is followed by a normal request that must succeed, cut clients
-give their KV blocks back, a dead engine thread shows in /health, SIGTERM exits, and schemathesis
-fuzzes the whole API for 5xx answers and schema violations. The server runs in-process (uvicorn
-in a thread) so that tests can reach into its engine."""
+give their KV blocks back, a dead engine process shows in /health and fails what it ran, SIGTERM
+exits leaving no process behind, and schemathesis fuzzes the whole API for 5xx answers and schema
+violations. The HTTP side runs in this process (uvicorn in a thread) and the engine in its own, as
+`peagle serve` runs them; the engine's faults come with it (``fault_engines``), and its state is
+read from the gauges it reports."""
 from __future__ import annotations
 
 import http.client
@@ -13,24 +15,29 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import schemathesis
 from schemathesis.checks import positive_data_acceptance
-import torch
 import uvicorn
+from fault_engines import NAN, RAISE, SLOW, faulty_engine
 from hypothesis import HealthCheck, given, settings
-from test_serve import free_port, request, sse, wait_healthy
+from test_serve import free_port, request, wait_healthy
 
-from peagle.engine.llm_engine import LLMEngine
 from peagle.serve.api import build_app
-from peagle.serve.async_engine import AsyncEngine
+from peagle.serve.async_engine import AsyncEngine, EngineSpec
+
+
+def start_engine(tiny_chat_dir, cache: Path, max_queue: int = 8, **kwargs) -> AsyncEngine:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PEAGLE_CACHE", str(cache))  # read by the engine process, which starts with this environment
+        return AsyncEngine(EngineSpec({"target": str(tiny_chat_dir), **kwargs}, faulty_engine), max_queue=max_queue)
 
 
 class Server:
-    def __init__(self, llm: LLMEngine):
-        self.llm = llm
-        self.engine = AsyncEngine(llm, max_queue=8)
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
         self.app = build_app(self.engine, "tiny")
         self.port = free_port()
         self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, port=self.port, log_level="warning"))
@@ -44,27 +51,26 @@ class Server:
         self._thread.join(timeout=10)
         self.engine.close()
 
+    def gauge(self, name: str) -> float:
+        return getattr(self.engine.metrics, name)._value.get()
+
     def aborted(self) -> float:
         return self.engine.metrics.requests.labels(finished_reason="abort")._value.get()
 
     def wait_idle(self, timeout: float = 30) -> None:
-        """Until nothing runs and the KV pool is whole again."""
+        """Until nothing runs or waits and the KV pool is whole again, by the engine's own report."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if not self.llm.has_unfinished() and self.llm.blocks.num_free == self.llm.blocks.num_blocks:
+            if self.gauge("running") == self.gauge("waiting") == self.gauge("kv_usage") == 0:
                 return
             time.sleep(0.05)
-        pytest.fail(f"not idle: {len(self.llm.running)} running, {self.llm.blocks.num_free}/"
-                    f"{self.llm.blocks.num_blocks} blocks free")
+        pytest.fail(f"not idle: {self.gauge('running')} running, KV usage {self.gauge('kv_usage')}")
 
 
 @pytest.fixture(scope="module")
 def srv(tiny_chat_dir, tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PEAGLE_CACHE", str(tmp_path_factory.mktemp("cache")))
-        llm = LLMEngine.from_pretrained(str(tiny_chat_dir), method="parallel", k=3, max_num_seqs=4,
-                                        max_model_len=128)
-    server = Server(llm)
+    server = Server(start_engine(tiny_chat_dir, tmp_path_factory.mktemp("cache"), method="parallel", k=3,
+                                 max_num_seqs=4, max_model_len=128))
     yield server
     server.close()
 
@@ -89,18 +95,8 @@ def test_tiny_temperature_is_greedy(srv):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_step_that_raises_fails_only_its_requests(srv, monkeypatch, stream):
-    real = srv.llm._propose
-    calls = []
-
-    def faulty(*args):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("injected fault")
-        return real(*args)
-
-    monkeypatch.setattr(srv.llm, "_propose", faulty)
-    body = {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True, "stream": stream}
+def test_a_step_that_raises_fails_only_its_requests(srv, stream):
+    body = {"prompt": f"Once upon a time {RAISE}", "max_tokens": 40, "ignore_eos": True, "stream": stream}
     status, out, _ = request(srv.port, "POST", "/v1/completions", body)
     if stream:
         assert status == 200
@@ -108,50 +104,33 @@ def test_a_step_that_raises_fails_only_its_requests(srv, monkeypatch, stream):
         assert "injected fault" in events[-1]["error"]["message"] and out.rstrip().endswith("[DONE]")
     else:
         assert status == 500 and "injected fault" in out["error"]["message"]
-    monkeypatch.undo()
     assert_serving(srv)
 
 
-def test_non_finite_logits_fail_the_request_not_the_server(srv, monkeypatch):
-    real = srv.llm.target.forward
-
-    def nan_logits(*args, **kw):
-        logits, taps = real(*args, **kw)
-        return torch.full_like(logits, float("nan")), taps
-
-    monkeypatch.setattr(srv.llm.target, "forward", nan_logits)
+def test_non_finite_logits_fail_the_request_not_the_server(srv):
     for temperature in (0, 1.0):
-        status, body, _ = chat(srv.port, temperature=temperature)
+        status, body, _ = chat(srv.port, content=f"Hi {NAN}", temperature=temperature)
         assert status == 500 and "non-finite" in body["error"]["message"], body
-    monkeypatch.undo()
     assert_serving(srv)
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(srv, monkeypatch, stream):
-    real = srv.llm.step
-
-    def slow_step():  # 100 tokens take seconds: the request is still running when the client goes
-        time.sleep(0.03)
-        return real()
-
-    monkeypatch.setattr(srv.llm, "step", slow_step)
+def test_a_client_that_disconnects_is_aborted_and_its_blocks_freed(srv, stream):
     before = srv.aborted()
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
     conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
-                 body=json.dumps({"prompt": "go", "max_tokens": 100, "ignore_eos": True, "stream": stream}))
+                 body=json.dumps({"prompt": f"go {SLOW}", "max_tokens": 100, "ignore_eos": True, "stream": stream}))
     if stream:
         r = conn.getresponse()
         assert r.status == 200
         r.fp.readline()
     else:
-        while not srv.llm.running:
+        while srv.gauge("running") == 0:
             time.sleep(0.01)
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
     srv.wait_idle(timeout=10)
     assert srv.aborted() == before + 1  # finished by the abort, not by running to its end
-    monkeypatch.undo()
     assert_serving(srv)
 
 
@@ -167,31 +146,64 @@ def test_undecodable_input_gets_json_400(srv):
     assert_serving(srv)
 
 
-def test_health_is_503_when_the_engine_thread_is_gone(tiny_chat_dir):
-    from starlette.testclient import TestClient
+def test_a_dead_engine_fails_its_requests_and_health(tiny_chat_dir, tmp_path):
+    """The engine process killed mid-request: the request gets a 500, /health a 503, later requests a 500."""
+    srv = Server(start_engine(tiny_chat_dir, tmp_path, method="none", max_model_len=128))
+    try:
+        assert request(srv.port, "GET", "/health")[0] == 200
+        result = []
+        t = threading.Thread(target=lambda: result.append(
+            request(srv.port, "POST", "/v1/completions", {"prompt": f"go {SLOW}", "max_tokens": 100, "ignore_eos": True})))
+        t.start()
+        while srv.gauge("running") == 0:
+            time.sleep(0.01)
+        os.kill(srv.engine.pid, signal.SIGKILL)
+        t.join(timeout=10)
+        assert result and result[0][0] == 500 and "engine process has stopped" in result[0][1]["error"]["message"]
+        status, body, _ = request(srv.port, "GET", "/health")
+        assert status == 503 and body["error"]["type"] == "ServiceUnavailableError"
+        assert chat(srv.port)[0] == 500
+    finally:
+        srv.close()
 
-    engine = AsyncEngine(LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", max_model_len=64))
-    client = TestClient(build_app(engine, "tiny"))
-    assert client.get("/health").status_code == 200
-    engine.close()
-    r = client.get("/health")
-    assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceUnavailableError"
+
+def test_an_engine_that_cannot_start_says_why(tmp_path):
+    with pytest.raises(RuntimeError, match="nowhere"):
+        AsyncEngine(EngineSpec({"target": str(tmp_path / "nowhere"), "method": "none"}))
 
 
-def test_sigterm_exits_within_seconds_after_a_fault(tiny_chat_dir, tmp_path):
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_sigterm_exits_within_seconds_leaving_no_process(tiny_chat_dir, tmp_path):
     port = free_port()
     env = {**os.environ, "PEAGLE_CACHE": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", "--target", str(tiny_chat_dir),
                              "--port", str(port), "--max-model-len", "128"], env=env, stderr=subprocess.DEVNULL)
     try:
         assert wait_healthy(port)
+        engine_pids = children(proc.pid)
+        assert engine_pids  # the engine process (and multiprocessing's resource tracker)
         chat(port, temperature=1e-40)  # once killed the engine thread; later requests then hung forever
         threading.Thread(target=lambda: request(port, "POST", "/v1/completions",
                                                 {"prompt": "go", "max_tokens": 120, "ignore_eos": True}),
                          daemon=True).start()
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) is not None
+        assert proc.wait(timeout=15) == 0
+        deadline = time.time() + 5
+        while any(Path(f"/proc/{p}").exists() for p in engine_pids) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in engine_pids if Path(f"/proc/{p}").exists()]
     finally:
         proc.kill()
 
@@ -200,13 +212,11 @@ def test_sigterm_exits_within_seconds_after_a_fault(tiny_chat_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def api_schema(tiny_chat_dir, tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PEAGLE_CACHE", str(tmp_path_factory.mktemp("cache")))
-        llm = LLMEngine.from_pretrained(str(tiny_chat_dir), method="parallel", k=2, max_num_seqs=4, max_model_len=40)
-    engine = AsyncEngine(llm, max_queue=64)
-    yield schemathesis.openapi.from_asgi("/openapi.json", build_app(engine, "tiny"))
-    engine.close()
-    assert not llm.has_unfinished() and llm.blocks.num_free == llm.blocks.num_blocks
+    srv = Server(start_engine(tiny_chat_dir, tmp_path_factory.mktemp("cache"), max_queue=64, method="parallel", k=2,
+                              max_num_seqs=4, max_model_len=40))
+    yield schemathesis.openapi.from_asgi("/openapi.json", srv.app)
+    srv.wait_idle()
+    srv.close()
 
 
 def test_fuzzed_requests_get_no_5xx_and_match_the_schema(api_schema):

@@ -6,7 +6,6 @@ Every error is an OpenAI error object: 400 for any request the server cannot tak
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import json
 import time
@@ -114,6 +113,10 @@ class _Refused(Exception):
 
 async def _merge(streams: list[AsyncIterator[Delta]], live: list[int]) -> AsyncIterator[tuple[int, Delta]]:
     """(choice index, delta) from the ``live`` choices' streams as they come."""
+    if len(live) == 1:  # the common case, without a task per delta
+        async for d in streams[live[0]]:
+            yield live[0], d
+        return
     tasks = {asyncio.ensure_future(anext(streams[i])): i for i in live}
     try:
         while tasks:
@@ -132,9 +135,8 @@ async def _merge(streams: list[AsyncIterator[Delta]], live: list[int]) -> AsyncI
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="peagle", description="P-EAGLE speculative decoding server")
-    llm = engine.engine
-    # the engine thread detokenizes with llm.tokenizer; a Rust tokenizer must not be shared across threads
-    tok = copy.deepcopy(llm.tokenizer)
+    info = engine.info
+    tok = info.tokenizer  # this process's copy (the engine process detokenizes with its own)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_, exc: RequestValidationError):
@@ -166,7 +168,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
              responses={200: {"description": "the engine is running (empty body)"}, **_errors(503)})
     async def health():
         if not engine.alive:
-            return error(503, "the engine thread has stopped", "ServiceUnavailableError")
+            return error(503, "the engine process has stopped", "ServiceUnavailableError")
         return Response(status_code=200)
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
@@ -176,23 +178,23 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
     @app.get("/v1/models", responses=_errors(401))
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "peagle", "max_model_len": llm.max_model_len}]}
+                                            "owned_by": "peagle", "max_model_len": info.max_model_len}]}
 
     def sampling(req: _Sampling, prompt_ids: list[int], default_max: int | None,
                  logprobs: int | None) -> SamplingParams:
         if not prompt_ids:
             raise _Refused(error(400, "the prompt is empty"))
-        if max(prompt_ids) >= llm.target.cfg.vocab_size or min(prompt_ids) < 0:
-            raise _Refused(error(400, f"prompt token ids must be in 0..{llm.target.cfg.vocab_size - 1}"))
-        room = llm.max_model_len - len(prompt_ids)
+        if max(prompt_ids) >= info.vocab_size or min(prompt_ids) < 0:
+            raise _Refused(error(400, f"prompt token ids must be in 0..{info.vocab_size - 1}"))
+        room = info.max_model_len - len(prompt_ids)
         if room < 1:
             raise _Refused(error(400, f"the prompt has {len(prompt_ids)} tokens; this model's maximum context "
-                                      f"length is {llm.max_model_len}"))
+                                      f"length is {info.max_model_len}"))
         max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
         max_tokens = max_tokens if max_tokens is not None else min(default_max or room, room)
         if max_tokens > room:
             raise _Refused(error(400, f"max_tokens must be in 1..{room} (maximum context length "
-                                      f"{llm.max_model_len}, prompt {len(prompt_ids)} tokens), got {max_tokens}"))
+                                      f"{info.max_model_len}, prompt {len(prompt_ids)} tokens), got {max_tokens}"))
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         try:
             return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0),
@@ -222,7 +224,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
         if req.model is not None and req.model != model_name:
             return error(404, f"the model {req.model!r} does not exist; this server serves {model_name!r}",
                          "NotFoundError")
-        room = engine.max_queue + llm.cfg.max_num_seqs
+        room = engine.max_queue + info.max_num_seqs
         if len(prompts) * req.n > room:
             return error(400, f"{len(prompts)} prompts x n={req.n} choices are more than the {room} requests "
                               "the server takes at once")
@@ -233,10 +235,13 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
             # choice i is sample i % n of prompt i // n; with a seed, sample j draws with seed + j
             choices = [dataclasses.replace(p, seed=p.seed + j if p.seed is not None else None)
                        for p in params for j in range(req.n)]
-            streams = [engine.generate(prompts[i // req.n], p, f"{rid}-{i}") for i, p in enumerate(choices)]
-            firsts = await start(streams)
+            streams = [engine.generate(prompts[i // req.n], p, f"{rid}-{i}", req.stream) for i, p in enumerate(choices)]
+            # not streamed, the first delta is the whole answer: a client that leaves meanwhile aborts it
+            firsts = await (start(streams) if req.stream else _unless_disconnected(request, start(streams)))
         except _Refused as r:
             return r.response
+        if firsts is None:
+            return Response(status_code=499)  # nobody reads it: the client has gone
         obj = "chat.completion" if chat else "text_completion"
         num_prompt_tokens = sum(len(ids) for ids in prompts)
         offsets = [0] * len(streams)  # completions' text_offset, per choice

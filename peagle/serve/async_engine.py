@@ -1,26 +1,27 @@
-"""Runs the (single-threaded) engine in a background thread and streams tokens to asyncio callers.
+"""The server's side of the engine: starts the engine core process (:mod:`peagle.serve.engine_core`)
+and streams its tokens to asyncio callers.
 
-All engine calls, the tokenizer's included, happen on that thread: requests and aborts are handed
-over through a queue, and each step's new tokens and text are posted back to the caller's event
-loop. A step that raises fails the requests it was running (their callers get an
-:class:`EngineError`, their KV blocks are freed) and the loop goes on with the others.
+Requests and aborts go to the engine through a sender thread (a large prompt never blocks the event
+loop on a full pipe); a reader thread takes each step's outputs, hands them to the callers' event
+loop in one wake-up per step (a request that is not streamed hears only of its end) and moves the
+engine's figures into Prometheus. This process runs no torch op: the engine process's main thread
+is the only one that does.
 """
 from __future__ import annotations
 
 import asyncio
-import logging
+import multiprocessing
 import queue
 import threading
-
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from peagle.engine.llm_engine import LLMEngine
-from peagle.engine.sampling import SamplingParams, TokenLogprob
-from peagle.engine.sequence import Sequence
+from peagle.engine.llm_engine import RequestError
+from peagle.engine.sampling import SamplingParams
+from peagle.serve.engine_core import Delta, EngineInfo, EngineSpec, Failure, run_engine_core
 from peagle.serve.metrics import Metrics
 
-log = logging.getLogger("peagle.serve")
+__all__ = ["AsyncEngine", "Delta", "EngineError", "EngineSpec", "QueueFullError"]
 
 
 class QueueFullError(RuntimeError):
@@ -31,55 +32,76 @@ class EngineError(RuntimeError):
     """The engine failed while running the request (not the request's fault)."""
 
 
-@dataclass
-class Delta:
-    """What one engine step added to a request."""
-    token_ids: list[int]
-    text: str            # the new text: a stream's pieces add up to the final, stop-cut text
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    logprobs: list[TokenLogprob]   # one per new token, when asked for
-    token_texts: dict[int, str]    # the text of every token named in ``logprobs``
-
-
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, max_queue: int = 256, metrics: Metrics | None = None):
-        self.engine, self.max_queue = engine, max_queue
+    def __init__(self, spec: EngineSpec, max_queue: int = 256, metrics: Metrics | None = None):
+        """Start the engine process and wait until its engine is built; its error, if it cannot be."""
+        self.max_queue = max_queue
         self.metrics = metrics or Metrics()
-        self._inbox: queue.Queue = queue.Queue()
-        # request id -> (its caller's loop, its queue, tokens sent, characters sent)
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int, int]] = {}
-        self._pending = 0  # accepted, not yet finished; bounded by max_queue + max_num_seqs
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited threads or CUDA state
+        inbox, self._to_engine = ctx.Pipe(duplex=False)
+        self._from_engine, outbox = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=run_engine_core, args=(inbox, outbox, spec), name="peagle-engine",
+                                 daemon=True)
+        self._proc.start()
+        inbox.close()   # only the engine holds these ends: when it dies, our reads see EOF
+        outbox.close()
+        try:
+            kind, info = self._from_engine.recv()
+        except EOFError:
+            self._proc.join()
+            raise RuntimeError(f"the engine process died while starting (exit code {self._proc.exitcode})") from None
+        if kind == "failed":
+            self._proc.join()
+            raise RuntimeError(info)
+        self.info: EngineInfo = info
+        # request id -> its caller's event loop and queue; popped at the request's final output
+        self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="peagle-engine", daemon=True)
-        self._thread.start()
+        self._dead = False
+        self._outgoing: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name="peagle-engine-reader", daemon=True)
+        self._sender = threading.Thread(target=self._send, name="peagle-engine-sender", daemon=True)
+        self._reader.start()
+        self._sender.start()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return not self._dead and self._proc.is_alive()
+
+    @property
+    def pid(self) -> int:
+        return self.info.pid
 
     def close(self) -> None:
-        self._stop.set()
-        self._inbox.put(None)
-        self._thread.join(timeout=10)
+        """Stop the engine process (it finishes its step first), or end it if it does not stop."""
+        self._outgoing.put(None)
+        self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout=5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._reader.join(timeout=5)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> AsyncIterator[Delta]:
-        """Yield a :class:`Delta` per step that produced tokens; aborts the request if the caller stops early."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                       stream: bool = True) -> AsyncIterator[Delta]:
+        """Yield a :class:`Delta` per step that produced tokens (without ``stream``, one: the whole
+        output); aborts the request if the caller stops early."""
+        if not self.alive:
+            raise EngineError("the engine process has stopped")
         with self._lock:
-            if self._pending >= self.max_queue + self.engine.cfg.max_num_seqs:
+            if len(self._streams) >= self.max_queue + self.info.max_num_seqs:
                 raise QueueFullError("the request queue is full")
-            self._pending += 1
-        loop = asyncio.get_running_loop()
-        out: asyncio.Queue = asyncio.Queue()
+            out: asyncio.Queue = asyncio.Queue()
+            self._streams[request_id] = _Stream(asyncio.get_running_loop(), out, stream)
+        self._outgoing.put(("add", request_id, prompt_ids, params))
         done = False
-        self._streams[request_id] = (loop, out, 0, 0)
-        self._inbox.put(("add", request_id, prompt_ids, params))
         try:
             while True:
                 item = await out.get()
                 if isinstance(item, BaseException):
+                    done = True
                     raise item
                 yield item
                 if item.finish_reason is not None:
@@ -87,81 +109,73 @@ class AsyncEngine:
                     return
         finally:
             if not done:
-                self._inbox.put(("abort", request_id))
+                self._outgoing.put(("abort", request_id))
 
-    # ------------------------------------------------------------------ engine thread
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            block = not self.engine.has_unfinished()
+    # ------------------------------------------------------------------ the two threads
+    def _send(self) -> None:
+        while True:
+            msg = self._outgoing.get()
             try:
-                while True:
-                    msg = self._inbox.get(block=block, timeout=0.5 if block else None)
-                    block = False
-                    if msg is None:
-                        return
-                    self._handle(msg)
-            except queue.Empty:
-                pass
-            if self.engine.has_unfinished():
-                try:
-                    for seq in self.engine.step().updated:
-                        self._post(seq)
-                except Exception as e:
-                    log.exception("an engine step failed; failing the requests it ran")
-                    self._fail_running(EngineError(f"the engine failed while running this request: {e}"))
-            self.metrics.observe_step(self.engine)
+                self._to_engine.send(msg)
+            except OSError:  # the engine has gone; the reader fails what was running
+                return
+            if msg is None:
+                return
 
-    def _fail_running(self, error: EngineError) -> None:
-        for seq in list(self.engine.running):
-            self.engine.abort(seq.request_id)  # frees its blocks
-            self.metrics.observe_finished(seq)
-            self._finish_stream(seq.request_id, error)
-
-    def _handle(self, msg) -> None:
-        if msg[0] == "add":
-            _, rid, prompt_ids, params = msg
-            try:
-                self.engine.add_request(prompt_ids, params, rid)
-            except Exception as e:  # refused: tell the caller
-                self._finish_stream(rid, e)
-        elif msg[0] == "abort":
-            for seq in list(self.engine.running) + list(self.engine.waiting):
-                if seq.request_id == msg[1]:
-                    self.engine.abort(msg[1])
-                    self.metrics.observe_finished(seq)
-            self._finish_stream(msg[1], None)
-
-    def _post(self, seq: Sequence) -> None:
-        entry = self._streams.get(seq.request_id)
-        if entry is None:
-            return
-        loop, out, sent, chars = entry
-        n = len(seq.output_ids)
-        text = seq.text if seq.finished else seq.detok.stable if seq.detok is not None else ""
-        logprobs = seq.logprobs[sent:n]
-        tok = self.engine.tokenizer
-        ids = {i for lp in logprobs for i in [lp.token_id, *(t for t, _ in lp.top)]}
-        texts = {i: tok.decode([i]) for i in ids} if tok is not None else {}
-        delta = Delta(seq.output_ids[sent:], text[chars:], seq.finish_reason, len(seq.prompt_ids), n, logprobs, texts)
-        self._streams[seq.request_id] = (loop, out, n, len(text))
-        if seq.finished:  # counted out before the caller hears of it: it may send its next request at once
-            self.metrics.observe_finished(seq)
-            self._finish_stream(seq.request_id, None)
-        _send(loop, out, delta)
-
-    def _finish_stream(self, rid: str, error: BaseException | None) -> None:
-        entry = self._streams.pop(rid, None)
-        if entry is None:
-            return
+    def _read(self) -> None:
+        try:
+            while True:
+                _, outputs, snapshot = self._from_engine.recv()
+                posts: dict[asyncio.AbstractEventLoop, list] = {}
+                for rid, item, finished in outputs:
+                    if finished is not None:  # counted before the caller hears: it may send its next request at once
+                        self.metrics.observe_finished(finished)
+                    post = self._deliver(rid, item)
+                    if post is not None:
+                        posts.setdefault(post[0], []).append(post[1:])
+                for loop, items in posts.items():
+                    _post(loop, items)
+                self.metrics.observe_step(snapshot)
+        except (EOFError, OSError):
+            pass
+        self._dead = True
         with self._lock:
-            self._pending -= 1
-        if error is not None:
-            loop, out, *_ = entry
-            _send(loop, out, error)
+            streams, self._streams = self._streams, {}
+        for s in streams.values():
+            _post(s.loop, [(s.out, EngineError("the engine process has stopped"))])
+
+    def _deliver(self, rid: str, item: Delta | Failure) -> tuple | None:
+        """(loop, queue, item) to hand to the caller of ``rid``, or None (nothing to tell it yet)."""
+        final = isinstance(item, Failure) or item.finish_reason is not None
+        with self._lock:
+            s = self._streams.pop(rid, None) if final else self._streams.get(rid)
+        if s is None:
+            return None
+        if isinstance(item, Failure):
+            if item.kind == "aborted":  # the caller asked for it and is no longer listening
+                return None
+            return s.loop, s.out, RequestError(item.message) if item.kind == "refused" else EngineError(item.message)
+        if not s.stream:  # gathered here; the caller wakes once, at the end
+            s.held = item if s.held is None else s.held.then(item)
+            return (s.loop, s.out, s.held) if final else None
+        return s.loop, s.out, item
 
 
-def _send(loop: asyncio.AbstractEventLoop, out: asyncio.Queue, item) -> None:
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    stream: bool
+    held: Delta | None = None   # a request that is not streamed: its output so far
+
+
+def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, object]]) -> None:
     try:
-        loop.call_soon_threadsafe(out.put_nowait, item)
+        loop.call_soon_threadsafe(_put_all, items)
     except RuntimeError:  # the caller's event loop has closed (the server is shutting down)
         pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for out, item in items:
+        out.put_nowait(item)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from peagle.engine.sequence import Sequence
+from peagle.serve.engine_core import Finished, Snapshot
 
 
 class Metrics:
@@ -15,6 +15,7 @@ class Metrics:
         self.generation_tokens = Counter("peagle:generation_tokens", "Tokens generated", registry=r)
         self.running = Gauge("peagle:num_requests_running", "Requests running", registry=r)
         self.waiting = Gauge("peagle:num_requests_waiting", "Requests waiting", registry=r)
+        self.kv_usage = Gauge("peagle:kv_cache_usage_perc", "Share of KV cache blocks in use (0..1)", registry=r)
         self.ttft = Histogram("peagle:time_to_first_token_seconds", "Time to first token", registry=r,
                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.tpot = Histogram("peagle:time_per_output_token_seconds", "Time per output token after the first",
@@ -28,9 +29,9 @@ class Metrics:
                                         "Draft tokens accepted at each position", ["position"], registry=r)
         self._seen = (0, 0, 0, [])
 
-    def observe_step(self, engine) -> None:
-        """Move the engine's cumulative speculation counters into Prometheus."""
-        s = engine.stats
+    def observe_step(self, snap: Snapshot) -> None:
+        """Move the engine's cumulative speculation counters and its gauges into Prometheus."""
+        s = snap.spec
         d0, t0, a0, p0 = self._seen
         self.num_drafts.inc(s.num_drafts - d0)
         self.num_draft_tokens.inc(s.num_draft_tokens - t0)
@@ -40,17 +41,14 @@ class Metrics:
             if n > before or i >= len(p0):
                 self.accepted_per_pos.labels(position=str(i)).inc(n - before)
         self._seen = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_pos))
-        self.running.set(len(engine.running))
-        self.waiting.set(len(engine.waiting))
+        self.running.set(snap.running)
+        self.waiting.set(snap.waiting)
+        self.kv_usage.set(snap.kv_cache_usage)
 
-    def observe_finished(self, seq: Sequence) -> None:
-        self.requests.labels(finished_reason=seq.finish_reason or "abort").inc()
-        self.prompt_tokens.inc(len(seq.prompt_ids))
-        n = len(seq.output_ids)
-        self.generation_tokens.inc(n)
-        if seq.first_token_time is not None:
-            self.ttft.observe(seq.first_token_time - seq.arrival_time)
-            end = seq.finish_time or seq.first_token_time
-            if n > 1:
-                self.tpot.observe((end - seq.first_token_time) / (n - 1))
-            self.e2e.observe(end - seq.arrival_time)
+    def observe_finished(self, f: Finished) -> None:
+        self.requests.labels(finished_reason=f.finish_reason).inc()
+        self.prompt_tokens.inc(f.num_prompt_tokens)
+        self.generation_tokens.inc(f.num_output_tokens)
+        for hist, value in ((self.ttft, f.ttft_s), (self.tpot, f.tpot_s), (self.e2e, f.e2e_s)):
+            if value is not None:
+                hist.observe(value)

@@ -1,0 +1,196 @@
+"""The engine core: :class:`LLMEngine`'s step loop on the main thread of a process of its own.
+
+Why a process and not a thread beside the HTTP server (BENCHMARKS.md §10): every Python thread
+that runs a parallel torch op gets its own OpenMP team, and with two teams libgomp manages more
+threads than there are cores, so it stops spin-waiting between parallel regions; the engine's
+worker then sleeps and wakes for each of a step's ~2,000 small ops, and a second thread ran the
+same decode at 0.6x. Here the only thread that runs torch is this process's main thread, and the
+server's HTTP, JSON and SSE work runs in the other process, off this one's GIL (vLLM V1 splits
+its engine core off the API server the same way).
+
+Protocol (pickled over two one-way pipes). In: ``("add", rid, prompt_ids, params)``,
+``("abort", rid)``, ``None`` to stop. Out: ``("ready", EngineInfo)`` or ``("failed", message)``
+once, then one ``("step", outputs, snapshot)`` per step that changed something, where each output is
+``(rid, Delta | Failure, Finished | None)``. Every request gets exactly one final output: a Delta
+with a ``finish_reason``, or a :class:`Failure` (refused, failed by a fault, or aborted).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from peagle.engine.llm_engine import LLMEngine
+from peagle.engine.sampling import TokenLogprob
+from peagle.engine.sequence import Sequence, SpecStats
+from peagle.runtime import dtype_name
+
+log = logging.getLogger("peagle.serve")
+
+
+@dataclass
+class EngineSpec:
+    """How the engine process builds its engine: ``factory(**kwargs)`` (picklable: a module-level
+    function), by default :meth:`LLMEngine.from_pretrained`."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    factory: Callable[..., LLMEngine] = LLMEngine.from_pretrained
+
+
+@dataclass
+class EngineInfo:
+    """What the server needs to know of the engine it talks to."""
+    tokenizer: Any
+    device: str
+    dtype: str
+    cuda_graphs: bool
+    max_model_len: int
+    vocab_size: int
+    max_num_seqs: int
+    pid: int
+
+
+@dataclass
+class Delta:
+    """What one engine step added to a request."""
+    token_ids: list[int]
+    text: str            # the new text: a stream's pieces add up to the final, stop-cut text
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    logprobs: list[TokenLogprob]   # one per new token, when asked for
+    token_texts: dict[int, str]    # the text of every token named in ``logprobs``
+
+    def then(self, later: "Delta") -> "Delta":
+        """This delta followed by ``later``, as one."""
+        return Delta(self.token_ids + later.token_ids, self.text + later.text, later.finish_reason,
+                     later.num_prompt_tokens, later.num_output_tokens, self.logprobs + later.logprobs,
+                     {**self.token_texts, **later.token_texts})
+
+
+@dataclass
+class Failure:
+    """A request's end without output: ``refused`` (bad request), ``failed`` (an engine fault) or ``aborted``."""
+    kind: str
+    message: str = ""
+
+
+@dataclass
+class Finished:
+    """A finished request's figures for the Prometheus histograms (durations on the engine's clock)."""
+    finish_reason: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+
+    @classmethod
+    def of(cls, seq: Sequence) -> "Finished":
+        n, first = len(seq.output_ids), seq.first_token_time
+        if first is None:
+            return cls(seq.finish_reason or "abort", len(seq.prompt_ids), n, None, None, None)
+        end = seq.finish_time or first
+        return cls(seq.finish_reason or "abort", len(seq.prompt_ids), n, first - seq.arrival_time,
+                   (end - first) / (n - 1) if n > 1 else None, end - seq.arrival_time)
+
+
+@dataclass
+class Snapshot:
+    """The engine's state after a step, for the gauges and the speculation counters."""
+    spec: SpecStats
+    running: int
+    waiting: int
+    kv_cache_usage: float   # share of KV blocks held by requests (vLLM's kv_cache_usage_perc, 0..1)
+
+    @classmethod
+    def of(cls, engine: LLMEngine) -> "Snapshot":
+        b = engine.blocks
+        return cls(engine.stats, len(engine.running), len(engine.waiting), 1 - b.num_free / b.num_blocks)
+
+
+def run_engine_core(inbox, outbox, spec: EngineSpec) -> None:
+    """The engine process's entry point: build the engine, say so, then serve ``inbox`` until told to stop
+    or until the server's end of the pipe closes (the server died: nothing is left behind)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server stops us
+    try:
+        engine = spec.factory(**spec.kwargs)
+    except Exception as e:  # a wrong config or a missing model: the server prints it and exits
+        outbox.send(("failed", str(e) or type(e).__name__))
+        return
+    try:
+        outbox.send(("ready", EngineInfo(engine.tokenizer, str(engine.device), dtype_name(engine.dtype),
+                                         engine.graphs is not None, engine.max_model_len,
+                                         engine.target.cfg.vocab_size, engine.cfg.max_num_seqs, os.getpid())))
+        EngineCore(engine, outbox).serve(inbox)
+    except (EOFError, OSError):  # the server has gone
+        pass
+
+
+class EngineCore:
+    """The step loop: take requests and aborts between steps, step, send each request's delta."""
+
+    def __init__(self, engine: LLMEngine, outbox):
+        self.engine, self.outbox = engine, outbox
+        self._sent: dict[str, tuple[int, int]] = {}   # request id -> (tokens sent, characters sent)
+        self._out: list[tuple[str, Delta | Failure, Finished | None]] = []
+
+    def serve(self, inbox) -> None:
+        engine = self.engine
+        while True:
+            if not engine.has_unfinished():
+                inbox.poll(None)  # idle: sleep until a message comes
+            while inbox.poll(0):
+                msg = inbox.recv()
+                if msg is None:
+                    return
+                self._handle(msg)
+            if engine.has_unfinished():
+                try:
+                    for seq in engine.step().updated:
+                        self._post(seq)
+                except Exception as e:
+                    log.exception("an engine step failed; failing the requests it ran")
+                    for seq in list(engine.running):
+                        engine.abort(seq.request_id)  # frees its blocks
+                        self._end(seq, Failure("failed", f"the engine failed while running this request: {e}"))
+            if self._out:
+                out, self._out = self._out, []
+                self.outbox.send(("step", out, Snapshot.of(engine)))
+
+    def _handle(self, msg) -> None:
+        engine = self.engine
+        if msg[0] == "add":
+            _, rid, prompt_ids, params = msg
+            try:
+                engine.add_request(prompt_ids, params, rid)
+            except Exception as e:  # refused: the request's own fault
+                self._out.append((rid, Failure("refused", str(e)), None))
+                return
+            self._sent[rid] = (0, 0)
+        elif msg[0] == "abort":
+            seq = next((s for s in [*engine.running, *engine.waiting] if s.request_id == msg[1]), None)
+            if seq is not None:  # else it has finished already, and its final delta is on its way
+                engine.abort(msg[1])
+                self._end(seq, Failure("aborted"))
+
+    def _end(self, seq: Sequence, failure: Failure) -> None:
+        self._sent.pop(seq.request_id, None)
+        self._out.append((seq.request_id, failure, Finished.of(seq)))
+
+    def _post(self, seq: Sequence) -> None:
+        sent, chars = self._sent[seq.request_id]
+        n = len(seq.output_ids)
+        text = seq.text if seq.finished else seq.detok.stable if seq.detok is not None else ""
+        logprobs = seq.logprobs[sent:n]
+        tok = self.engine.tokenizer
+        ids = {i for lp in logprobs for i in [lp.token_id, *(t for t, _ in lp.top)]}
+        texts = {i: tok.decode([i]) for i in ids} if tok is not None else {}
+        delta = Delta(seq.output_ids[sent:], text[chars:], seq.finish_reason, len(seq.prompt_ids), n, logprobs, texts)
+        if seq.finished:
+            del self._sent[seq.request_id]
+            self._out.append((seq.request_id, delta, Finished.of(seq)))
+        else:
+            self._sent[seq.request_id] = (n, len(text))
+            self._out.append((seq.request_id, delta, None))
