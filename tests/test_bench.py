@@ -252,6 +252,51 @@ def test_bench_offline_json(tiny_chat_dir, head_dir, prompts_file, capsys):
     assert cells["none"]["acceptance_length"] is None and cells["none"]["k"] == 0
 
 
+def test_bench_serving_tiny(tiny_chat_dir, head_dir, prompts_file, tmp_path, capsys, monkeypatch):
+    """The serving table on the tiny model: each server started, measured at each concurrency and
+    stopped, the offline engine beside it, every request answered in full."""
+    from test_serve import free_port
+
+    monkeypatch.setenv("PEAGLE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "serving.json"
+    rc = main(["bench", "serving", "--target", str(tiny_chat_dir), "--drafter", str(head_dir),
+               "--systems", "peagle-none,peagle-parallel", "--concurrency", "1,2", "--dataset-name", "custom",
+               "--dataset-path", str(prompts_file), "--num-prompts", "2", "--output-len", "6",
+               "--port", str(free_port()), "--json", str(out)])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    runs = json.loads(out.read_text())["runs"]
+    cells = {(r["system"], r["via"], r["concurrency"]) for r in runs}
+    assert cells == {(s, via, c) for s in ("peagle-none", "peagle-parallel") for via in ("server", "offline")
+                     for c in (1, 2)}
+    assert all(r["completed"] == 2 and r["failed"] == 0 and r["output_throughput"] > 0 for r in runs)
+    # auto K may not draft at all with a random head; when it drafts, AL is at least 1
+    assert all(r["acceptance_length"] is None or r["acceptance_length"] >= 1 for r in runs)
+    rows = [line for line in printed.out.splitlines() if line.startswith("| peagle-")]
+    assert len(rows) == 4 and all(line.count("|") == 10 for line in rows)
+
+
+def test_llamacpp_peer_configuration(monkeypatch):
+    from peagle.bench import llamacpp
+    from peagle.models.loader import default_gguf
+
+    assert llamacpp.gguf_file("Q4_1") == default_gguf()   # the shipped file, as it ships
+    with pytest.raises(ValueError, match="unknown llama.cpp precision"):
+        llamacpp.gguf_file("Q2_K")
+    monkeypatch.setattr(llamacpp, "cpu_flags", lambda: frozenset({"avx512f", "amx_tile"}))
+    assert llamacpp.safe_batch("Q4_1") == 1 and "AMX" in llamacpp.config_note("Q4_1")
+    assert llamacpp.safe_batch("F32") is None and llamacpp.config_note("F32") == "defaults"
+    monkeypatch.setattr(llamacpp, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert llamacpp.safe_batch("Q4_1") is None
+    monkeypatch.setattr(llamacpp, "available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"pip install 'peagle\[llamacpp\]'"):
+        llamacpp.server_command("F32", 8000)
+
+def test_bench_serving_refuses_llamacpp_on_another_target(capsys):
+    rc = main(["bench", "serving", "--target", "x", "--systems", "llamacpp-F32", "--dataset-name", "mt-bench"])
+    assert rc == 1 and "default model only" in capsys.readouterr().err
+
+
 def test_bench_sweep_tiny(tiny_chat_dir, head_dir, prompts_file, tmp_path, capsys):
     out = tmp_path / "sweep"
     rc = main(["bench", "sweep", "--target", str(tiny_chat_dir), "--drafter", str(head_dir), "-k", "1,2",

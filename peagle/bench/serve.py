@@ -179,8 +179,8 @@ async def send_all(client, args: argparse.Namespace, work: Workload, tokenizer, 
             msgs = messages(turns, answers)
             body = {"model": model, "max_tokens": work.output_len, "stream": True,
                     "stream_options": {"include_usage": True}, **sampling}
-            if args.ignore_eos:
-                body["ignore_eos"] = True
+            if args.ignore_eos:  # ignore_eos: vLLM and peagle; min_tokens: vLLM and llama.cpp
+                body.update(ignore_eos=True, min_tokens=work.output_len)
             if chat:
                 body["messages"] = msgs
                 prompt_len = len(encode(tokenizer, msgs, True))  # the server's usage chunk corrects it

@@ -1,0 +1,174 @@
+"""``peagle bench serving``: the serving table. Each system's OpenAI server is started on a loopback
+port, the ``bench serve`` client streams the same prompts to it at each concurrency (greedy, the chat
+template applied client-side, ``ignore_eos`` and ``min_tokens`` so every system writes the same
+number of tokens), and the server is stopped; peagle's own engine then runs the same prompts in this
+process, without HTTP (what ``peagle generate`` and ``bench offline`` run), so the table shows what
+the server costs. Repeats go round every system in turn; the table gives medians.
+
+Systems: ``peagle-none``, ``peagle-parallel`` (P-EAGLE), ``peagle-eagle3`` (K chosen by the engine,
+the default model and its shipped heads), and ``llamacpp-F32|F16|BF16|Q8_0|Q4_1``: llama.cpp's server
+(``llama_cpp.server``, one request at a time, its only mode) on the default model's GGUF in that
+precision (:mod:`peagle.bench.llamacpp`).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from peagle.bench import llamacpp
+from peagle.bench.workload import add_dataset_args, load_workload
+
+KEYS = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "acceptance_length", "completed", "failed")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    add_dataset_args(p, num_prompts=8, output_len=128)
+    p.add_argument("--target", default=None, help="peagle's target (default: SmolLM2-135M-Instruct; llama.cpp "
+                                                  "systems run only the default model)")
+    p.add_argument("--drafter", default=None, help="head for peagle-parallel and peagle-eagle3 (default: the shipped ones)")
+    p.add_argument("--systems", default="peagle-none,peagle-parallel,llamacpp-F32,llamacpp-BF16",
+                   help="comma-separated: peagle-none|parallel|eagle3, llamacpp-F32|F16|BF16|Q8_0|Q4_1")
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated requests in flight")
+    p.add_argument("--dtype", default="auto", help="peagle's dtype (servers and offline engine)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds over every system (medians are reported)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--json", default=None, help="also write every measurement to this JSON file")
+
+
+def main(args: argparse.Namespace) -> int:
+    from peagle.bench.offline import Models, parse_list, run_cell
+
+    systems = parse_list(args.systems, str)
+    concurrencies = parse_list(args.concurrency)
+    bad = [s for s in systems if s.removeprefix("peagle-") not in ("none", "parallel", "eagle3")
+           and s.removeprefix("llamacpp-") not in llamacpp.FTYPES]
+    if bad:
+        raise ValueError(f"unknown system {bad[0]!r}; see --help")
+    if min(concurrencies) < 1 or args.repeats < 1:
+        raise ValueError("--concurrency and --repeats must be >= 1")
+    if any(s.startswith("llamacpp-") for s in systems):
+        if args.target is not None:
+            raise ValueError("llama.cpp systems run the default model only: leave out --target")
+        llamacpp.require()
+    work = load_workload(args, args.dataset_name, args.dataset_path)
+    methods = [s.removeprefix("peagle-") for s in systems if s.startswith("peagle-")]
+    models = Models.load(args.target, args.drafter, None, methods, dtype=args.dtype) if methods else None
+    runs: list[dict] = []
+    for rep in range(args.repeats):
+        for system in systems:
+            with running(server_command(system, args, max(concurrencies)), args.port) as log:
+                for c in concurrencies:
+                    res = client(args, c)
+                    runs.append({"system": system, "via": "server", "concurrency": c, "repeat": rep,
+                                 **{k: res.get(k) for k in KEYS}})
+                    print(f"peagle: {system} server C={c}: {res['output_throughput']:.1f} tok/s"
+                          + (f", {res['failed']} requests failed (server log {log})" if res["failed"] else ""),
+                          file=sys.stderr)
+            if system.startswith("peagle-"):
+                for c in concurrencies:
+                    cell = run_cell(models, work, system.removeprefix("peagle-"), "auto", c)
+                    runs.append({"system": system, "via": "offline", "concurrency": c, "repeat": rep,
+                                 **{k: cell.get(k) for k in KEYS}})
+                    print(f"peagle: {system} offline C={c}: {cell['output_throughput']:.1f} tok/s", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"dataset": work.name, "num_prompts": len(work.prompts),
+                                               "output_len": work.output_len, "runs": runs}) + "\n")
+    print(table(runs, systems, concurrencies))
+    return 0
+
+
+def server_command(system: str, args: argparse.Namespace, max_seqs: int) -> list[str]:
+    if system.startswith("llamacpp-"):
+        return llamacpp.server_command(system.removeprefix("llamacpp-"), args.port)
+    method = system.removeprefix("peagle-")
+    spec = {"method": "none"} if method == "none" else {
+        "method": "eagle3", "num_speculative_tokens": "auto", "parallel_drafting": method == "parallel",
+        **({"model": args.drafter} if args.drafter else {})}
+    return [sys.executable, "-m", "peagle.cli", "serve", "--port", str(args.port), "--dtype", args.dtype,
+            "--max-num-seqs", str(max_seqs), "--speculative-config", json.dumps(spec),
+            *(["--target", args.target] if args.target else [])]
+
+
+@contextlib.contextmanager
+def running(cmd: list[str], port: int, timeout: float = 600):
+    """A server started with ``cmd``, ready to answer (it lists its models); stopped on exit. Yields its log's path."""
+    import httpx
+
+    log = Path(tempfile.mkstemp(prefix="peagle-bench-server-", suffix=".log")[1])
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({proc.returncode}): {log.read_text()[-600:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"the server did not answer within {timeout:.0f} s: {log.read_text()[-600:]}")
+            time.sleep(0.5)
+        # a warm-up request, as the offline engine gets one: a serving process is measured warm
+        httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hello", "max_tokens": 16},
+                   timeout=120).raise_for_status()
+        yield log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def client(args: argparse.Namespace, concurrency: int) -> dict:
+    """One ``bench serve`` run at ``concurrency`` (its report kept out of the way)."""
+    from peagle.bench import serve
+
+    p = argparse.ArgumentParser()
+    serve.add_args(p)
+    argv = ["--port", str(args.port), "--dataset-name", args.dataset_name, "--num-prompts", str(args.num_prompts),
+            "--output-len", str(args.output_len), "--max-concurrency", str(concurrency), "--temperature", "0",
+            "--ignore-eos", "--disable-tqdm", "--seed", str(args.seed)]
+    argv += ["--dataset-path", args.dataset_path] if args.dataset_path else []
+    argv += ["--tokenizer", args.target] if args.target else []
+    with contextlib.redirect_stdout(io.StringIO()):
+        return asyncio.run(serve.run(p.parse_args(argv)))
+
+
+def table(runs: list[dict], systems: list[str], concurrencies: list[int]) -> str:
+    """Markdown: per system and concurrency, the server's and the offline engine's medians, and their ratio."""
+    def med(system, via, c, key):
+        xs = [r[key] for r in runs if (r["system"], r["via"], r["concurrency"]) == (system, via, c)
+              and r[key] is not None]
+        return statistics.median(xs) if xs else None
+
+    def f(x, nd=1):
+        return "-" if x is None else f"{x:.{nd}f}"
+
+    out = ["| system | C | server tok/s | offline tok/s | server / offline | server decode tok/s per request "
+           "| offline decode tok/s per request | server TTFT ms | AL |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for s in systems:
+        for c in concurrencies:
+            tput, off = med(s, "server", c, "output_throughput"), med(s, "offline", c, "output_throughput")
+            tpot, off_tpot = med(s, "server", c, "mean_tpot_ms"), med(s, "offline", c, "mean_tpot_ms")
+            ratio = tput / off if tput and off else None
+            al = med(s, "server", c, "acceptance_length")
+            out.append(f"| {s} | {c} | {f(tput)} | {f(off)} | {f(ratio, 2)} | {f(tpot and 1000 / tpot)} | "
+                       f"{f(off_tpot and 1000 / off_tpot)} | {f(med(s, 'server', c, 'mean_ttft_ms'), 0)} | "
+                       f"{f(al, 2)} |")
+    note = ", ".join(f"{s}: {llamacpp.config_note(s.removeprefix('llamacpp-'))}" for s in systems
+                     if s.startswith("llamacpp-"))
+    return "\n".join(out) + (f"\n\nllama.cpp: {note}; one request at a time (its server's only mode)." if note else "")
