@@ -39,18 +39,32 @@ FAMILIES = {
 }
 
 
-def tiny_hf(family: str = "llama", seed: int = 0):
-    """A HF model with random weights (float32, eval). Biases and norms are randomised too, so
-    a wrong bias or norm placement shows up in the logits."""
-    torch.manual_seed(seed)
-    cfg = FAMILIES[family]()
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+# HF's initialisation (std 0.02) gives tiny models nearly uniform attention, blind to positions: a
+# RoPE base of 1e6 instead of 1e4 left 72 of 72 greedy tokens unchanged. Scaled q and k projections
+# give attention scores of a few units, so a wrong position, mask or RoPE base changes the output
+# (test_engine.test_test_models_see_position_faults).
+QK_SCALE = 12.0
+
+
+def randomize(model, bias_std: float = 0.05) -> None:
+    """Norms and biases randomised (a wrong bias or norm placement shows in the logits), q and k
+    projections scaled by ``QK_SCALE`` (peaked attention)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             elif name.endswith("bias"):
-                p.copy_(0.05 * torch.randn_like(p))
+                p.copy_(bias_std * torch.randn_like(p))
+            elif name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(QK_SCALE)
+
+
+def tiny_hf(family: str = "llama", seed: int = 0):
+    """A HF model with random weights (float32, eval), randomised by :func:`randomize`."""
+    torch.manual_seed(seed)
+    cfg = FAMILIES[family]()
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    randomize(model)
     return model
 
 

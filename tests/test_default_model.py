@@ -1,4 +1,5 @@
-"""The real default model (SmolLM2-135M-Instruct): lossless speculation for every K and the CLI."""
+"""The real default model (SmolLM2-135M-Instruct): lossless speculation for every K, seeded sampling
+that speculation cannot change, both shipped heads, and the CLI."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +12,7 @@ from test_engine import OracleDrafter
 
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
-from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
+from peagle.models.loader import load_drafter_for, load_target, load_tokenizer, resolve_target
 
 pytestmark = pytest.mark.slow
 
@@ -21,6 +22,12 @@ def default():
     target, path = load_target(None, "float32")
     tok = load_tokenizer(path)
     return target, tok, load_drafter_for(target, path, None, tok)
+
+
+@pytest.fixture(scope="module")
+def eagle3_head(default):
+    target, tok, _ = default
+    return load_drafter_for(target, resolve_target(None), None, tok, "eagle3")
 
 
 def test_lossless_every_k_on_the_default_model(default):
@@ -38,6 +45,51 @@ def test_lossless_every_k_on_the_default_model(default):
         for method in ("parallel", "eagle3"):
             engine = LLMEngine(target, drafter, EngineConfig(method=method, num_speculative_tokens=k), tok)
             assert engine.generate([ids], params)[0].token_ids == ref, (method, k, type(drafter).__name__)
+
+
+def test_shipped_eagle3_head_is_lossless(default, eagle3_head):
+    target, tok, _ = default
+    base = LLMEngine(target, None, EngineConfig(method="none"), tok)
+    ids = base.encode_prompt("Write a haiku about the sea.")
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    ref = base.generate([ids], params)[0].token_ids
+    for k in (3, "auto"):
+        out = LLMEngine(target, eagle3_head, EngineConfig(method="eagle3", num_speculative_tokens=k), tok).generate([ids], params)[0]
+        assert out.token_ids == ref, k
+    assert out.stats.num_drafts > 0 and out.stats.acceptance_length > 1
+
+
+def test_seeded_sampling_is_plain_decodings_on_the_default_model(default, eagle3_head):
+    """float32, temperature 0.8, seed 7: both shipped heads, K 3/5/7/auto, alone and in a batch of
+    eight with other seeded, unseeded and greedy requests, give plain decoding's tokens; seed 8 does not."""
+    target, tok, head = default
+    base = LLMEngine(target, None, EngineConfig(method="none", max_num_seqs=8), tok)
+    texts = ["Tell me a story about a cat.", "Name three rivers.", "What is 17 times 3?", "Write a limerick.",
+             "Describe a sunset.", "Give me a packing list.", "Explain rain.", "Say something kind."]
+    ids = [base.encode_prompt(t) for t in texts]
+    sp = SamplingParams(temperature=0.8, max_tokens=40, seed=7)
+    params = [dataclasses.replace(sp, seed=None if i == 3 else 7 + i, temperature=0.0 if i == 5 else 0.8) for i in range(8)]
+    seeded = [i for i in range(8) if params[i].seed is not None and not params[i].greedy]
+    ref = {i: base.generate([ids[i]], params[i])[0].token_ids for i in seeded}
+    assert base.generate([ids[0]], dataclasses.replace(sp, seed=8))[0].token_ids != ref[0]
+    for method, drafter, k in (("parallel", head, 3), ("parallel", head, 7), ("parallel", head, "auto"),
+                               ("eagle3", eagle3_head, 5), ("eagle3", eagle3_head, "auto")):
+        engine = LLMEngine(target, drafter, EngineConfig(method=method, num_speculative_tokens=k, max_num_seqs=8), tok)
+        assert engine.generate([ids[0]], sp)[0].token_ids == ref[0], (method, k)
+        batch = engine.generate(ids, params)
+        assert {i: batch[i].token_ids for i in seeded} == ref, (method, k)
+
+
+def test_cli_seed_reproduces_whatever_the_speculation():
+    """`peagle generate --temperature 0.8 --seed 7` (float32): the defaults twice, `--method none`,
+    `-k 3` and `--method eagle3 -k 5` give the same tokens."""
+    outs = []
+    for extra in ([], [], ["--method", "none"], ["-k", "3"], ["--method", "eagle3", "-k", "5"]):
+        r = run_cli("generate", "--json", "--dtype", "float32", "--temperature", "0.8", "--seed", "7",
+                    "--max-new-tokens", "48", *extra, "Tell me a story about a cat.")
+        assert r.returncode == 0, r.stderr
+        outs.append(json.loads(r.stdout.strip().splitlines()[-1])["token_ids"])
+    assert all(o == outs[0] for o in outs) and len(outs[0]) > 10
 
 
 def run_cli(*args):

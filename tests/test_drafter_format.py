@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import native_from_hf, tiny_hf
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
+from peagle.engine.sampling import SamplingParams
 from peagle.models.drafter import Drafter, DrafterConfig, DrafterMismatchError, load_drafter, save_drafter
 from peagle.models.attention import AttnMeta
 from peagle.models.llama import CheckpointError
@@ -410,17 +411,22 @@ def test_drafter_config_rope_formats():
 
 
 def test_matching_head_accepted(target, tmp_path):
+    """A head saved and loaded back is the same head, fits its target, and the engine drafts with it."""
     d = init_drafter(target, 1, MASK)
     save_drafter(d, tmp_path)
     loaded = load_drafter(tmp_path)
+    saved, back = d.state_dict(), loaded.state_dict()
+    assert saved.keys() == back.keys() and all(torch.equal(saved[k], back[k]) for k in saved)
     loaded.cfg.check_target(target.cfg, target.aux_layers)
     # a head with no aux ids in its config takes the target's taps (vLLM's default)
     dataclasses.replace(loaded.cfg, aux_layer_ids=[]).check_target(target.cfg, target.aux_layers)
     threads = torch.get_num_threads()
     try:
-        LLMEngine(target, loaded, EngineConfig(max_num_seqs=1, max_model_len=64))
+        engine = LLMEngine(target, loaded, EngineConfig(num_speculative_tokens=3, max_num_seqs=1, max_model_len=64))
+        out = engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     finally:
         torch.set_num_threads(threads)
+    assert out.stats.num_drafts > 0 and len(out.token_ids) == 8
 
 
 def test_head_from_disk_for_other_target_refused_by_engine(tmp_path, target):

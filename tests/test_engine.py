@@ -2,6 +2,7 @@
 sampling keeps the target distribution, batching changes nothing, and bad input is refused."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from tokenizers.models import WordLevel
 from peagle.engine.llm_engine import EngineConfig, LLMEngine, RequestError
 from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, probs_from_logits, verify
 from peagle.models.drafter import Drafter
+from peagle.models.llama import LlamaModel, ModelConfig
 from peagle.models.loader import init_drafter
 
 MASK = 159  # the tiny vocabulary's last id, never produced by the tests' prompts
@@ -93,6 +95,58 @@ def test_lossless_oracle_head_deep_acceptance(llama, method):
             assert out.token_ids == ref, (k, wrong_every)
             if wrong_every == 1000:  # a perfect drafter: every round accepts all it may
                 assert out.stats.acceptance_length > min(k, 4) * 0.75 + 0.5
+
+
+@pytest.mark.parametrize("fault", ["rope_base", "decode_position"])
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_test_models_see_position_faults(family, fault):
+    """The tiny models' attention is peaked enough that a RoPE base of 1e6 instead of the model's,
+    or decode rows rotated as if one position later, changes greedy output: the equality tests
+    built on these models would catch a wrong position."""
+    hf = tiny_hf(family)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+
+    def greedy(target):
+        return [make_engine(target, None, "none").generate([p], params)[0].token_ids for p in prompts(3, seed=13)]
+
+    ref = greedy(native_from_hf(hf))
+    if fault == "rope_base":
+        cfg = hf.config.to_dict()
+        cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_theta": 1e6}
+        bad = LlamaModel(ModelConfig.from_hf(cfg))
+        bad.load_checkpoint({k: v.detach().clone() for k, v in hf.state_dict().items()})
+    else:
+        bad = native_from_hf(hf)
+        table = bad.rotary.table
+        bad.rotary.table = lambda pos, dtype: table(pos + 1 if pos.shape[0] == 1 else pos, dtype)
+    assert greedy(bad.eval()) != ref
+
+
+def oracle_acceptance(prompt_len: int, max_tokens: int, k: int, wrong_every: int) -> tuple[int, list[int]]:
+    """What an :class:`OracleDrafter` must give under greedy decoding, round by round: drafts for
+    the token indices i = L .. L+d-1 after a sequence of L tokens, the one at i wrong iff
+    ``i % wrong_every == 0``, the accepted ones the leading right ones. (verify rounds, accepted per position)"""
+    length, out, rounds, per_pos = prompt_len + 1, 1, 0, [0] * k
+    while out < max_tokens:
+        d = min(k, max_tokens - out - 1)
+        a = next((j for j in range(d) if (length + j) % wrong_every == 0), d)
+        if d:
+            rounds += 1
+            for j in range(a):
+                per_pos[j] += 1
+        length, out = length + a + 1, out + a + 1
+    return rounds, per_pos
+
+
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_per_position_acceptance_follows_the_oracles_pattern(llama, method):
+    prompt = prompts(1, seed=3)[0]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    ref = make_engine(llama, None, "none").generate([prompt], params)[0].token_ids
+    for k, wrong_every in ((3, 5), (5, 4), (7, 9)):
+        out = make_engine(llama, OracleDrafter.of(llama, prompt + ref, wrong_every), method, k).generate([prompt], params)[0]
+        rounds, per_pos = oracle_acceptance(len(prompt), 40, k, wrong_every)
+        assert (out.stats.num_drafts, out.stats.accepted_per_pos[:k]) == (rounds, per_pos), (k, wrong_every)
 
 
 @pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
@@ -199,25 +253,55 @@ def test_max_model_len_ends_with_length(llama):
 
 # --------------------------------------------------------------------------- sampling
 
+SAMPLERS = [SamplingParams(temperature=0.9, top_k=8, top_p=0.95), SamplingParams(temperature=1.3),
+            SamplingParams(temperature=0.6, top_p=0.8), SamplingParams(temperature=1.0, top_k=3)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_verify_keeps_the_target_distribution(dtype):
-    """Each emitted token follows p whatever the draft: the first emitted token is checked against
-    a zero-probability, a mid-probability and the most likely draft (chi-square, p = 0.001), with
-    the target's logits in float32 and in bf16."""
+@pytest.mark.parametrize("params", SAMPLERS, ids=["k8-p.95-t.9", "t1.3", "p.8-t.6", "k3"])
+def test_verify_keeps_the_target_distribution(dtype, params):
+    """The first emitted token follows p whatever the draft (a zero-probability, a mid-probability
+    and the most likely one), with temperature, top-k and top-p, the target's logits in float32 and
+    bf16: 12,000 seeds per draft, a chi-square test at p = 0.001 that would see 2% of the mass moved."""
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(3, 12, generator=g) * 2).to(dtype)
-    params = SamplingParams(temperature=0.9, top_k=8, top_p=0.95)
     p = probs_from_logits(logits, params)
     order = p[0].argsort().tolist()
-    mid = next(t for t in order if 0.05 < p[0, t] < 0.3)
+    mid = next((t for t in order if 0.05 < p[0, t] < 0.3), order[-2])
+    n = 12000
+    assert_has_power(p[0], n)
     for first in (order[0], mid, order[-1]):
         drafts = [first, int(p[1].argmax())]
-        n = 8000
         counts = torch.zeros(12)
-        for _ in range(n):
-            a, tok = verify(logits, drafts, params, g)
+        for seed in range(n):
+            a, tok = verify(logits, drafts, params, seed, 5)
             counts[first if a >= 1 else tok] += 1
         assert_matches(counts, p[0], n)
+
+
+def test_position_keyed_sampling_ignores_the_drafts():
+    """The token at a position is decided by (seed, position) and p alone: whatever is drafted,
+    the emitted tokens are plain sampling's, and another seed or position draws differently."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 40, generator=g)
+    params = SamplingParams(temperature=1.0)
+    plain = [int(verify(logits[j:j + 1], [], params, 7, 10 + j)[1]) for j in range(4)]
+    for drafts in ([plain[0], plain[1], plain[2]], [plain[0], (plain[1] + 1) % 40, plain[2]], [(plain[0] + 1) % 40] * 3):
+        a, tok = verify(logits, drafts, params, 7, 10)
+        assert drafts[:int(a)] + [int(tok)] == plain[:int(a) + 1]
+    draws = {tuple(int(verify(logits[j:j + 1], [], params, s, t)[1]) for j in range(4)) for s in range(20) for t in (0, 50)}
+    assert len(draws) > 30
+
+
+def assert_has_power(probs: torch.Tensor, n: int, moved: float = 0.02) -> None:
+    """The chi-square test of ``assert_matches`` would fail on counts drawn from ``probs`` with
+    ``moved`` of the mass shifted from the likeliest token to the second (at their expected values)."""
+    order = probs.argsort(descending=True)
+    biased = probs.double().clone()
+    biased[order[0]] -= moved
+    biased[order[1]] += moved
+    with pytest.raises(AssertionError):
+        assert_matches(biased * n, probs, n)
 
 
 def assert_matches(counts: torch.Tensor, probs: torch.Tensor, n: int) -> None:
@@ -235,11 +319,12 @@ def assert_matches(counts: torch.Tensor, probs: torch.Tensor, n: int) -> None:
     assert chi2 < crit, (chi2, crit)
 
 
-@pytest.mark.parametrize("head", ["bad", "plausible"])
-def test_speculative_sampling_end_to_end_matches_target(head):
+@pytest.mark.parametrize("head,method,k", [("bad", "parallel", 3), ("plausible", "parallel", 2),
+                                           ("bad", "eagle3", 5), ("plausible", "eagle3", 3)])
+def test_speculative_sampling_end_to_end_matches_target(head, method, k):
     """Three-token continuations sampled through the whole engine follow the target's exact joint
     distribution, with a deliberately bad (random) head and with one that drafts the greedy
-    continuation, which sampled runs accept often but not always."""
+    continuation, which sampled runs accept often but not always, for both methods."""
     hf = tiny_hf("llama", seed=4)
     with torch.no_grad():
         hf.lm_head.weight.mul_(40)  # peaky distributions, so a wrong sampler shows
@@ -252,7 +337,7 @@ def test_speculative_sampling_end_to_end_matches_target(head):
     else:
         drafter = OracleDrafter.of(target, prompt + greedy, 1000)
     n = 4000
-    engine = make_engine(target, drafter.eval(), "parallel", 3, max_num_seqs=64)
+    engine = make_engine(target, drafter.eval(), method, k, max_num_seqs=64)
     outs = engine.generate([prompt] * n, [SamplingParams(**{**sp.__dict__, "seed": i}) for i in range(n)])
     assert engine.stats.num_drafts >= n
     rate = engine.stats.num_accepted_tokens / engine.stats.num_draft_tokens
@@ -279,11 +364,42 @@ def test_speculative_sampling_end_to_end_matches_target(head):
     assert_matches(counts, torch.tensor([joint[c] for c in cells]), n)
 
 
-def test_seeded_sampling_is_reproducible(llama):
-    engine = make_engine(llama, init_drafter(llama, 1, MASK), "parallel", 4)
-    sp = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=123, ignore_eos=True)
-    a = engine.generate([prompts(1)[0]], sp)[0].token_ids
-    assert engine.generate([prompts(1)[0]], sp)[0].token_ids == a
+SEEDED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, max_tokens=28, ignore_eos=True, seed=7)
+
+
+def test_seeded_sampling_is_plain_decodings_whatever_the_speculation(llama):
+    """With a seed, sampled output is plain decoding's token for token: both methods, K in 1, 3, 7
+    and auto, a head that rejects most drafts and one that drafts plain decoding's own output
+    (deep acceptance); another seed gives another output."""
+    p = prompts(1, seed=11)[0]
+    ref = make_engine(llama, None, "none").generate([p], SEEDED)[0].token_ids
+    assert make_engine(llama, None, "none").generate([p], dataclasses.replace(SEEDED, seed=8))[0].token_ids != ref
+    oracle = OracleDrafter.of(llama, p + ref, 1000)
+    for head in (init_drafter(llama, 1, MASK, seed=2), oracle):
+        for method in ("parallel", "eagle3"):
+            for k in (1, 3, 7, "auto"):
+                out = make_engine(llama, head, method, k).generate([p], SEEDED)[0]
+                assert out.token_ids == ref, (type(head).__name__, method, k)
+        if head is oracle:
+            assert out.stats.acceptance_length > 2
+
+
+@pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
+def test_seeded_sampling_alone_equals_in_a_batch_chunked_and_preempted(llama, method):
+    """Eight requests (seeded, unseeded and greedy) together, with prompts prefilled in chunks, and
+    with a KV pool so small that sequences are preempted and recomputed: each seeded request's
+    output is what it is alone, and what plain decoding gives it."""
+    drafter = init_drafter(llama, 1, MASK, seed=3)
+    ps = prompts(8, seed=12)
+    params = [dataclasses.replace(SEEDED, seed=100 + i, max_tokens=10 + 3 * i) if i % 3 else
+              dataclasses.replace(SEEDED, seed=None if i % 2 else 5, temperature=0.0 if i == 6 else 1.0)
+              for i in range(8)]
+    seeded = [i for i, sp in enumerate(params) if sp.seed is not None]
+    plain = {i: make_engine(llama, None, "none").generate([ps[i]], params[i])[0].token_ids for i in seeded}
+    for kw in ({}, dict(max_num_seqs=8), dict(max_num_seqs=8, max_num_batched_tokens=7),
+               dict(max_num_seqs=8, block_size=4, kv_cache_tokens=96)):
+        outs = make_engine(llama, drafter, method, "auto" if kw else 3, **kw).generate(ps, params)
+        assert {i: outs[i].token_ids for i in seeded} == plain, (method, kw)
 
 
 # --------------------------------------------------------------------------- bad input

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, GptOssConfig, Qwen3MoeConfig
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from conftest import run_full
+from conftest import randomize, run_full
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.gpt_oss import GptOssModel, dequantize_mxfp4
@@ -51,15 +51,15 @@ def tiny_moe(family: str, seed: int = 0):
 
 
 def random_hf(config, seed: int = 0):
-    """A HF model with random weights (float32, eval). Norms, biases and sinks are randomised, and
-    routers are scaled up so that routing is decisive: a wrong expert or weight shows in the logits."""
+    """A HF model with random weights (float32, eval), randomised as the dense ones (peaked
+    attention included); sinks are randomised too, and routers are scaled up so that routing is
+    decisive: a wrong expert or weight shows in the logits."""
     torch.manual_seed(seed)
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    randomize(hf, bias_std=0.3)
     with torch.no_grad():
         for name, p in hf.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif name.endswith(("bias", "sinks")):
+            if name.endswith("sinks"):
                 p.copy_(0.3 * torch.randn_like(p))
             elif name.endswith(("router.weight", "mlp.gate.weight")):
                 p.normal_(0, 0.5)

@@ -200,7 +200,7 @@ class LLMEngine:
             raise RequestError(f"the prompt ({len(prompt_ids)} tokens) with max_tokens {params.max_tokens} needs "
                                f"{need} KV positions, more than the {self.blocks.num_blocks * self.cfg.block_size} "
                                "the KV cache holds")
-        seq = Sequence(prompt_ids, params, request_id, self.device)
+        seq = Sequence(prompt_ids, params, request_id)
         seq.detok = Detokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
         self.waiting.append(seq)
         return seq
@@ -321,7 +321,8 @@ class LLMEngine:
         accepted, tokens = verify_greedy(logits, rows, to_device(drafts, dev))
         for i, seq in enumerate(batch):
             if not seq.params.greedy and not partial[i]:
-                a, t = verify(logits[first[i]:first[i + 1]], drafts[i][:verify_rows[i] - 1], seq.params, seq.generator)
+                a, t = verify(logits[first[i]:first[i + 1]], drafts[i][:verify_rows[i] - 1], seq.params, seq.seed,
+                              len(seq.output_ids))
                 accepted[i], tokens[i] = a, t
         if any(partial):  # the drafter reads the prompt's next token where a chunk stops short
             nxt = [seq.tokens[seq.num_cached + n] if p else 0 for (seq, n), p in zip(work, partial)]

@@ -1,14 +1,26 @@
 """Sampling parameters, logits processing and the verification of draft tokens.
 
-Drafts are the drafter's argmax (a point mass q), as in vLLM's EAGLE proposers. Against a point
-mass, the standard rejection sampler accepts draft d with probability p(d) and otherwise samples
-from p with d removed and renormalised, so every emitted token follows p exactly.
+Sampling is keyed by position: the token at output position ``t`` of a request is
+``y_t = F_t^-1(u(seed, t))``, the inverse CDF of the target's distribution ``p_t`` (after
+temperature, top-k and top-p) at one uniform number that depends on the request's seed and ``t``
+only. Plain decoding emits ``y_t``; verification computes ``y_t`` at every drafted position,
+accepts a draft iff it equals ``y_t`` and emits ``y_t`` at the first mismatch (the bonus after the
+last). Drafts are the drafter's argmax (a point mass), so a draft ``d`` is accepted with probability
+``p(d)``, as under the standard rejection sampler, and every emitted token is ``y_t``, which follows
+``p_t`` exactly: sampled output is the same token for token whatever the method, K, batch,
+chunking or preemption, given the same seed. (Gumbel-max keyed the same way would need a hash for
+every vocabulary entry of every row; the inverse CDF needs one number a row, known on the host, so
+it costs no host sync and no pass over the vocabulary beyond the cumulative sum that sampling makes
+anyway.)
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 import torch
+
+from peagle.runtime import to_device
 
 GREEDY_BELOW = 1e-5      # temperatures under this are greedy (vLLM's rule): dividing by them overflows
 MAX_LOGPROBS = 20        # top alternatives a request may ask for, as OpenAI allows
@@ -80,29 +92,53 @@ def verify_greedy(logits: torch.Tensor, rows: torch.Tensor, drafts: torch.Tensor
     return accepted, best.gather(1, accepted[:, None])[:, 0]
 
 
-def verify(logits: torch.Tensor, drafts: torch.Tensor | list[int], p: SamplingParams,
-           gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rejection sampling of one sequence's ``drafts`` against the target's ``logits``
-    (``[len(drafts)+1, vocab]``), on the device without a host sync.
+_MASK64 = (1 << 64) - 1
 
-    Returns (number of accepted drafts, the token emitted after them: drawn from the residual
-    ``p`` without the draft where a draft was rejected, else the bonus token from the last row),
-    as 0-d tensors. A replacement is drawn for every position and the first rejection's is kept,
-    which leaves the distribution of what is emitted exactly ``p``'s."""
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's output function: a bijective mix of 64 bits (Steele, Lea and Flood, 2014)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def draw_seed() -> int:
+    """A seed for a request that names none (its output is then reproducible from the seed alone)."""
+    return secrets.randbits(63)
+
+
+def position_uniforms(seed: int, start: int, n: int) -> list[float]:
+    """``u(seed, t)`` for output positions ``t = start .. start + n - 1``: 53 bits of a counter-based
+    hash of (seed, t), as floats in (0, 1)."""
+    key = _splitmix64(seed & _MASK64)
+    return [((_splitmix64(key ^ t) >> 11) + 0.5) * 2.0 ** -53 for t in range(start, start + n)]
+
+
+def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row r's inverse-CDF sample at ``u[r]``: the first token whose cumulative probability exceeds
+    ``u[r]`` times the row's total (a token of zero probability is never taken). The cumulative sum
+    runs in float64, row by row, so a row's result does not depend on the other rows."""
+    cdf = probs.double().cumsum(-1)
+    hit = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return hit.clamp_(max=probs.shape[-1] - 1)
+
+
+def verify(logits: torch.Tensor, drafts: torch.Tensor | list[int], p: SamplingParams, seed: int,
+           position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position-keyed verification of one sequence's ``drafts`` against the target's ``logits``
+    (``[len(drafts)+1, vocab]``; row j decides output position ``position + j``), on the device
+    without a host sync. Returns (number of accepted drafts, the token emitted after them) as 0-d
+    tensors: ``y`` at the first mismatch, else the bonus token ``y`` of the last row."""
     dev = logits.device
     drafts = torch.as_tensor(drafts, dtype=torch.long, device=dev)
     k = drafts.shape[0]
     probs = probs_from_logits(logits, p)
     valid = probs.isfinite().all(-1, keepdim=True) & (probs.sum(-1, keepdim=True) > 0)
     probs = torch.where(valid, probs, 1.0 / probs.shape[-1])  # non-finite logits: the engine's check refuses them
-    idx = torch.arange(k, device=dev)
-    u = torch.rand(k, generator=gen, device=dev)
-    accepted = (u < probs[idx, drafts]).int().cumprod(0).sum()
-    residual = probs[:k].clone()
-    residual[idx, drafts] = 0.0
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs[:k])  # p(d) = 1: never used
-    choices = torch.multinomial(torch.cat([residual, probs[k:]]), 1, generator=gen)[:, 0]
-    return accepted, choices[accepted]
+    y = sample_rows(probs, to_device(position_uniforms(seed, position, k + 1), dev, torch.float64))
+    accepted = (drafts == y[:k]).int().cumprod(0).sum()
+    return accepted, y[accepted]
 
 
 @dataclass

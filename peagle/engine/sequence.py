@@ -9,7 +9,7 @@ from enum import Enum
 import torch
 
 from peagle.engine.detokenizer import Detokenizer
-from peagle.engine.sampling import SamplingParams, TokenLogprob
+from peagle.engine.sampling import SamplingParams, TokenLogprob, draw_seed
 
 _ids = itertools.count()
 
@@ -60,8 +60,7 @@ class SpecStats:
 
 
 class Sequence:
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                 device: torch.device | str = "cpu"):
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None):
         self.request_id = request_id if request_id is not None else str(next(_ids))
         self.prompt_ids = list(prompt_ids)
         self.tokens = list(prompt_ids)
@@ -78,7 +77,8 @@ class Sequence:
         self.detok: Detokenizer | None = None      # the engine's, when it has a tokenizer
         self.logprobs: list[TokenLogprob] = []     # one per output token, when params.logprobs is set
         self.stats = SpecStats()
-        self.generator = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
+        # what sampling is keyed by, with the output position (a seed is drawn for a request that names none)
+        self.seed = params.seed if params.seed is not None else draw_seed()
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
