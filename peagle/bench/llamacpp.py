@@ -67,12 +67,14 @@ def config_note(kind: str) -> str:
 
 
 def server_command(kind: str, port: int, n_ctx: int = 4096) -> list[str]:
-    """``python -m llama_cpp.server`` on the default model in ``kind`` precision, every core, greedy
-    requests one at a time (the server's only mode)."""
+    """``python -m llama_cpp.server`` on the default model in ``kind`` precision, every core, requests
+    one after another (its only mode; by default a new request interrupts the running one, which
+    concurrent clients would turn into wasted work)."""
     require()
     threads = str(os.cpu_count() or 1)
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_file(kind)), "--n_threads", threads,
-           "--n_threads_batch", threads, "--n_ctx", str(n_ctx), "--host", "127.0.0.1", "--port", str(port)]
+           "--n_threads_batch", threads, "--n_ctx", str(n_ctx), "--interrupt_requests", "False",
+           "--host", "127.0.0.1", "--port", str(port)]
     if safe_batch(kind):
         cmd += ["--n_batch", str(safe_batch(kind))]
     return cmd
