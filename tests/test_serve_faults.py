@@ -157,7 +157,7 @@ def test_a_dead_engine_fails_its_requests_and_health(tiny_chat_dir, tmp_path):
         t.start()
         while srv.gauge("running") == 0:
             time.sleep(0.01)
-        os.kill(srv.engine.pid, signal.SIGKILL)
+        os.kill(srv.engine.info.pid, signal.SIGKILL)
         t.join(timeout=10)
         assert result and result[0][0] == 500 and "engine process has stopped" in result[0][1]["error"]["message"]
         status, body, _ = request(srv.port, "GET", "/health")

@@ -3,8 +3,8 @@ and streams its tokens to asyncio callers.
 
 Requests and aborts go to the engine through a sender thread (a large prompt never blocks the event
 loop on a full pipe); a reader thread takes each step's outputs, hands them to the callers' event
-loop in one wake-up per step (a request that is not streamed hears only of its end) and moves the
-engine's figures into Prometheus. This process runs no torch op: the engine process's main thread
+loop in one wake-up per step (a request that is not streamed hears only of its end: the engine
+holds its output until then) and moves the engine's figures into Prometheus. This process runs no torch op: the engine process's main thread
 is the only one that does.
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import multiprocessing
 import queue
 import threading
-from dataclasses import dataclass
 from typing import AsyncIterator
 
 from peagle.engine.llm_engine import RequestError
@@ -54,8 +53,8 @@ class AsyncEngine:
             self._proc.join()
             raise RuntimeError(info)
         self.info: EngineInfo = info
-        # request id -> its caller's event loop and queue; popped at the request's final output
-        self._streams: dict[str, _Stream] = {}
+        # request id -> (its caller's event loop, its queue); popped at the request's final output
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
         self._dead = False
         self._outgoing: queue.Queue = queue.Queue()
@@ -67,10 +66,6 @@ class AsyncEngine:
     @property
     def alive(self) -> bool:
         return not self._dead and self._proc.is_alive()
-
-    @property
-    def pid(self) -> int:
-        return self.info.pid
 
     def close(self) -> None:
         """Stop the engine process (it finishes its step first), or end it if it does not stop."""
@@ -88,14 +83,14 @@ class AsyncEngine:
                        stream: bool = True) -> AsyncIterator[Delta]:
         """Yield a :class:`Delta` per step that produced tokens (without ``stream``, one: the whole
         output); aborts the request if the caller stops early."""
-        if not self.alive:
-            raise EngineError("the engine process has stopped")
-        with self._lock:
+        with self._lock:  # the reader fails every stream it finds when the engine dies: none may come later
+            if self._dead:
+                raise EngineError("the engine process has stopped")
             if len(self._streams) >= self.max_queue + self.info.max_num_seqs:
                 raise QueueFullError("the request queue is full")
             out: asyncio.Queue = asyncio.Queue()
-            self._streams[request_id] = _Stream(asyncio.get_running_loop(), out, stream)
-        self._outgoing.put(("add", request_id, prompt_ids, params))
+            self._streams[request_id] = (asyncio.get_running_loop(), out)
+        self._outgoing.put(("add", request_id, prompt_ids, params, stream))
         done = False
         try:
             while True:
@@ -138,35 +133,24 @@ class AsyncEngine:
                 self.metrics.observe_step(snapshot)
         except (EOFError, OSError):
             pass
-        self._dead = True
         with self._lock:
+            self._dead = True
             streams, self._streams = self._streams, {}
-        for s in streams.values():
-            _post(s.loop, [(s.out, EngineError("the engine process has stopped"))])
+        for loop, out in streams.values():
+            _post(loop, [(out, EngineError("the engine process has stopped"))])
 
     def _deliver(self, rid: str, item: Delta | Failure) -> tuple | None:
-        """(loop, queue, item) to hand to the caller of ``rid``, or None (nothing to tell it yet)."""
+        """(loop, queue, item) to hand to the caller of ``rid``, or None (nobody to tell)."""
         final = isinstance(item, Failure) or item.finish_reason is not None
         with self._lock:
-            s = self._streams.pop(rid, None) if final else self._streams.get(rid)
-        if s is None:
+            entry = self._streams.pop(rid, None) if final else self._streams.get(rid)
+        if entry is None:
             return None
         if isinstance(item, Failure):
             if item.kind == "aborted":  # the caller asked for it and is no longer listening
                 return None
-            return s.loop, s.out, RequestError(item.message) if item.kind == "refused" else EngineError(item.message)
-        if not s.stream:  # gathered here; the caller wakes once, at the end
-            s.held = item if s.held is None else s.held.then(item)
-            return (s.loop, s.out, s.held) if final else None
-        return s.loop, s.out, item
-
-
-@dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue
-    stream: bool
-    held: Delta | None = None   # a request that is not streamed: its output so far
+            item = RequestError(item.message) if item.kind == "refused" else EngineError(item.message)
+        return (*entry, item)
 
 
 def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, object]]) -> None:

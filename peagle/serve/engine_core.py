@@ -8,17 +8,21 @@ same decode at 0.6x. Here the only thread that runs torch is this process's main
 server's HTTP, JSON and SSE work runs in the other process, off this one's GIL (vLLM V1 splits
 its engine core off the API server the same way).
 
-Protocol (pickled over two one-way pipes). In: ``("add", rid, prompt_ids, params)``,
+Protocol (pickled over two one-way pipes). In: ``("add", rid, prompt_ids, params, stream)``,
 ``("abort", rid)``, ``None`` to stop. Out: ``("ready", EngineInfo)`` or ``("failed", message)``
-once, then one ``("step", outputs, snapshot)`` per step that changed something, where each output is
-``(rid, Delta | Failure, Finished | None)``. Every request gets exactly one final output: a Delta
-with a ``finish_reason``, or a :class:`Failure` (refused, failed by a fault, or aborted).
+once, then ``("step", outputs, snapshot)`` after each step that has outputs (and at least every
+second while the engine runs, for the gauges), where each output is ``(rid, Delta | Failure,
+Finished | None)``. A streamed request gets a Delta for each step that gave it tokens; one that is
+not streamed gets one Delta with all of its output when it ends, so the server does no work for it
+meanwhile. Every request gets exactly one final output: a Delta with a ``finish_reason``, or a
+:class:`Failure` (refused, failed by a fault, or aborted).
 """
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -61,12 +65,6 @@ class Delta:
     num_output_tokens: int
     logprobs: list[TokenLogprob]   # one per new token, when asked for
     token_texts: dict[int, str]    # the text of every token named in ``logprobs``
-
-    def then(self, later: "Delta") -> "Delta":
-        """This delta followed by ``later``, as one."""
-        return Delta(self.token_ids + later.token_ids, self.text + later.text, later.finish_reason,
-                     later.num_prompt_tokens, later.num_output_tokens, self.logprobs + later.logprobs,
-                     {**self.token_texts, **later.token_texts})
 
 
 @dataclass
@@ -131,10 +129,14 @@ def run_engine_core(inbox, outbox, spec: EngineSpec) -> None:
 class EngineCore:
     """The step loop: take requests and aborts between steps, step, send each request's delta."""
 
+    SNAPSHOT_EVERY_S = 1.0
+
     def __init__(self, engine: LLMEngine, outbox):
         self.engine, self.outbox = engine, outbox
         self._sent: dict[str, tuple[int, int]] = {}   # request id -> (tokens sent, characters sent)
+        self._streamed: dict[str, bool] = {}
         self._out: list[tuple[str, Delta | Failure, Finished | None]] = []
+        self._last_sent = time.monotonic()
 
     def serve(self, inbox) -> None:
         engine = self.engine
@@ -155,20 +157,22 @@ class EngineCore:
                     for seq in list(engine.running):
                         engine.abort(seq.request_id)  # frees its blocks
                         self._end(seq, Failure("failed", f"the engine failed while running this request: {e}"))
-            if self._out:
+            if self._out or time.monotonic() - self._last_sent > self.SNAPSHOT_EVERY_S:
                 out, self._out = self._out, []
                 self.outbox.send(("step", out, Snapshot.of(engine)))
+                self._last_sent = time.monotonic()
 
     def _handle(self, msg) -> None:
         engine = self.engine
         if msg[0] == "add":
-            _, rid, prompt_ids, params = msg
+            _, rid, prompt_ids, params, stream = msg
             try:
                 engine.add_request(prompt_ids, params, rid)
             except Exception as e:  # refused: the request's own fault
                 self._out.append((rid, Failure("refused", str(e)), None))
                 return
             self._sent[rid] = (0, 0)
+            self._streamed[rid] = stream
         elif msg[0] == "abort":
             seq = next((s for s in [*engine.running, *engine.waiting] if s.request_id == msg[1]), None)
             if seq is not None:  # else it has finished already, and its final delta is on its way
@@ -177,9 +181,12 @@ class EngineCore:
 
     def _end(self, seq: Sequence, failure: Failure) -> None:
         self._sent.pop(seq.request_id, None)
+        self._streamed.pop(seq.request_id, None)
         self._out.append((seq.request_id, failure, Finished.of(seq)))
 
     def _post(self, seq: Sequence) -> None:
+        if not seq.finished and not self._streamed[seq.request_id]:
+            return  # told once, at its end
         sent, chars = self._sent[seq.request_id]
         n = len(seq.output_ids)
         text = seq.text if seq.finished else seq.detok.stable if seq.detok is not None else ""
@@ -189,7 +196,7 @@ class EngineCore:
         texts = {i: tok.decode([i]) for i in ids} if tok is not None else {}
         delta = Delta(seq.output_ids[sent:], text[chars:], seq.finish_reason, len(seq.prompt_ids), n, logprobs, texts)
         if seq.finished:
-            del self._sent[seq.request_id]
+            del self._sent[seq.request_id], self._streamed[seq.request_id]
             self._out.append((seq.request_id, delta, Finished.of(seq)))
         else:
             self._sent[seq.request_id] = (n, len(text))
