@@ -81,6 +81,7 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from peagle.engine.llm_engine import EngineConfig
     from peagle.serve.api import build_app, speculative_config
     from peagle.serve.async_engine import AsyncEngine, EngineSpec
 
@@ -88,12 +89,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # uvicorn shuts down gracefully on SIGTERM, then raises it again: exit cleanly then, through the
     # `finally` below that stops the engine process
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    engine_args = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                       enable_chunked_prefill=args.enable_chunked_prefill, max_model_len=args.max_model_len,
+                       long_prefill_token_threshold=args.long_prefill_token_threshold,
+                       max_num_partial_prefills=args.max_num_partial_prefills,
+                       max_long_partial_prefills=args.max_long_partial_prefills, enforce_eager=args.enforce_eager)
+    EngineConfig(method=spec["method"], num_speculative_tokens=spec["k"], **engine_args)  # refused here, before loading
     # the engine is built and run in a process of its own (peagle/serve/engine_core.py says why)
-    async_engine = AsyncEngine(EngineSpec(dict(
-        target=args.target, drafter=spec["drafter"], method=spec["method"], k=spec["k"], dtype=args.dtype,
-        device=args.device, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_chunked_prefill=args.enable_chunked_prefill, max_model_len=args.max_model_len,
-        enforce_eager=args.enforce_eager)), max_queue=args.max_queue)
+    async_engine = AsyncEngine(EngineSpec(dict(target=args.target, drafter=spec["drafter"], method=spec["method"],
+                                               k=spec["k"], dtype=args.dtype, device=args.device, **engine_args)),
+                               max_queue=args.max_queue)
     info = async_engine.info
     name = args.served_model_name or (args.target or "SmolLM2-135M-Instruct")
     how = spec["method"] if spec["method"] == "none" else f"{spec['method']}, K={spec['k']}"
@@ -258,6 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per engine step: decode and verify rows first, then prefill chunks")
     v.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                    help="prefill long prompts in chunks that share steps with running requests (default: on)")
+    v.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                   help="a prompt with more tokens left to prefill is long: it gets at most this many tokens a "
+                        "step while other requests run (default: a quarter of --max-num-batched-tokens)")
+    v.add_argument("--max-num-partial-prefills", type=int, default=8,
+                   help="prompts prefilled side by side (chunked prefill)")
+    v.add_argument("--max-long-partial-prefills", type=int, default=1,
+                   help="of them, long prompts (the others wait; shorter prompts may pass them)")
     v.add_argument("--max-model-len", type=int, default=None)
     add_runtime_args(v, engine=True)
     v.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond which the server answers 503")

@@ -635,6 +635,122 @@ def test_chunked_prefill_writes_the_kv_of_a_whole_prefill(llama, method):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+# --------------------------------------------------------------------------- fair prefill
+
+def random_prompt(n: int, seed: int = 1) -> list[int]:
+    return torch.randint(3, 150, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_a_short_prompt_prefills_beside_a_long_one(llama):
+    """A long prompt alone takes the whole budget; a short one that arrives is prefilled in the
+    next step beside a chunk of the long one capped at the threshold, and the cap holds while the
+    short one runs; alone again, the long prompt takes the whole budget."""
+    engine = make_engine(llama, None, "none", max_num_batched_tokens=64, long_prefill_token_threshold=16)
+    long = engine.add_request(random_prompt(200), SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.step()
+    assert long.num_cached == 64
+    short = engine.add_request(prompts(1)[0], SamplingParams(max_tokens=6, ignore_eos=True))
+    engine.step()
+    assert long.num_cached == 80 and len(short.output_ids) == 1
+    while not short.finished:
+        before = long.num_cached
+        engine.step()
+        assert long.num_cached == before + 16
+    assert long.num_cached == 160
+    engine.step()
+    assert long.num_cached == 200 and len(long.output_ids) == 1
+
+
+def test_a_long_prompt_always_progresses(llama):
+    """New short prompts every step, more than the budget holds: the long prompt still gets its
+    chunk in every step until it is prefilled, and every short prompt is answered."""
+    engine = make_engine(llama, None, "none", max_num_batched_tokens=32, long_prefill_token_threshold=8,
+                         max_num_seqs=64)
+    long = engine.add_request(random_prompt(200), SamplingParams(max_tokens=2, ignore_eos=True))
+    shorts = []
+    while not long.output_ids:
+        shorts += [engine.add_request(p, SamplingParams(max_tokens=3, ignore_eos=True)) for p in prompts(3, seed=len(shorts))]
+        before = long.num_cached
+        engine.step()
+        assert long.num_cached == min(before + 8, 200)
+    while engine.has_unfinished():
+        engine.step()
+    assert all(len(s.output_ids) == 3 for s in shorts)
+
+
+def test_one_long_prompt_at_a_time_and_short_ones_pass(llama):
+    engine = make_engine(llama, None, "none", max_num_batched_tokens=64, long_prefill_token_threshold=16)
+    a, b = (engine.add_request(random_prompt(120, seed), SamplingParams(max_tokens=2, ignore_eos=True)) for seed in (1, 2))
+    c = engine.add_request(prompts(1)[0], SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.step()
+    assert (a.num_cached, b.num_cached, len(c.output_ids)) == (16, 0, 1)  # b waits; c passes it
+    while not a.output_ids:
+        assert b.num_cached == 0
+        engine.step()
+    engine.step()
+    assert b.num_cached > 0
+    two = make_engine(llama, None, "none", max_num_batched_tokens=64, long_prefill_token_threshold=16,
+                      max_long_partial_prefills=2)
+    a, b = (two.add_request(random_prompt(120, seed), SamplingParams(max_tokens=2, ignore_eos=True)) for seed in (1, 2))
+    two.step()
+    assert (a.num_cached, b.num_cached) == (16, 16)
+
+
+@pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
+def test_fair_prefill_is_lossless(llama, method):
+    """Long and short prompts arriving while others prefill and decode, the long ones in capped
+    chunks beside them: every request's tokens (greedy, and seeded sampling) are its tokens alone."""
+    head = None if method == "none" else init_drafter(llama, 2, MASK, seed=5)
+    ps = [random_prompt(n, seed) for n, seed in ((150, 1), (9, 2), (120, 3), (14, 4), (6, 5))]
+    for sp in (SamplingParams(max_tokens=12, ignore_eos=True), dataclasses.replace(SEEDED, max_tokens=12)):
+        alone = [make_engine(llama, None, "none").generate([p], sp)[0].token_ids for p in ps]
+        for k in (3, "auto"):
+            engine = make_engine(llama, head, method, k, max_num_batched_tokens=24, long_prefill_token_threshold=8)
+            seqs = []
+            for p in ps:  # one arrival a step
+                seqs.append(engine.add_request(p, sp))
+                engine.step()
+            while engine.has_unfinished():
+                engine.step()
+            assert [s.output_ids for s in seqs] == alone, (method, k, sp.seed)
+
+
+@pytest.mark.parametrize("method", ["none", "parallel"])
+def test_capped_chunks_write_the_kv_of_a_whole_prefill(llama, method):
+    """A long prompt prefilled in chunks of 8 beside a short request that decodes: its target (and
+    drafter) KV at every prompt position equals one whole prefill's (float32, up to batch-shape rounding)."""
+    prompt = random_prompt(70, seed=3)
+    head = None if method == "none" else init_drafter(llama, 2, MASK, seed=6)
+    kv = []
+    for shared in (True, False):
+        engine = make_engine(llama, head, method, 4, max_num_batched_tokens=2048 if not shared else 32,
+                             long_prefill_token_threshold=8 if shared else None)
+        if shared:
+            engine.add_request(prompts(1)[0], SamplingParams(max_tokens=40, ignore_eos=True))
+            engine.step()
+        seq = engine.add_request(prompt, SamplingParams(max_tokens=50, ignore_eos=True))
+        steps = 0
+        while not seq.output_ids:
+            engine.step()
+            steps += 1
+        assert steps == (-(-70 // 8) if shared else 1)
+        slots = torch.tensor([seq.block_table[p // 16] * 16 + p % 16 for p in range(len(prompt))])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.target_caches + engine.drafter_caches])
+    for a, b in zip(*kv):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_fair_prefill_settings_are_checked():
+    for kw, msg in ((dict(long_prefill_token_threshold=5000), "long_prefill_token_threshold"),
+                    (dict(long_prefill_token_threshold=-1), "long_prefill_token_threshold"),
+                    (dict(max_num_partial_prefills=0), "max_num_partial_prefills"),
+                    (dict(max_num_partial_prefills=2, max_long_partial_prefills=3), "must not exceed")):
+        with pytest.raises(ValueError, match=msg):
+            EngineConfig(**kw)
+    assert EngineConfig(max_num_batched_tokens=2048).long_prefill == 512
+    assert EngineConfig(long_prefill_token_threshold=0).long_prefill == 512  # vLLM's 0: the default
+
+
 @pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
 def test_bf16_packed_weights_change_nothing(method):
     """bf16 on a CPU that packs weights for oneDNN (:func:`peagle.models.layers.packs`): the engine

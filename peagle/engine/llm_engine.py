@@ -47,6 +47,13 @@ class EngineConfig:
     max_model_len: int | None = None        # default: the target's max_position_embeddings, capped at 8192
     max_num_batched_tokens: int = 2048      # tokens per step: decode and verify rows first, then prefill chunks
     enable_chunked_prefill: bool = True     # off: a prompt is prefilled whole (a longer one runs alone)
+    # fair prefill (vLLM's names; with chunked prefill): a prompt with more tokens left to prefill than
+    # the threshold is long and gets at most that many a step while anything else runs (None or 0, as
+    # vLLM: a quarter of max_num_batched_tokens, BENCHMARKS.md §13); prompts prefill side by side, this many
+    # at most, of them this many long ones
+    long_prefill_token_threshold: int | None = None
+    max_num_partial_prefills: int = 8
+    max_long_partial_prefills: int = 1
     block_size: int = 16
     kv_cache_tokens: int | None = None      # default: max_num_seqs full sequences, capped at 16384
     enforce_eager: bool = False             # CUDA: no CUDA graphs for decode steps (vLLM's flag; CPUs never capture)
@@ -60,13 +67,26 @@ class EngineConfig:
         m = self.max_speculative_tokens
         if m is not None and (not isinstance(m, int) or m < 1):
             raise ValueError(f"max_speculative_tokens must be an integer >= 1, got {m!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_num_partial_prefills",
+                     "max_long_partial_prefills"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ValueError(f"max_long_partial_prefills ({self.max_long_partial_prefills}) must not exceed "
+                             f"max_num_partial_prefills ({self.max_num_partial_prefills})")
+        t = self.long_prefill_token_threshold
+        if t is not None and not 0 <= t <= self.max_num_batched_tokens:
+            raise ValueError(f"long_prefill_token_threshold must be in 0..max_num_batched_tokens "
+                             f"({self.max_num_batched_tokens}; 0: the default), got {t}")
 
     @property
     def auto(self) -> bool:
         return self.method != "none" and self.num_speculative_tokens == "auto"
+
+    @property
+    def long_prefill(self) -> int:
+        """The long-prompt threshold in force."""
+        return self.long_prefill_token_threshold or max(1, self.max_num_batched_tokens // 4)
 
 
 @dataclass
@@ -227,35 +247,72 @@ class LLMEngine:
 
     def _schedule(self) -> list[tuple[Sequence, int]]:
         """This step's work: ``(sequence, new tokens to feed)`` for each sequence, within
-        ``max_num_batched_tokens``: decode and verify rows of running sequences first, then prefill
-        (chunks of long prompts when chunked prefill is on), then newly admitted prompts, as vLLM
-        schedules. A sequence is prefilled until all its tokens but the last emitted have KV."""
+        ``max_num_batched_tokens``: decode and verify rows of running sequences first, then prompts.
+        A sequence is prefilled until all its tokens but the last emitted have KV.
+
+        With chunked prefill, prompts share the rest of the budget (:meth:`_schedule_prefills`);
+        without it, a prompt is fed whole, one after another (a longer one than the budget alone)."""
         budget = self.cfg.max_num_batched_tokens
-        chunked = self.cfg.enable_chunked_prefill
         for seq in list(self.running):  # reserve blocks first; preemption frees the newest
             while seq in self.running and not self.blocks.ensure(seq, self._positions_needed(seq)):
                 self._preempt(self.running[-1])  # newest first, as vLLM does; it recomputes later
         work = []
         for seq in self.running:
-            left = seq.num_tokens - seq.num_cached
-            if left == 1:  # decoding: the last token and its drafts, never held back
+            if seq.num_tokens - seq.num_cached == 1:  # decoding: the last token and its drafts, never held back
                 work.append((seq, 1))
                 budget -= 1 + len(seq.drafts)
-            elif budget > 0 and (chunked or left <= budget or not work):
-                work.append((seq, min(left, budget) if chunked else left))
-                budget -= work[-1][1]
+        if self.cfg.enable_chunked_prefill:
+            return work + self._schedule_prefills(budget, bool(work))
+        for seq in self.running:
+            left = seq.num_tokens - seq.num_cached
+            if left > 1 and budget > 0 and (left <= budget or not work):
+                work.append((seq, left))
+                budget -= left
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            if not chunked and seq.num_tokens > budget and work:
+            if seq.num_tokens > budget and work:
                 break
             if not self.blocks.ensure(seq, self._positions_needed(seq)):
                 break
-            self.waiting.popleft()
-            seq.status = Status.RUNNING
-            self.running.append(seq)
-            work.append((seq, min(seq.num_tokens, budget) if chunked else seq.num_tokens))
+            self._admit(seq)
+            work.append((seq, seq.num_tokens))
+            budget -= seq.num_tokens
+        return work
+
+    def _schedule_prefills(self, budget: int, decoding: bool) -> list[tuple[Sequence, int]]:
+        """Fair chunked prefill: prompts already prefilling keep their turn, then waiting ones are
+        admitted beside them (``max_num_partial_prefills`` at a time, ``max_long_partial_prefills`` of
+        them long; a short prompt may pass a long one that must wait). A long prompt gets at most
+        ``long_prefill`` tokens a step unless it has the step to itself, so a request that arrives
+        during a long prefill waits for one chunk at most, and the long prompt always progresses."""
+        cfg, limit = self.cfg, self.cfg.long_prefill
+        partial = [seq for seq in self.running if seq.num_tokens - seq.num_cached > 1]
+        num_long = sum(seq.num_tokens - seq.num_cached > limit for seq in partial)
+        for seq in list(self.waiting):
+            if budget <= 0 or len(self.running) >= cfg.max_num_seqs or len(partial) >= cfg.max_num_partial_prefills:
+                break
+            long = seq.num_tokens - seq.num_cached > limit
+            if long and num_long >= cfg.max_long_partial_prefills:
+                continue
+            if not self.blocks.ensure(seq, self._positions_needed(seq)):
+                break
+            self._admit(seq)
+            partial.append(seq)
+            num_long += long
+        alone = not decoding and len(partial) == 1 and not self.waiting
+        work = []
+        for seq in partial:
+            if budget <= 0:
+                break
+            left = seq.num_tokens - seq.num_cached
+            work.append((seq, min(left, budget, left if alone else limit)))
             budget -= work[-1][1]
         return work
+
+    def _admit(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
+        seq.status = Status.RUNNING
+        self.running.append(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         # admission guarantees that a sequence alone fits: evicting the last one could never be undone
