@@ -208,6 +208,25 @@ def test_bench_serve_against_peagle_serve(server, tiny_chat_dir, prompts_file, t
     assert "Serving Benchmark Result" in printed.out and "Acceptance length:" in printed.out
 
 
+def test_bench_serve_mixed_long_prompts(server, tiny_chat_dir, prompts_file, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Long prompts mixed among the short ones, Poisson arrivals: TTFT and E2EL for each group."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    out = tmp_path / "mixed.json"
+    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{server}", "--model", str(tiny_chat_dir),
+               "--served-model-name", "tiny", "--dataset-name", "custom", "--dataset-path", str(prompts_file),
+               "--num-prompts", "4", "--long-prompts", "2", "--long-prompt-len", "60", "--request-rate", "20",
+               "--custom-output-len", "4", "--temperature", "0", "--ignore-eos", "--save-result",
+               "--result-filename", str(out), "--disable-tqdm"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    res = json.loads(out.read_text())
+    assert (res["completed"], res["short_completed"], res["long_completed"]) == (6, 4, 2)
+    assert res["total_input_tokens"] > 2 * 60
+    for group in ("short", "long"):
+        assert res[f"{group}_p99_ttft_ms"] >= res[f"{group}_median_ttft_ms"] > 0 and res[f"{group}_median_e2el_ms"] > 0
+        assert f"{group} requests:" in printed.out
+
+
 def test_bench_serve_errors_are_one_line(tiny_chat_dir, prompts_file, capsys):
     import socket
 

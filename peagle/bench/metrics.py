@@ -35,6 +35,7 @@ class RequestRecord:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)   # offline runs only
     error: str = ""
+    source: str = ""                   # the prompt's dataset (bench serve --long-prompts: "long")
 
     @property
     def success(self) -> bool:

@@ -42,6 +42,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--long-prompts", type=int, default=0,
+                   help="mix this many long prompts (the dataset's text run together) into the requests, at "
+                        "seeded places; TTFT and E2EL are then also reported for short and long requests apart")
+    p.add_argument("--long-prompt-len", type=int, default=4000, help="tokens of each long prompt")
     p.add_argument("--metric-percentiles", default="99", help="comma-separated percentiles of the latencies")
     p.add_argument("--label", default=None, help="prefix of the result file name (default: --backend)")
     p.add_argument("--save-result", action="store_true", help="write the results as JSON")
@@ -76,6 +80,8 @@ async def run(args: argparse.Namespace) -> dict:
         raise ValueError("--metadata takes KEY=VALUE pairs")
     work = load_workload(args, args.dataset_name, args.dataset_path)
     tokenizer = load_tokenizer_for(args.tokenizer or args.model)
+    if args.long_prompts:
+        work = with_long_prompts(work, tokenizer, args.long_prompts, args.long_prompt_len, args.seed)
     headers = {"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"} if os.environ.get("OPENAI_API_KEY") else {}
     limits = httpx.Limits(max_connections=args.max_concurrency, max_keepalive_connections=args.max_concurrency)
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=httpx.Timeout(6 * 3600.0),
@@ -92,12 +98,19 @@ async def run(args: argparse.Namespace) -> dict:
               **metadata}
     result.update(summarize(records, duration, percentiles))
     result.update(spec_result(before, after))
+    if args.long_prompts:
+        result.update(by_length(records, duration, percentiles))
     if args.save_detailed:
         result.update({"input_lens": [r.prompt_len for r in records], "output_lens": [r.output_tokens for r in records],
                        "ttfts": [r.ttft for r in records], "itls": [r.itl for r in records],
                        "latencies": [r.latency for r in records], "generated_texts": [r.text for r in records],
                        "errors": [r.error for r in records]})
     print(report(result, percentiles))
+    if args.long_prompts:
+        for group in ("short", "long"):
+            print(f"{group} requests: {result[f'{group}_completed']}, TTFT median {result[f'{group}_median_ttft_ms']:.1f} ms, "
+                  + ", ".join(f"P{p:g} {result[f'{group}_p{p:g}_ttft_ms']:.1f} ms" for p in percentiles)
+                  + f"; E2EL median {result[f'{group}_median_e2el_ms']:.1f} ms")
     errors = [r.error for r in records if r.error]
     if errors:
         print(f"peagle: {len(errors)} requests failed; the first: {errors[0]}", file=sys.stderr)
@@ -107,6 +120,42 @@ async def run(args: argparse.Namespace) -> dict:
         path.write_text(json.dumps(result) + "\n")
         print(f"peagle: wrote {path}", file=sys.stderr)
     return result
+
+
+def with_long_prompts(work: Workload, tokenizer, n: int, length: int, seed: int) -> Workload:
+    """``work`` with ``n`` long prompts of ``length`` tokens (its own prompts' text, run together and
+    asked to be summarised) put among its prompts at seeded places."""
+    import dataclasses
+    import random
+
+    from peagle.prompts import Prompt
+
+    if n < 0 or length < 1:
+        raise ValueError("--long-prompts must be >= 0 and --long-prompt-len >= 1")
+    text = "\n\n".join(p.text for p in work.prompts)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = (ids * (length // max(len(ids), 1) + 1))[:length]
+    body = "Summarize the following text.\n\n" + tokenizer.decode(ids)
+    prompts = list(work.prompts)
+    rng = random.Random(seed)
+    for i in range(n):
+        prompts.insert(rng.randrange(len(prompts) + 1), Prompt(f"long:{i}", "long", [body]))
+    return dataclasses.replace(work, prompts=prompts)
+
+
+def by_length(records, duration: float, percentiles: tuple[float, ...]) -> dict:
+    """TTFT and E2EL statistics of the requests with the long prompts and of the others."""
+    from peagle.bench.metrics import summarize
+
+    out = {}
+    for group, recs in (("short", [r for r in records if r.source != "long"]),
+                        ("long", [r for r in records if r.source == "long"])):
+        part = summarize(recs, duration, percentiles)
+        out[f"{group}_completed"] = part["completed"]
+        for key in ("ttft", "e2el"):
+            for stat in ("mean", "median", *(f"p{p:g}" for p in percentiles)):
+                out[f"{group}_{stat}_{key}_ms"] = part[f"{stat}_{key}_ms"]
+    return out
 
 
 async def first_model(client, base: str) -> str:
@@ -172,7 +221,7 @@ async def send_all(client, args: argparse.Namespace, work: Workload, tokenizer, 
     bar = tqdm(total=work.num_requests, desc="bench serve", unit="req", file=sys.stderr, disable=args.disable_tqdm)
     records: list[RequestRecord] = []
 
-    async def conversation(turns: list[str], delay: float, t0: float):
+    async def conversation(turns: list[str], source: str, delay: float, t0: float):
         await asyncio.sleep(max(0.0, t0 + delay - time.perf_counter()))
         answers: list[str] = []
         for _ in turns:
@@ -187,7 +236,7 @@ async def send_all(client, args: argparse.Namespace, work: Workload, tokenizer, 
             else:
                 body["prompt"] = render(tokenizer, msgs, work.chat)
                 prompt_len = len(tokenizer(body["prompt"])["input_ids"])
-            rec = RequestRecord(prompt_len=prompt_len)
+            rec = RequestRecord(prompt_len=prompt_len, source=source)
             records.append(rec)
             if limit is None:
                 await stream(client, args.endpoint, body, rec)
@@ -204,7 +253,7 @@ async def send_all(client, args: argparse.Namespace, work: Workload, tokenizer, 
 
     delays = arrival_times(len(work.prompts), args.request_rate, args.burstiness, args.seed)
     t0 = time.perf_counter()
-    await asyncio.gather(*(conversation(work.turns(p), d, t0) for p, d in zip(work.prompts, delays)))
+    await asyncio.gather(*(conversation(work.turns(p), p.source, d, t0) for p, d in zip(work.prompts, delays)))
     duration = time.perf_counter() - t0
     bar.close()
     return records, duration
