@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefill long prompts in chunks that share steps with running requests (default: on)")
     v.add_argument("--long-prefill-token-threshold", type=int, default=None,
                    help="a prompt with more tokens left to prefill is long: it gets at most this many tokens a "
-                        "step while other requests run (default: a quarter of --max-num-batched-tokens)")
+                        "step while other requests run (default: an eighth of --max-num-batched-tokens)")
     v.add_argument("--max-num-partial-prefills", type=int, default=8,
                    help="prompts prefilled side by side (chunked prefill)")
     v.add_argument("--max-long-partial-prefills", type=int, default=1,

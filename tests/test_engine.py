@@ -747,8 +747,8 @@ def test_fair_prefill_settings_are_checked():
                     (dict(max_num_partial_prefills=2, max_long_partial_prefills=3), "must not exceed")):
         with pytest.raises(ValueError, match=msg):
             EngineConfig(**kw)
-    assert EngineConfig(max_num_batched_tokens=2048).long_prefill == 512
-    assert EngineConfig(long_prefill_token_threshold=0).long_prefill == 512  # vLLM's 0: the default
+    assert EngineConfig(max_num_batched_tokens=2048).long_prefill == 256
+    assert EngineConfig(long_prefill_token_threshold=0).long_prefill == 256  # vLLM's 0: the default
 
 
 @pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])

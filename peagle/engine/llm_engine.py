@@ -49,7 +49,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True     # off: a prompt is prefilled whole (a longer one runs alone)
     # fair prefill (vLLM's names; with chunked prefill): a prompt with more tokens left to prefill than
     # the threshold is long and gets at most that many a step while anything else runs (None or 0, as
-    # vLLM: a quarter of max_num_batched_tokens, BENCHMARKS.md §13); prompts prefill side by side, this many
+    # vLLM: an eighth of max_num_batched_tokens, BENCHMARKS.md §13); prompts prefill side by side, this many
     # at most, of them this many long ones
     long_prefill_token_threshold: int | None = None
     max_num_partial_prefills: int = 8
@@ -86,7 +86,7 @@ class EngineConfig:
     @property
     def long_prefill(self) -> int:
         """The long-prompt threshold in force."""
-        return self.long_prefill_token_threshold or max(1, self.max_num_batched_tokens // 4)
+        return self.long_prefill_token_threshold or max(1, self.max_num_batched_tokens // 8)
 
 
 @dataclass
