@@ -316,6 +316,18 @@ def test_bench_serving_refuses_llamacpp_on_another_target(capsys):
     assert rc == 1 and "default model only" in capsys.readouterr().err
 
 
+def test_bench_offline_sampled_outputs_equal_plain_decoding(tiny_chat_dir, head_dir, prompts_file, capsys):
+    """Sampled (request n seeded with --seed + n), float32: every speculative cell writes what `none` writes."""
+    rc = main(["bench", "offline", "--target", str(tiny_chat_dir), "--drafter", str(head_dir), "-k", "2,auto",
+               "--max-concurrency", "2", "--dataset-name", "custom", "--dataset-path", str(prompts_file),
+               "--num-prompts", "3", "--output-len", "8", "--temperature", "0.8", "--dtype", "float32", "--json",
+               "--disable-tqdm", "--enforce-eager"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    cells = json.loads(printed.out.strip().splitlines()[-1])["cells"]
+    assert len(cells) == 5 and all(c["agrees_with_none"] == 1.0 for c in cells if c["method"] != "none")
+
+
 def test_bench_sweep_tiny(tiny_chat_dir, head_dir, prompts_file, tmp_path, capsys):
     out = tmp_path / "sweep"
     rc = main(["bench", "sweep", "--target", str(tiny_chat_dir), "--drafter", str(head_dir), "-k", "1,2",

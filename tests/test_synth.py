@@ -63,6 +63,24 @@ def test_formats_resume_and_torn_lines(tiny_chat_dir, prompt_files, tmp_path):
         sorted((r["id"], r["response_token_ids"]) for r in records(out))
 
 
+def test_sampled_responses_are_the_same_whatever_the_engine_drafts(tiny_chat_dir, prompt_files, tmp_path):
+    """Each response samples with a seed of its own (from its id and --seed), keyed by position: an
+    engine that drafts (P-EAGLE at K=3, EAGLE-3 with K chosen by the engine) writes the responses
+    plain decoding writes (float32, where the guarantee holds); another --seed writes others."""
+    def run(name, seed=3, **engine_kw):
+        engine = LLMEngine.from_pretrained(str(tiny_chat_dir), dtype="float32", max_num_seqs=4, max_model_len=256,
+                                           **engine_kw)
+        synthesize(engine, prompt_files, tmp_path / name, num_prompts=6, temperature=1.0, max_new_tokens=10,
+                   seed=seed, progress=False)
+        return {r["id"]: r["response_token_ids"] for r in records(tmp_path / name)}
+
+    plain = run("none", method="none")
+    assert len(plain) == 6
+    assert run("parallel", method="parallel", k=3) == plain
+    assert run("eagle3", method="eagle3", k="auto") == plain
+    assert run("other-seed", seed=4, method="none") != plain
+
+
 def test_bad_prompt_file(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text(json.dumps({"text": "no known field"}) + "\n")
