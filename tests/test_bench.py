@@ -183,16 +183,21 @@ def prompts_file(tmp_path):
     return write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Name {i} colours."} for i in range(4)])
 
 
-def test_bench_serve_against_peagle_serve(server, tiny_chat_dir, prompts_file, tmp_path, monkeypatch, capsys):  # noqa: F811
-    monkeypatch.setenv("OPENAI_API_KEY", KEY)
-    out = tmp_path / "result.json"
-    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{server}", "--model", str(tiny_chat_dir),
+def bench_serve(port, model_dir, prompts_file, out, capsys, *extra) -> tuple[dict, str]:
+    """``peagle bench serve`` against the tiny server on the custom prompts: (saved result, printed report)."""
+    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{port}", "--model", str(model_dir),
                "--served-model-name", "tiny", "--dataset-name", "custom", "--dataset-path", str(prompts_file),
-               "--num-prompts", "4", "--max-concurrency", "2", "--temperature", "0", "--custom-output-len", "8",
-               "--ignore-eos", "--save-result", "--result-filename", str(out), "--disable-tqdm"])
+               "--num-prompts", "4", "--temperature", "0", "--ignore-eos", "--save-result",
+               "--result-filename", str(out), "--disable-tqdm", *extra])
     printed = capsys.readouterr()
     assert rc == 0, printed.err
-    res = json.loads(out.read_text())
+    return json.loads(out.read_text()), printed.out
+
+
+def test_bench_serve_against_peagle_serve(server, tiny_chat_dir, prompts_file, tmp_path, monkeypatch, capsys):  # noqa: F811
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    res, printed = bench_serve(server, tiny_chat_dir, prompts_file, tmp_path / "result.json", capsys,
+                               "--max-concurrency", "2", "--custom-output-len", "8")
     for key in ("completed", "failed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
                 "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
                 "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "max_concurrency",
@@ -205,26 +210,19 @@ def test_bench_serve_against_peagle_serve(server, tiny_chat_dir, prompts_file, t
     assert res["spec_decode_num_drafts"] > 0 and len(rates) == 3
     al = 1 + res["spec_decode_accepted_tokens"] / res["spec_decode_num_drafts"]
     assert res["acceptance_length"] == pytest.approx(al) == pytest.approx(1 + sum(rates))
-    assert "Serving Benchmark Result" in printed.out and "Acceptance length:" in printed.out
+    assert "Serving Benchmark Result" in printed and "Acceptance length:" in printed
 
 
 def test_bench_serve_mixed_long_prompts(server, tiny_chat_dir, prompts_file, tmp_path, monkeypatch, capsys):  # noqa: F811
     """Long prompts mixed among the short ones, Poisson arrivals: TTFT and E2EL for each group."""
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
-    out = tmp_path / "mixed.json"
-    rc = main(["bench", "serve", "--base-url", f"http://127.0.0.1:{server}", "--model", str(tiny_chat_dir),
-               "--served-model-name", "tiny", "--dataset-name", "custom", "--dataset-path", str(prompts_file),
-               "--num-prompts", "4", "--long-prompts", "2", "--long-prompt-len", "60", "--request-rate", "20",
-               "--custom-output-len", "4", "--temperature", "0", "--ignore-eos", "--save-result",
-               "--result-filename", str(out), "--disable-tqdm"])
-    printed = capsys.readouterr()
-    assert rc == 0, printed.err
-    res = json.loads(out.read_text())
+    res, printed = bench_serve(server, tiny_chat_dir, prompts_file, tmp_path / "mixed.json", capsys, "--long-prompts",
+                               "2", "--long-prompt-len", "60", "--request-rate", "20", "--custom-output-len", "4")
     assert (res["completed"], res["short_completed"], res["long_completed"]) == (6, 4, 2)
     assert res["total_input_tokens"] > 2 * 60
     for group in ("short", "long"):
         assert res[f"{group}_p99_ttft_ms"] >= res[f"{group}_median_ttft_ms"] > 0 and res[f"{group}_median_e2el_ms"] > 0
-        assert f"{group} requests:" in printed.out
+        assert f"{group} requests:" in printed
 
 
 def test_bench_serve_errors_are_one_line(tiny_chat_dir, prompts_file, capsys):

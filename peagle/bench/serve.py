@@ -99,7 +99,7 @@ async def run(args: argparse.Namespace) -> dict:
     result.update(summarize(records, duration, percentiles))
     result.update(spec_result(before, after))
     if args.long_prompts:
-        result.update(by_length(records, duration, percentiles))
+        result.update(by_group(records, duration, percentiles))
     if args.save_detailed:
         result.update({"input_lens": [r.prompt_len for r in records], "output_lens": [r.output_tokens for r in records],
                        "ttfts": [r.ttft for r in records], "itls": [r.itl for r in records],
@@ -143,7 +143,7 @@ def with_long_prompts(work: Workload, tokenizer, n: int, length: int, seed: int)
     return dataclasses.replace(work, prompts=prompts)
 
 
-def by_length(records, duration: float, percentiles: tuple[float, ...]) -> dict:
+def by_group(records, duration: float, percentiles: tuple[float, ...]) -> dict:
     """TTFT and E2EL statistics of the requests with the long prompts and of the others."""
     from peagle.bench.metrics import summarize
 

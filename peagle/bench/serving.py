@@ -26,7 +26,9 @@ from pathlib import Path
 
 from peagle.bench import llamacpp
 from peagle.bench.workload import add_dataset_args, load_workload
+from peagle.runtime import DTYPE_CHOICES
 
+SYSTEMS = ("peagle-none", "peagle-parallel", "peagle-eagle3", *(f"llamacpp-{k}" for k in llamacpp.FTYPES))
 KEYS = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "acceptance_length", "completed", "failed")
 
 
@@ -38,7 +40,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--systems", default="peagle-none,peagle-parallel,llamacpp-F32,llamacpp-BF16",
                    help="comma-separated: peagle-none|parallel|eagle3, llamacpp-F32|F16|BF16|Q8_0|Q4_1")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated requests in flight")
-    p.add_argument("--dtype", default="auto", help="peagle's dtype (servers and offline engine)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="peagle's dtype (servers and offline engine)")
     p.add_argument("--repeats", type=int, default=1, help="rounds over every system (medians are reported)")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--json", default=None, help="also write every measurement to this JSON file")
@@ -49,10 +51,9 @@ def main(args: argparse.Namespace) -> int:
 
     systems = parse_list(args.systems, str)
     concurrencies = parse_list(args.concurrency)
-    bad = [s for s in systems if s.removeprefix("peagle-") not in ("none", "parallel", "eagle3")
-           and s.removeprefix("llamacpp-") not in llamacpp.FTYPES]
+    bad = [s for s in systems if s not in SYSTEMS]
     if bad:
-        raise ValueError(f"unknown system {bad[0]!r}; see --help")
+        raise ValueError(f"unknown system {bad[0]!r}; choose from {', '.join(SYSTEMS)}")
     if min(concurrencies) < 1 or args.repeats < 1:
         raise ValueError("--concurrency and --repeats must be >= 1")
     if any(s.startswith("llamacpp-") for s in systems):
