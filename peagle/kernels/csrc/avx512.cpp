@@ -1,0 +1,75 @@
+// AVX-512 (Zen 4/5, Intel Xeon since Skylake-SP): 16 lanes, 32 registers. Chosen at run time.
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "attention_tiles.h"
+#include "linear_tiles.h"
+
+namespace peagle {
+namespace {
+
+struct Avx512 {
+  static constexpr int LANES = 16;
+  static constexpr int RMAX = 8, RWIDE = 6;
+  static constexpr int columns(int R) { return R <= 2 ? 8 : R <= 6 ? 4 : 2; }
+  using vec = __m512;
+  static vec zero() { return _mm512_setzero_ps(); }
+  static vec load_x(const float* p) { return _mm512_loadu_ps(p); }
+  static vec load_x_tail(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p); }
+  template <WType T>
+  static vec load_w(const void* w, int64_t i) {
+    if constexpr (T == WType::f32) {
+      return _mm512_loadu_ps(static_cast<const float*>(w) + i);
+    } else {
+      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
+      if constexpr (T == WType::f16) return _mm512_cvtph_ps(h);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));  // bf16: a float's top half
+    }
+  }
+  template <WType T>
+  static vec load_w_tail(const void* w, int64_t i, int64_t n) {
+    constexpr int B = T == WType::f32 ? 4 : 2;
+    alignas(64) uint8_t buf[64] = {0};
+    std::memcpy(buf, static_cast<const uint8_t*>(w) + i * B, n * B);
+    return load_w<T>(buf, 0);
+  }
+  static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+  // acc *= c and acc += p * v over d floats, elementwise (the same bits as scalar mul and fmaf)
+  static void scale(float* acc, float c, int64_t d) {
+    int64_t e = 0;
+    for (; e + LANES <= d; e += LANES) _mm512_storeu_ps(acc + e, _mm512_mul_ps(_mm512_loadu_ps(acc + e), _mm512_set1_ps(c)));
+    for (; e < d; ++e) acc[e] *= c;
+  }
+  static void axpy(float* acc, float p, const float* v, int64_t d) {
+    int64_t e = 0;
+    for (; e + LANES <= d; e += LANES)
+      _mm512_storeu_ps(acc + e, _mm512_fmadd_ps(_mm512_set1_ps(p), _mm512_loadu_ps(v + e), _mm512_loadu_ps(acc + e)));
+    for (; e < d; ++e) acc[e] = std::fma(p, v[e], acc[e]);
+  }
+  static float hsum(vec v) {  // (l + l+8) for l < 8, then the 8-lane tree of linear_avx2.cpp
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  }
+};
+
+template <WType T>
+void run(const LinearArgs& a, int64_t n0, int64_t n1) { run_tiles<Avx512, T>(a, n0, n1); }
+
+}  // namespace
+
+void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1) {
+  switch (a.wtype) {
+    case WType::f32: return run<WType::f32>(a, n0, n1);
+    case WType::f16: return run<WType::f16>(a, n0, n1);
+    case WType::bf16: return run<WType::bf16>(a, n0, n1);
+  }
+}
+
+void attention_avx512(const AttnArgs& a, int64_t i0, int64_t i1) { attention_items<Avx512>(a, i0, i1); }
+
+}  // namespace peagle

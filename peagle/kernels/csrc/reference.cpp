@@ -1,0 +1,98 @@
+// The scalar references: a SIMD path's lane order and FMAs (``lanes`` its width), one output at a time.
+#include <cmath>
+#include <cstring>
+
+#include "attention_tiles.h"
+#include "kernels.h"
+
+namespace peagle {
+namespace {
+
+// Vector traits in plain C++: L lanes, lane l of a dot product summing elements l, l+L, ... (fmaf).
+template <int L>
+struct Lanes {
+  static constexpr int LANES = L;
+  struct vec {
+    float v[L];
+  };
+  static vec zero() { return vec{}; }
+  static vec load_x(const float* p) {
+    vec r;
+    std::memcpy(r.v, p, sizeof r.v);
+    return r;
+  }
+  static vec load_x_tail(const float* p, int64_t n) {
+    vec r{};
+    std::memcpy(r.v, p, n * 4);
+    return r;
+  }
+  static vec fma(vec a, vec b, vec c) {
+    for (int i = 0; i < L; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+    return c;
+  }
+  static float hsum(vec x) {  // lane l+8 into lane l (16 lanes), then ((0+4)+(2+6)) + ((1+5)+(3+7))
+    if (L == 16)
+      for (int i = 0; i < 8; ++i) x.v[i] += x.v[i + 8];
+    return ((x.v[0] + x.v[4]) + (x.v[2] + x.v[6])) + ((x.v[1] + x.v[5]) + (x.v[3] + x.v[7]));
+  }
+  static void scale(float* acc, float c, int64_t d) {
+    for (int64_t e = 0; e < d; ++e) acc[e] *= c;
+  }
+  static void axpy(float* acc, float p, const float* v, int64_t d) {
+    for (int64_t e = 0; e < d; ++e) acc[e] = std::fma(p, v[e], acc[e]);
+  }
+};
+
+}  // namespace
+
+static inline float load_w(const void* w, WType t, int64_t i) {
+  switch (t) {
+    case WType::f32: return static_cast<const float*>(w)[i];
+    case WType::bf16: {
+      uint32_t bits = uint32_t(static_cast<const uint16_t*>(w)[i]) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    case WType::f16: {  // IEEE half to float, subnormals included
+      uint16_t h = static_cast<const uint16_t*>(w)[i];
+      uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+      float f;
+      if (exp == 0) {
+        f = std::ldexp(float(man), -24);
+        uint32_t b;
+        std::memcpy(&b, &f, 4);
+        b |= sign;
+        std::memcpy(&f, &b, 4);
+        return f;
+      }
+      uint32_t bits = sign | (exp == 31 ? (0xffu << 23) | (man << 13) : ((exp + 112) << 23) | (man << 13));
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+  }
+  return 0.f;
+}
+
+void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes) {
+  for (int64_t m = 0; m < a.M; ++m) {
+    const float* x = a.x + m * a.ldx;
+    for (int64_t n = n0; n < n1; ++n) {
+      float lane[16] = {0};
+      for (int64_t k = 0; k < a.K; ++k) lane[k % lanes] = std::fmaf(load_w(a.w, a.wtype, n * a.K + k), x[k], lane[k % lanes]);
+      if (lanes == 16)
+        for (int l = 0; l < 8; ++l) lane[l] += lane[l + 8];
+      float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+      a.y[m * a.ldy + n] = a.bias ? s + a.bias[n] : s;
+    }
+  }
+}
+
+void attention_ref(const AttnArgs& a, int64_t i0, int64_t i1, int lanes) {
+  if (lanes == 16)
+    attention_items<Lanes<16>>(a, i0, i1);
+  else
+    attention_items<Lanes<8>>(a, i0, i1);
+}
+
+}  // namespace peagle

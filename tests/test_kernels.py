@@ -1,0 +1,203 @@
+"""peagle's native CPU kernels (peagle/kernels): every instruction set this CPU runs gives the bits of
+the scalar reference of its lane order, a row's result does not depend on how many rows share the
+pass (batch invariance), results are float32-accurate against float64, and without the kernels
+(``PEAGLE_NATIVE=0``, or not built) the models run on torch's matmul with the same results up to
+rounding. ``make setup`` builds the kernels: here they must be there unless turned off."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from peagle import kernels
+
+LANES = {"avx512": 16, "avx2": 8, "scalar": 8}
+WTYPES = (torch.float32, torch.float16, torch.bfloat16)
+NATIVE_OFF = os.environ.get("PEAGLE_NATIVE") == "0"
+
+
+def isas() -> list[str]:
+    """The instruction sets this CPU runs, widest first."""
+    best = kernels.isa()
+    return list(LANES)[list(LANES).index(best):]
+
+
+native = pytest.mark.skipif(NATIVE_OFF, reason="PEAGLE_NATIVE=0: the torch path is under test")
+
+
+@native
+def test_the_kernels_are_built():
+    assert kernels.available(), "the native kernels are not built: `make setup` builds them"
+    assert kernels.isa() in LANES
+
+
+def case(m: int, k: int, n: int, wtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(wtype)
+    b = torch.randn(n, generator=g)
+    return x, w, b
+
+
+@native
+@pytest.mark.parametrize("wtype", WTYPES)
+@pytest.mark.parametrize("k,n", [(64, 40), (576, 96), (77, 13), (1536, 24)])  # 77: a tail in every lane width
+def test_each_isa_gives_the_bits_of_its_reference(wtype, k, n):
+    x, w, b = case(70, k, n, wtype)  # 70 rows: full tiles, leftover rows, and a second row chunk
+    for isa in isas():
+        for bias in (None, b):
+            got = torch.ops.peagle.linear(x, w, bias, isa)
+            assert torch.equal(got, torch.ops.peagle.linear_ref(x, w, bias, LANES[isa])), (isa, wtype, k, n)
+
+
+@native
+@pytest.mark.parametrize("wtype", WTYPES)
+def test_a_rows_result_does_not_depend_on_the_pass(wtype):
+    """Each row alone, and in passes of every height from 1 to 70 rows, gives the same bits."""
+    x, w, b = case(70, 576, 72, wtype, seed=1)
+    for isa in isas():
+        alone = torch.cat([torch.ops.peagle.linear(x[i:i + 1], w, b, isa) for i in range(len(x))])
+        for m in range(1, len(x) + 1):
+            assert torch.equal(torch.ops.peagle.linear(x[:m], w, b, isa), alone[:m]), (isa, wtype, m)
+        assert torch.equal(torch.ops.peagle.linear(x[3:11], w, b, isa), alone[3:11])  # any rows, any offset
+
+
+@native
+@pytest.mark.parametrize("wtype", WTYPES)
+def test_results_are_float32_accurate(wtype):
+    x, w, b = case(9, 1536, 64, wtype, seed=2)
+    exact = x.double() @ w.double().t() + b.double()
+    got = torch.ops.peagle.linear(x.view(3, 3, -1), w, b).view(9, -1)  # leading dims kept
+    assert (got.double() - exact).abs().max() < 1e-5 * exact.abs().max()
+
+
+@native
+def test_the_reference_is_not_blind_to_lane_order():
+    """The bitwise checks above could not fail if every lane order gave the same bits: they do not."""
+    x, w, b = case(16, 1536, 64, torch.float32, seed=3)
+    assert not torch.equal(torch.ops.peagle.linear_ref(x, w, b, 8), torch.ops.peagle.linear_ref(x, w, b, 16))
+
+
+@native
+def test_bad_input_is_refused_clearly():
+    x, w, _ = case(2, 64, 8, torch.float16)
+    with pytest.raises(RuntimeError, match="x must be float32"):
+        torch.ops.peagle.linear(x.half(), w)
+    with pytest.raises(RuntimeError, match="features"):
+        torch.ops.peagle.linear(x[:, :32], w)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        torch.ops.peagle.linear(x, w.t().contiguous().t())
+    with pytest.raises(RuntimeError, match="unknown instruction set"):
+        torch.ops.peagle.linear(x, w, None, "sse9")
+
+
+FALLBACK = """
+import os, sys, torch
+from peagle import kernels
+from peagle.models import layers
+print(kernels.available(), kernels.isa())
+x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+w = torch.randn(24, 64, generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    torch.save(layers.linear(x, w), sys.argv[1])
+"""
+
+
+def test_fallback_takes_over_and_agrees_with_the_kernels(tmp_path):
+    """With the kernels turned off, one notice-free ``False`` and torch's matmul; same results up to rounding."""
+    outs = {}
+    for flag in ("0", "1"):
+        env = {**os.environ, "PEAGLE_NATIVE": flag}
+        out = subprocess.run([sys.executable, "-c", FALLBACK, str(tmp_path / flag)], env=env, capture_output=True,
+                             text=True, check=True)
+        outs[flag] = (out.stdout.split(), torch.load(tmp_path / flag))
+    assert outs["0"][0] == ["False", "none"]
+    assert outs["1"][0][0] == "True"
+    torch.testing.assert_close(outs["0"][1], outs["1"][1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_missing_build_says_so_and_falls_back(tmp_path, monkeypatch, capsys):
+    was = kernels.available()
+    monkeypatch.setattr(kernels, "LIBRARY", tmp_path / "nothing.so")
+    monkeypatch.delenv("PEAGLE_NATIVE", raising=False)
+    kernels.available.cache_clear()
+    try:
+        assert kernels.available() is False
+        assert "native kernels not built (run `make setup`)" in capsys.readouterr().err
+    finally:
+        monkeypatch.undo()
+        kernels.available.cache_clear()
+    assert kernels.available() == was
+
+
+def paged_case(d: int = 64, H: int = 9, Hkv: int = 3, bs: int = 16, seed: int = 0):
+    """Three sequences (contexts 5, 70 and 200 keys) in shuffled blocks of a pool; rows at the last
+    positions of each (decode and verify rows)."""
+    g = torch.Generator().manual_seed(seed)
+    ctx = [5, 70, 200]
+    nblocks = sum(-(-c // bs) for c in ctx)
+    order = torch.randperm(nblocks, generator=g).tolist()
+    tables, i = [], 0
+    for c in ctx:
+        n = -(-c // bs)
+        tables.append(order[i:i + n] + [0] * (13 - n))
+        i += n
+    slots = nblocks * bs
+    k, v = torch.randn(slots + 1, Hkv, d, generator=g) * 2, torch.randn(slots + 1, Hkv, d, generator=g)
+    seq = [0, 0, 1, 2, 2, 2, 2, 2, 2, 2, 2]
+    pos = [3, 4, 69] + list(range(192, 200))
+    q = torch.randn(len(seq), H, d, generator=g)
+    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return q, k, v, as_long(tables), as_long(seq), as_long(pos), bs
+
+
+def attention_f64(q, k, v, table, seq, pos, bs, window=0, sinks=None):
+    """Plain softmax attention in float64, one row at a time."""
+    H, d, Hkv = q.shape[1], q.shape[2], k.shape[1]
+    out = torch.empty(q.shape[0], H * d, dtype=torch.float64)
+    for r in range(q.shape[0]):
+        p = int(pos[r])
+        keys = torch.arange(max(0, p - window + 1) if window else 0, p + 1)
+        slot = table[seq[r], keys // bs] * bs + keys % bs
+        for h in range(H):
+            kv = h // (H // Hkv)
+            s = (k[slot, kv].double() @ q[r, h].double()) * d ** -0.5
+            if sinks is not None:
+                s = torch.cat([s, sinks[h].double().view(1)])
+            pr = s.softmax(0)[:len(slot)]
+            out[r, h * d:(h + 1) * d] = pr @ v[slot, kv].double()
+    return out
+
+
+@native
+@pytest.mark.parametrize("d", [64, 24])  # 24: a tail in every lane width
+@pytest.mark.parametrize("window", [0, 50])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_attention_matches_its_reference_and_float64(d, window, with_sinks):
+    q, k, v, table, seq, pos, bs = paged_case(d)
+    sinks = torch.randn(q.shape[1]) if with_sinks else None
+    rows = torch.arange(q.shape[0])
+    exact = attention_f64(q, k, v, table, seq, pos, bs, window, sinks)
+    for isa in isas():
+        got = torch.ops.peagle.attention(q, k, v, table, seq, pos, rows, bs, window, d ** -0.5, sinks, isa)
+        ref = torch.ops.peagle.attention_ref(q, k, v, table, seq, pos, rows, bs, window, d ** -0.5, sinks, LANES[isa])
+        assert torch.equal(got, ref), isa
+        assert (got.double() - exact).abs().max() < 1e-5, isa
+
+
+@native
+def test_an_attention_rows_result_does_not_depend_on_the_pass():
+    """Each row alone, and every subset of rows, gives the same bits as the whole pass."""
+    q, k, v, table, seq, pos, bs = paged_case()
+    for isa in isas():
+        full = torch.ops.peagle.attention(q, k, v, table, seq, pos, torch.arange(len(q)), bs, 0, 0.125, None, isa)
+        for r in range(len(q)):
+            one = torch.ops.peagle.attention(q, k, v, table, seq, pos, torch.tensor([r]), bs, 0, 0.125, None, isa)
+            assert torch.equal(one[r], full[r]), (isa, r)
+        # the same sequence's row handed in as the only row of its own pass (another q tensor, another table)
+        alone = torch.ops.peagle.attention(q[5:6].clone(), k, v, table[2:3].clone(), torch.tensor([0]), pos[5:6].clone(),
+                                           torch.tensor([0]), bs, 0, 0.125, None, isa)
+        assert torch.equal(alone[0], full[5])
