@@ -36,7 +36,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = {
         "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
         "method": args.method, "k": 0 if args.method == "none" else args.k,
-        "device": str(engine.device), "dtype": dtype_name(engine.dtype), "cuda_graphs": engine.graphs is not None,
+        "device": str(engine.device), "dtype": dtype_name(engine.weight_dtype), "compute_dtype": dtype_name(engine.dtype),
+        "kernels": engine.kernels, "cuda_graphs": engine.graphs is not None,
         "num_prompt_tokens": len(ids), "num_output_tokens": len(out.token_ids),
         "acceptance_length": round(s.acceptance_length, 4),
         "per_position_acceptance": [round(x, 4) for x in s.per_position_acceptance],
@@ -51,7 +52,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(out.text)
         pos = ", ".join(f"{x:.2f}" for x in s.per_position_acceptance)
         print(f"\n[{args.method}{'' if args.method == 'none' else f' K={args.k}'}, {engine.device} "
-              f"{dtype_name(engine.dtype)}] "
+              f"{engine.precision}, {engine.kernels} kernels] "
               f"{result['num_output_tokens']} tokens in {elapsed:.2f}s ({result['output_tokens_per_s']} tok/s), "
               f"acceptance length {s.acceptance_length:.2f}, per-position acceptance [{pos}]", file=sys.stderr)
     return 0
@@ -102,7 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     info = async_engine.info
     name = args.served_model_name or (args.target or "SmolLM2-135M-Instruct")
     how = spec["method"] if spec["method"] == "none" else f"{spec['method']}, K={spec['k']}"
-    how += ", CUDA graphs" if info.cuda_graphs else ""
+    how += ", CUDA graphs" if info.cuda_graphs else f", {info.kernels} kernels"
     print(f"peagle: serving {name} on {info.device} in {info.dtype} ({how}) at http://{args.host}:{args.port} "
           f"(engine process {info.pid})", file=sys.stderr, flush=True)
     try:

@@ -1,7 +1,12 @@
 """Where and in what precision peagle runs: ``--device`` and ``--dtype``, resolved as vLLM names them.
 
-``auto`` picks CUDA when present; the dtype is bfloat16 on CUDA and on CPUs that multiply bf16
-natively (AVX512_BF16 or AMX), float32 elsewhere (float16 has no fast CPU GEMM).
+``--dtype`` names the weights' dtype. On CUDA the arithmetic runs in it too (bfloat16 for ``auto``).
+On the CPU, where peagle's native kernels run (:mod:`peagle.kernels`), the arithmetic is float32
+whatever the weights are, as in llama.cpp's F32/F16/BF16 files: a decode step reads the weights once
+(16-bit weights: half the bytes) and every row's result is the same bits however many rows share the
+pass. ``auto`` there is float16 weights (the fastest end to end, BENCHMARKS.md §15). Without the kernels
+the CPU falls back to torch's matmul with one dtype for both: bfloat16 on CPUs that multiply it
+natively (AVX512_BF16 or AMX), else float32.
 """
 from __future__ import annotations
 
@@ -60,26 +65,52 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     return dev
 
 
+def native_cpu(device: torch.device) -> bool:
+    """Whether peagle's own CPU kernels run the linear layers on ``device``."""
+    from peagle import kernels
+
+    return device.type == "cpu" and kernels.available()
+
+
 def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``auto``/None -> bfloat16 on CUDA and on native-bf16 CPUs, else float32."""
+    """The weights' dtype. ``auto``/None -> bfloat16 on CUDA, float16 on the CPU with the native
+    kernels; without them bfloat16 on native-bf16 CPUs, else float32."""
     if isinstance(name, torch.dtype):
         return name
     if name in (None, "", "auto"):
-        return torch.bfloat16 if device.type == "cuda" or cpu_has_native_bf16() else torch.float32
+        if device.type == "cuda":
+            return torch.bfloat16
+        if native_cpu(device):
+            return torch.float16
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}")
     return DTYPES[name]
+
+
+def compute_dtype(weights: torch.dtype, device: torch.device) -> torch.dtype:
+    """The activations' (and KV cache's) dtype for weights in ``weights``: float32 where the native CPU
+    kernels run, else the weights' own."""
+    return torch.float32 if native_cpu(device) else weights
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def precision_name(weights: torch.dtype, compute: torch.dtype) -> str:
+    """``bfloat16``, or ``float16 weights, float32 compute`` where the two differ."""
+    if weights == compute:
+        return dtype_name(weights)
+    return f"{dtype_name(weights)} weights, {dtype_name(compute)} compute"
+
+
 def add_runtime_args(p, engine: bool = False) -> None:
     """``--dtype`` and ``--device`` for a command-line parser, as vLLM names them; with ``engine``
     (commands that run the engine) ``--enforce-eager`` too."""
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                   help="weights and activations: auto = bfloat16 on CUDA and on CPUs with native bf16, else float32")
+                   help="the weights' dtype: auto = bfloat16 on CUDA (the arithmetic too), float16 on the CPU "
+                        "(the arithmetic is float32 on the CPU, whatever the weights)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     if engine:
         p.add_argument("--enforce-eager", action="store_true",

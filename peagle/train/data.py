@@ -103,7 +103,7 @@ def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.Pa
         bar = tqdm(total=len(records), initial=len(records) - sum(len(shards[i]) for i in todo),
                    desc="hidden", unit="doc")
     meta = {"target_hidden_size": str(target.cfg.hidden_size), "aux_layers": json.dumps(list(target.aux_layers)),
-            "target_dtype": dtype_name(target.lm_weight.dtype)}
+            "target_dtype": dtype_name(target.weight_dtype)}
     for i in todo:
         taps, final, argmax = [], [], []
         for rec in shards[i]:

@@ -1,10 +1,11 @@
-"""Where the CPU-roofline issue starts on this machine: decode speed of llama.cpp's engine in-process
-(llama-cpp-python, F32 / BF16 / Q4_1 files made from the shipped one) against peagle's engine
-(`none` float32 and bf16, and `generate`'s defaults: P-EAGLE, K chosen by the engine, bf16), on the
-same MT-Bench prompts (chat template, token ids from peagle's tokenizer), greedy, 128 new tokens, EOS
-ignored. Decode rate = (tokens - 1) / (time after the first token); rounds interleave the systems.
+"""Decode speed of llama.cpp's engine in-process (llama-cpp-python; F32 / F16 / BF16 / Q4_1 files made
+from the shipped one), HF transformers (float32, bfloat16) and peagle's engine (`none` with float32,
+float16 and bfloat16 weights, and `generate`'s defaults: P-EAGLE, K chosen by the engine, auto dtype),
+on the same MT-Bench prompts (chat template, token ids from peagle's tokenizer), greedy, 128 new
+tokens, EOS ignored. Decode rate = (tokens - 1) / (time after the first token); rounds interleave the
+systems.
 
-    python docs/results/cpu-roofline/engines.py [ROUNDS] [PROMPTS]
+    python docs/results/cpu-roofline/engines.py [ROUNDS] [PROMPTS] [SYSTEMS]   # SYSTEMS: peagle,llama,hf
 """
 import statistics
 import sys
@@ -31,6 +32,27 @@ def peagle_system(method, dtype):
     return ids, run
 
 
+def hf_system(dtype, ids):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from peagle.models.loader import resolve_target
+
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_target(None)), dtype=getattr(torch, dtype)).eval()
+
+    def run(i):
+        x = torch.tensor([ids[i]])
+        with torch.inference_mode():
+            out = model(x, use_cache=True)
+            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            t = time.perf_counter()
+            for _ in range(N - 1):
+                out = model(tok, past_key_values=past, use_cache=True)
+                past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        return (N - 1) / (time.perf_counter() - t)
+    return run
+
+
 def llama_system(kind, ids):
     from llama_cpp import Llama
 
@@ -49,11 +71,20 @@ def llama_system(kind, ids):
     return run
 
 
-ids, none32 = peagle_system("none", "float32")
-systems = {"peagle none float32": none32, "peagle none bf16": peagle_system("none", "bfloat16")[1],
-           "peagle generate defaults (P-EAGLE, auto K, bf16)": peagle_system("parallel", "bfloat16")[1]}
-for kind in ("F32", "BF16", "Q4_1"):
-    systems[f"llama.cpp {kind}"] = llama_system(kind, ids)
+which = sys.argv[3].split(",") if len(sys.argv) > 3 else ["peagle", "llama", "hf"]
+ids, none16 = peagle_system("none", "auto")
+systems = {}
+if "peagle" in which:
+    systems["peagle none, float16 weights (auto)"] = none16
+    systems["peagle none, bfloat16 weights"] = peagle_system("none", "bfloat16")[1]
+    systems["peagle none, float32"] = peagle_system("none", "float32")[1]
+    systems["peagle generate defaults (P-EAGLE, auto K, auto dtype)"] = peagle_system("parallel", "auto")[1]
+if "llama" in which:
+    for kind in ("F32", "F16", "BF16", "Q4_1"):
+        systems[f"llama.cpp {kind}"] = llama_system(kind, ids)
+if "hf" in which:
+    for dtype in ("float32", "bfloat16"):
+        systems[f"HF transformers {dtype}"] = hf_system(dtype, ids)
 for run in systems.values():  # warm-up
     run(0)
 rates = {name: [] for name in systems}
