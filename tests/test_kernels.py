@@ -201,3 +201,33 @@ def test_an_attention_rows_result_does_not_depend_on_the_pass():
         alone = torch.ops.peagle.attention(q[5:6].clone(), k, v, table[2:3].clone(), torch.tensor([0]), pos[5:6].clone(),
                                            torch.tensor([0]), bs, 0, 0.125, None, isa)
         assert torch.equal(alone[0], full[5])
+
+
+@native
+def test_layer_ops_match_torch():
+    """rms_norm (alone and fused with the residual add), silu_mul and rope_write against torch's ops."""
+    import torch.nn.functional as F
+
+    from peagle.models.layers import apply_rope
+
+    g = torch.Generator().manual_seed(4)
+    x, r, w = (torch.randn(7, 576, generator=g) for _ in range(3))
+    w = w[0].contiguous()
+    torch.testing.assert_close(torch.ops.peagle.rms_norm(x, w, 1e-5), F.rms_norm(x, (576,), w, 1e-5))
+    y, h = torch.ops.peagle.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(h, x + r)
+    torch.testing.assert_close(y, F.rms_norm(x + r, (576,), w, 1e-5))
+    gu = torch.randn(5, 2 * 96, generator=g)
+    torch.testing.assert_close(torch.ops.peagle.silu_mul(gu), F.silu(gu[:, :96]) * gu[:, 96:])
+    T, H, Hkv, d = 4, 6, 2, 16
+    qkv = torch.randn(T, H + 2 * Hkv, d, generator=g)
+    cos, sin = torch.randn(T, 1, d, generator=g), torch.randn(T, 1, d, generator=g)
+    k, v = torch.zeros(10, Hkv, d), torch.zeros(10, Hkv, d)
+    slots = torch.tensor([3, 9, 0, 5])
+    want = apply_rope(qkv[:, :H + Hkv], (cos, sin))
+    vals = qkv[:, H + Hkv:].clone()
+    torch.ops.peagle.rope_write(qkv, cos.view(T, d), sin.view(T, d), H, k, v, slots)
+    assert torch.equal(qkv[:, :H + Hkv], want)  # the same three rounded operations as torch's eager ones
+    assert torch.equal(k[slots], want[:, H:]) and torch.equal(v[slots], vals)
+    with pytest.raises(RuntimeError, match="slot out of the pool"):
+        torch.ops.peagle.rope_write(qkv, cos.view(T, d), sin.view(T, d), H, k, v, torch.tensor([3, 9, 0, 10]))

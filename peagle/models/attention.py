@@ -371,6 +371,14 @@ class Attention(nn.Module):
         T = x.shape[0]
         qkv = self.qkv_proj(x).view(T, self.heads + 2 * self.kv_heads, self.head_dim)
         nqk = self.heads + self.kv_heads
+        gqa = self.heads // self.kv_heads
+        if self.q_norm is None and isinstance(cache, KVCache) and meta.kernel_ok and native_attention(qkv) and gqa <= 16:
+            # peagle's CPU kernels: RoPE and the KV write in one op, attention for the short spans
+            cos, sin = rope
+            torch.ops.peagle.rope_write(qkv, cos.reshape(T, -1), sin.reshape(T, -1), self.heads, cache.k, cache.v,
+                                        meta.slot_mapping)
+            q, k, v = qkv[:, :self.heads], qkv[:, self.heads:nqk], qkv[:, nqk:]
+            return self._attend(q, k, v, cache, meta, native=True)
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qkv[:, :self.heads]), self.k_norm(qkv[:, self.heads:nqk])], dim=1)
         else:
@@ -381,8 +389,13 @@ class Attention(nn.Module):
             k, v = cache.extend(k, v)
             return self.o_proj(attend_chain(q, k, v, meta))
         cache.write(meta, k, v)
-        w, gqa = self.sliding_window, self.heads // self.kv_heads
-        if meta.kernel_ok and native_attention(q) and gqa <= 16:  # peagle's kernel: short spans, any batch
+        return self._attend(q, k, v, cache, meta, native=meta.kernel_ok and native_attention(q) and gqa <= 16)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttnMeta,
+                native: bool) -> torch.Tensor:
+        """Attention of the rows (their keys already in ``cache``) and the output projection."""
+        T, w, gqa = q.shape[0], self.sliding_window, self.heads // self.kv_heads
+        if native:  # peagle's kernel: short spans, any batch
             out = torch.ops.peagle.attention(q, cache.k, cache.v, meta.table, meta.seq_of_row, meta.positions,
                                              meta.short_rows, meta.block_size, w or 0, self.head_dim ** -0.5,
                                              self.sinks)

@@ -13,13 +13,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def native(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`linear` runs on peagle's CPU kernel: float32 activations on the CPU, a plain
-    ``[out, in]`` weight in float32/float16/bfloat16, no gradient wanted, and the kernels built."""
+def native_rows(x: torch.Tensor) -> bool:
+    """Whether peagle's CPU kernels take ``x``'s rows: float32 on the CPU, no gradient wanted (they
+    have no backward), the kernels built. Training and CUDA keep torch's ops."""
     from peagle import kernels
 
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.is_contiguous() and not weight.is_mkldnn
-            and not torch.is_grad_enabled() and kernels.available())
+    return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled() and kernels.available()
+
+
+def native(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`linear` runs on peagle's CPU kernel: :func:`native_rows`, and a plain ``[out, in]``
+    weight in float32/float16/bfloat16."""
+    return native_rows(x) and weight.is_contiguous() and not weight.is_mkldnn
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -117,7 +122,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if native_rows(x):
+            return torch.ops.peagle.rms_norm(x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.eps).view(x.shape)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm of ``residual + x``, ``residual + x``): the residual add fused into the norm on the CPU kernels."""
+        if native_rows(x) and x.dim() == 2:
+            return torch.ops.peagle.add_rms_norm(x.contiguous(), residual.contiguous(), self.weight, self.eps)
+        h = residual + x
+        return self(h), h
 
 
 def parse_rope(cfg: dict) -> tuple[float, dict | None]:
@@ -208,4 +222,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
+        if native_rows(gate_up) and gate_up.dim() == 2:
+            return self.down_proj(torch.ops.peagle.silu_mul(gate_up))
         return self.down_proj(F.silu(gate_up[..., :self.inter]) * gate_up[..., self.inter:])

@@ -164,8 +164,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
 
     def forward(self, x, rope, cache, meta):
-        h = x + self.self_attn(self.input_layernorm(x), rope, cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        normed, h = self.post_attention_layernorm.add_forward(self.self_attn(self.input_layernorm(x), rope, cache, meta), x)
+        return h + self.mlp(normed)
 
 
 class LlamaModel(nn.Module):

@@ -1,8 +1,10 @@
-// Attention over the paged cache for every ISA, over vector traits V (see linear_tiles.h); the scalar
-// reference instantiates it with scalar traits of the same lane order, so the two give the same bits.
+// Attention over the paged cache for every ISA, over vector traits V (see linear_tiles.h; here also
+// set1, add, sub, exp, exp1, store_n, mask_n, scale and weighted_sum); the scalar reference instantiates
+// it with scalar traits of the same lane order and the same operations, so the two give the same bits.
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernels.h"
@@ -20,11 +22,47 @@ static inline float dot(const float* q, const float* k, int64_t d) {
   return V::hsum(acc);
 }
 
+// exp(x) with the same IEEE operations in every lane width (so SIMD paths and the scalar reference give
+// the same bits): x = n ln2 + r, |r| <= ln2/2, Cephes' degree-5 polynomial for e^r, 2^n put in the
+// exponent. 0 below -87 (softmax weights of masked or far-off scores); about 1 ulp elsewhere (x <= 0 here).
+constexpr float EXP_LO = -87.0f, EXP_HI = 88.0f, LOG2E = 1.44269504088896341f, LN2_HI = 0.693359375f,
+                LN2_LO = -2.12194440e-4f;
+constexpr float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float exp_scalar(float x) {
+  const bool zero = x < EXP_LO;
+  x = x > EXP_LO ? x : EXP_LO;  // as max_ps(x, lo): NaN -> lo
+  x = x < EXP_HI ? x : EXP_HI;
+  const float n = std::nearbyint(x * LOG2E);
+  float r = std::fma(n, -LN2_HI, x);
+  r = std::fma(n, -LN2_LO, r);
+  float p = EXP_POLY[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, EXP_POLY[i]);
+  const float y = std::fma(p, r * r, r) + 1.f;
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, 4);
+  return zero ? 0.f : y * two_n;
+}
+
+// acc[gi][e] += p[gi][j] * v_j[e] for keys j = 0 .. n-1 in order (elementwise fma: any lane width, the
+// same bits); the SIMD paths keep a d-chunk of every head's accumulator in registers across the keys.
+static inline void weighted_sum_scalar(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK],
+                                       const float* const* vrow, int64_t n, int64_t g, int64_t e0, int64_t d) {
+  for (int64_t gi = 0; gi < g; ++gi)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t e = e0; e < d; ++e) acc[gi][e] = std::fma(p[gi][j], vrow[j][e], acc[gi][e]);
+}
+
 template <class V>
 static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
+  constexpr int L = V::LANES;
   const int64_t g = a.H / a.Hkv, d = a.d, bs = a.block_size;
-  float s[MAX_GROUP][KEY_BLOCK], m[MAX_GROUP], l[MAX_GROUP];
+  alignas(64) float s[MAX_GROUP][KEY_BLOCK];
+  float m[MAX_GROUP], l[MAX_GROUP];
   alignas(64) float acc[MAX_GROUP][MAX_HEAD_DIM];
+  const float* vrow[KEY_BLOCK];
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t r = a.rows[i / a.Hkv], h = i % a.Hkv, p = a.pos[r];
     const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
@@ -37,24 +75,32 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
       std::fill(acc[gi], acc[gi] + d, 0.f);
     }
     for (int64_t j0 = lo - lo % KEY_BLOCK; j0 <= p; j0 += KEY_BLOCK) {
-      const int64_t jb = std::max(j0, lo), je = std::min(j0 + KEY_BLOCK, p + 1);
-      for (int64_t j = jb; j < je; ++j) {
-        const float* kj = a.k + ((blocks[j / bs] * bs + j % bs) * a.Hkv + h) * d;
-        for (int64_t gi = 0; gi < g; ++gi) s[gi][j - jb] = dot<V>(q + gi * d, kj, d) * a.scale;
+      const int64_t jb = std::max(j0, lo), n = std::min(j0 + KEY_BLOCK, p + 1) - jb;
+      int64_t blk = jb / bs, off = jb % bs;  // walked, not divided, key by key
+      for (int64_t j = 0; j < n; ++j, ++off) {
+        if (off == bs) ++blk, off = 0;
+        const int64_t slot = (blocks[blk] * bs + off) * a.Hkv + h;
+        const float* kj = a.k + slot * d;
+        vrow[j] = a.v + slot * d;
+        for (int64_t gi = 0; gi < g; ++gi) s[gi][j] = dot<V>(q + gi * d, kj, d) * a.scale;
       }
       for (int64_t gi = 0; gi < g; ++gi) {
         float mb = m[gi];
-        for (int64_t j = 0; j < je - jb; ++j) mb = std::max(mb, s[gi][j]);
-        const float corr = std::exp(m[gi] - mb);
-        l[gi] *= corr;
-        V::scale(acc[gi], corr, d);
-        for (int64_t j = jb; j < je; ++j) {
-          const float pj = std::exp(s[gi][j - jb] - mb);
-          l[gi] += pj;
-          V::axpy(acc[gi], pj, a.v + ((blocks[j / bs] * bs + j % bs) * a.Hkv + h) * d, d);
+        for (int64_t j = 0; j < n; ++j) mb = std::max(mb, s[gi][j]);
+        const float corr = V::exp1(m[gi] - mb);
+        // the block's weights e^(s - mb) in place, and their sum in L lanes (zero-padded tail)
+        typename V::vec sum = V::zero();
+        for (int64_t j = 0; j < n; j += L) {
+          const int64_t c = std::min<int64_t>(L, n - j);
+          typename V::vec e = V::exp(V::sub(V::load_x_tail(s[gi] + j, c), V::set1(mb)));
+          V::store_n(s[gi] + j, e, c);
+          sum = V::add(sum, V::mask_n(e, c));
         }
+        l[gi] = l[gi] * corr + V::hsum(sum);
+        V::scale(acc[gi], corr, d);
         m[gi] = mb;
       }
+      V::weighted_sum(acc, s, vrow, n, g, d);
     }
     for (int64_t gi = 0; gi < g; ++gi) {
       float* o = a.out + r * a.H * d + (h * g + gi) * d;

@@ -42,17 +42,53 @@ struct Avx2 {
     return load_w<T>(buf, 0);
   }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-  // acc *= c and acc += p * v over d floats, elementwise (the same bits as scalar mul and fmaf)
+  // acc *= c over d floats, elementwise (the same bits as scalar mul)
   static void scale(float* acc, float c, int64_t d) {
     int64_t e = 0;
     for (; e + LANES <= d; e += LANES) _mm256_storeu_ps(acc + e, _mm256_mul_ps(_mm256_loadu_ps(acc + e), _mm256_set1_ps(c)));
     for (; e < d; ++e) acc[e] *= c;
   }
-  static void axpy(float* acc, float p, const float* v, int64_t d) {
+  static vec set1(float x) { return _mm256_set1_ps(x); }
+  static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
+  static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+  static vec mask_n(vec x, int64_t c) {
+    if (c == LANES) return x;
+    alignas(32) float buf[8];
+    _mm256_store_ps(buf, x);
+    std::fill(buf + c, buf + 8, 0.f);
+    return _mm256_load_ps(buf);
+  }
+  static void store_n(float* p, vec x, int64_t c) {
+    if (c == LANES) return _mm256_storeu_ps(p, x);
+    alignas(32) float buf[8];
+    _mm256_store_ps(buf, x);
+    std::memcpy(p, buf, c * 4);
+  }
+  static float exp1(float x) { return exp_scalar(x); }
+  static vec exp(vec x) {  // exp_scalar in every lane
+    const vec zero = _mm256_cmp_ps(x, set1(EXP_LO), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, set1(EXP_LO)), set1(EXP_HI));
+    const vec n = _mm256_round_ps(_mm256_mul_ps(x, set1(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vec r = _mm256_fmadd_ps(n, set1(-LN2_HI), x);
+    r = _mm256_fmadd_ps(n, set1(-LN2_LO), r);
+    vec p = set1(EXP_POLY[0]);
+    for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, set1(EXP_POLY[i]));
+    const vec y = _mm256_mul_ps(_mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), set1(1.f)), _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)));
+    return _mm256_andnot_ps(zero, y);
+  }
+  static void weighted_sum(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
+                           int64_t n, int64_t g, int64_t d) {
     int64_t e = 0;
-    for (; e + LANES <= d; e += LANES)
-      _mm256_storeu_ps(acc + e, _mm256_fmadd_ps(_mm256_set1_ps(p), _mm256_loadu_ps(v + e), _mm256_loadu_ps(acc + e)));
-    for (; e < d; ++e) acc[e] = std::fma(p, v[e], acc[e]);
+    for (; e + LANES <= d; e += LANES) {
+      vec a[MAX_GROUP];
+      for (int64_t gi = 0; gi < g; ++gi) a[gi] = _mm256_loadu_ps(acc[gi] + e);
+      for (int64_t j = 0; j < n; ++j) {
+        const vec vj = _mm256_loadu_ps(vrow[j] + e);
+        for (int64_t gi = 0; gi < g; ++gi) a[gi] = _mm256_fmadd_ps(set1(p[gi][j]), vj, a[gi]);
+      }
+      for (int64_t gi = 0; gi < g; ++gi) _mm256_storeu_ps(acc[gi] + e, a[gi]);
+    }
+    weighted_sum_scalar(acc, p, vrow, n, g, e, d);
   }
   static float hsum(vec v) {  // ((0+4)+(2+6)) + ((1+5)+(3+7))
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

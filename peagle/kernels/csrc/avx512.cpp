@@ -37,17 +37,42 @@ struct Avx512 {
     return load_w<T>(buf, 0);
   }
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-  // acc *= c and acc += p * v over d floats, elementwise (the same bits as scalar mul and fmaf)
+  // acc *= c over d floats, elementwise (the same bits as scalar mul)
   static void scale(float* acc, float c, int64_t d) {
     int64_t e = 0;
     for (; e + LANES <= d; e += LANES) _mm512_storeu_ps(acc + e, _mm512_mul_ps(_mm512_loadu_ps(acc + e), _mm512_set1_ps(c)));
     for (; e < d; ++e) acc[e] *= c;
   }
-  static void axpy(float* acc, float p, const float* v, int64_t d) {
+  static vec set1(float x) { return _mm512_set1_ps(x); }
+  static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
+  static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+  static vec mask_n(vec x, int64_t c) { return _mm512_maskz_mov_ps(__mmask16((1u << c) - 1), x); }
+  static void store_n(float* p, vec x, int64_t c) { _mm512_mask_storeu_ps(p, __mmask16((1u << c) - 1), x); }
+  static float exp1(float x) { return exp_scalar(x); }
+  static vec exp(vec x) {  // exp_scalar in every lane
+    const __mmask16 zero = _mm512_cmp_ps_mask(x, set1(EXP_LO), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, set1(EXP_LO)), set1(EXP_HI));
+    const vec n = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vec r = _mm512_fmadd_ps(n, set1(-LN2_HI), x);
+    r = _mm512_fmadd_ps(n, set1(-LN2_LO), r);
+    vec p = set1(EXP_POLY[0]);
+    for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, set1(EXP_POLY[i]));
+    const vec y = _mm512_mul_ps(_mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), set1(1.f)), _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23)));
+    return _mm512_maskz_mov_ps(__mmask16(~zero), y);
+  }
+  static void weighted_sum(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
+                           int64_t n, int64_t g, int64_t d) {
     int64_t e = 0;
-    for (; e + LANES <= d; e += LANES)
-      _mm512_storeu_ps(acc + e, _mm512_fmadd_ps(_mm512_set1_ps(p), _mm512_loadu_ps(v + e), _mm512_loadu_ps(acc + e)));
-    for (; e < d; ++e) acc[e] = std::fma(p, v[e], acc[e]);
+    for (; e + LANES <= d; e += LANES) {
+      vec a[MAX_GROUP];
+      for (int64_t gi = 0; gi < g; ++gi) a[gi] = _mm512_loadu_ps(acc[gi] + e);
+      for (int64_t j = 0; j < n; ++j) {
+        const vec vj = _mm512_loadu_ps(vrow[j] + e);
+        for (int64_t gi = 0; gi < g; ++gi) a[gi] = _mm512_fmadd_ps(set1(p[gi][j]), vj, a[gi]);
+      }
+      for (int64_t gi = 0; gi < g; ++gi) _mm512_storeu_ps(acc[gi] + e, a[gi]);
+    }
+    weighted_sum_scalar(acc, p, vrow, n, g, e, d);
   }
   static float hsum(vec v) {  // (l + l+8) for l < 8, then the 8-lane tree of linear_avx2.cpp
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));

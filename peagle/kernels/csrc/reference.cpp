@@ -35,11 +35,35 @@ struct Lanes {
       for (int i = 0; i < 8; ++i) x.v[i] += x.v[i + 8];
     return ((x.v[0] + x.v[4]) + (x.v[2] + x.v[6])) + ((x.v[1] + x.v[5]) + (x.v[3] + x.v[7]));
   }
+  static vec set1(float x) {
+    vec r;
+    std::fill(r.v, r.v + L, x);
+    return r;
+  }
+  static vec add(vec a, vec b) {
+    for (int i = 0; i < L; ++i) a.v[i] += b.v[i];
+    return a;
+  }
+  static vec sub(vec a, vec b) {
+    for (int i = 0; i < L; ++i) a.v[i] -= b.v[i];
+    return a;
+  }
+  static vec mask_n(vec x, int64_t c) {
+    std::fill(x.v + c, x.v + L, 0.f);
+    return x;
+  }
+  static void store_n(float* p, vec x, int64_t c) { std::memcpy(p, x.v, c * 4); }
+  static float exp1(float x) { return exp_scalar(x); }
+  static vec exp(vec x) {
+    for (int i = 0; i < L; ++i) x.v[i] = exp_scalar(x.v[i]);
+    return x;
+  }
   static void scale(float* acc, float c, int64_t d) {
     for (int64_t e = 0; e < d; ++e) acc[e] *= c;
   }
-  static void axpy(float* acc, float p, const float* v, int64_t d) {
-    for (int64_t e = 0; e < d; ++e) acc[e] = std::fma(p, v[e], acc[e]);
+  static void weighted_sum(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
+                           int64_t n, int64_t g, int64_t d) {
+    weighted_sum_scalar(acc, p, vrow, n, g, 0, d);
   }
 };
 

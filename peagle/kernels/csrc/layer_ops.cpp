@@ -1,0 +1,135 @@
+// The small operations of a decoder layer, one pass over the data each instead of torch's five to ten
+// eager ops: rms_norm (optionally fused with the residual add), silu_mul (SwiGLU), rope_write (RoPE on q
+// and k in place, k and v into the paged cache). Elementwise arithmetic is the same IEEE operations on
+// every CPU; rms_norm's sum of squares goes in eight fixed lanes. Each row on its own: batch-invariant.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <tuple>
+
+namespace peagle {
+
+static constexpr int64_t ROW_GRAIN = 16;
+
+static void check_rows(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "peagle::", op, ": expects a contiguous float32 [rows, n] tensor on the CPU");
+}
+
+// One row: y = x / sqrt(mean(x^2) + eps) * w, the sum of squares in eight fixed lanes.
+static void norm_row(const float* x, const float* w, float eps, int64_t n, float* y) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < n; ++i) lane[i % 8] += x[i] * x[i];
+  const float ss = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  const float r = 1.f / std::sqrt(ss / float(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * r) * w[i];
+}
+
+static void check_weight(const at::Tensor& w, int64_t n) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == n, "peagle::rms_norm: weight must be float32 [n]");
+}
+
+static at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  check_rows(x, "rms_norm");
+  const int64_t T = x.size(0), n = x.size(1);
+  check_weight(w, n);
+  at::Tensor y = at::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) norm_row(xp + t * n, wp, float(eps), n, yp + t * n);
+  });
+  return y;
+}
+
+// h = x + residual, and rms_norm(h): the residual add before a layer's second norm, fused.
+static std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                       const at::Tensor& w, double eps) {
+  check_rows(x, "add_rms_norm");
+  check_rows(residual, "add_rms_norm");
+  const int64_t T = x.size(0), n = x.size(1);
+  TORCH_CHECK(residual.sizes() == x.sizes(), "peagle::add_rms_norm: x and residual differ in shape");
+  check_weight(w, n);
+  at::Tensor y = at::empty_like(x), h = at::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *rp = residual.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float *yp = y.data_ptr<float>(), *hp = h.data_ptr<float>();
+  at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t i = 0; i < n; ++i) hp[t * n + i] = rp[t * n + i] + xp[t * n + i];
+      norm_row(hp + t * n, wp, float(eps), n, yp + t * n);
+    }
+  });
+  return {y, h};
+}
+
+// [rows, 2n] (gate | up) -> [rows, n]: silu(gate) * up.
+static at::Tensor silu_mul(const at::Tensor& gu) {
+  check_rows(gu, "silu_mul");
+  const int64_t T = gu.size(0), n = gu.size(1) / 2;
+  at::Tensor out = at::empty({T, n}, gu.options());
+  const float* g = gu.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t i = 0; i < n; ++i) {
+        const float a = g[t * 2 * n + i];
+        o[t * n + i] = a / (1.f + std::exp(-a)) * g[t * 2 * n + n + i];
+      }
+  });
+  return out;
+}
+
+// qkv [rows, H + 2 Hkv, d]: RoPE (HF's rotate-half: x * cos + rotate_half(x) * sin, as three rounded
+// operations like torch's eager ops) on the H query and Hkv key heads in place, then keys and values
+// into the pools [slots, Hkv, d] at ``slots[row]``.
+static void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H,
+                       const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots) {
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 3 && qkv.is_contiguous(), "peagle::rope_write: qkv must be contiguous float32 [rows, heads, d]");
+  const int64_t T = qkv.size(0), heads = qkv.size(1), d = qkv.size(2), Hkv = (heads - H) / 2, half = d / 2;
+  TORCH_CHECK(H + 2 * Hkv == heads && d % 2 == 0, "peagle::rope_write: heads do not split into H + 2 Hkv");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * d && sin.numel() == T * d &&
+              cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "peagle::rope_write: cos/sin must be float32 [rows, d]");
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.scalar_type() == at::kFloat &&
+              k_pool.size(1) == Hkv && k_pool.size(2) == d, "peagle::rope_write: pools must be contiguous float32 [slots, Hkv, d]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == T, "peagle::rope_write: one int64 slot per row");
+  float* x = qkv.data_ptr<float>();
+  const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
+  float *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  const int64_t nslots = k_pool.size(0);
+  at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
+    float tmp[512];
+    for (int64_t t = t0; t < t1; ++t) {
+      const float *ct = c + t * d, *st = s + t * d;
+      for (int64_t hh = 0; hh < H + Hkv; ++hh) {
+        float* v = x + (t * heads + hh) * d;
+        for (int64_t i = 0; i < half; ++i) {
+          tmp[i] = v[i] * ct[i] + (-v[i + half]) * st[i];
+          tmp[i + half] = v[i + half] * ct[i + half] + v[i] * st[i + half];
+        }
+        std::copy(tmp, tmp + d, v);
+      }
+      const int64_t slot = sl[t];
+      TORCH_CHECK(slot >= 0 && slot < nslots, "peagle::rope_write: slot out of the pool");
+      std::copy(x + (t * heads + H) * d, x + (t * heads + H + Hkv) * d, kp + slot * Hkv * d);
+      std::copy(x + (t * heads + H + Hkv) * d, x + (t * heads + heads) * d, vp + slot * Hkv * d);
+    }
+  });
+}
+
+TORCH_LIBRARY_FRAGMENT(peagle, m) {
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor w, float eps) -> (Tensor, Tensor)");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("rope_write(Tensor(a!) qkv, Tensor cos, Tensor sin, int heads, Tensor(b!) k, Tensor(c!) v, Tensor slots) -> ()");
+  m.impl("rms_norm", c10::DispatchKey::CPU, TORCH_FN(rms_norm));
+  m.impl("add_rms_norm", c10::DispatchKey::CPU, TORCH_FN(add_rms_norm));
+  m.impl("silu_mul", c10::DispatchKey::CPU, TORCH_FN(silu_mul));
+  m.impl("rope_write", c10::DispatchKey::CPU, TORCH_FN(rope_write));
+}
+
+}  // namespace peagle
