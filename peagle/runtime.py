@@ -4,7 +4,8 @@
 On the CPU, where peagle's native kernels run (:mod:`peagle.kernels`), the arithmetic is float32
 whatever the weights are, as in llama.cpp's F32/F16/BF16 files: a decode step reads the weights once
 (16-bit weights: half the bytes) and every row's result is the same bits however many rows share the
-pass. ``auto`` there is float16 weights (the fastest end to end, BENCHMARKS.md §15). Without the kernels
+pass. ``auto`` there is bfloat16 weights (faster end to end than float16 on Zen 5, BENCHMARKS.md §15:
+widening bf16 is a shift). Without the kernels
 the CPU falls back to torch's matmul with one dtype for both: bfloat16 on CPUs that multiply it
 natively (AVX512_BF16 or AMX), else float32.
 """
@@ -73,16 +74,14 @@ def native_cpu(device: torch.device) -> bool:
 
 
 def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """The weights' dtype. ``auto``/None -> bfloat16 on CUDA, float16 on the CPU with the native
-    kernels; without them bfloat16 on native-bf16 CPUs, else float32."""
+    """The weights' dtype. ``auto``/None -> bfloat16 on CUDA and on the CPU with the native kernels;
+    without them bfloat16 on native-bf16 CPUs, else float32."""
     if isinstance(name, torch.dtype):
         return name
     if name in (None, "", "auto"):
         if device.type == "cuda":
             return torch.bfloat16
-        if native_cpu(device):
-            return torch.float16
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        return torch.bfloat16 if native_cpu(device) or cpu_has_native_bf16() else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}")
     return DTYPES[name]
@@ -109,8 +108,8 @@ def add_runtime_args(p, engine: bool = False) -> None:
     """``--dtype`` and ``--device`` for a command-line parser, as vLLM names them; with ``engine``
     (commands that run the engine) ``--enforce-eager`` too."""
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                   help="the weights' dtype: auto = bfloat16 on CUDA (the arithmetic too), float16 on the CPU "
-                        "(the arithmetic is float32 on the CPU, whatever the weights)")
+                   help="the weights' dtype: auto = bfloat16 (on CUDA the arithmetic too; on the CPU the arithmetic "
+                        "is float32 whatever the weights)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     if engine:
         p.add_argument("--enforce-eager", action="store_true",

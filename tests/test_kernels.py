@@ -189,17 +189,22 @@ def test_attention_matches_its_reference_and_float64(d, window, with_sinks):
 
 
 @native
-def test_an_attention_rows_result_does_not_depend_on_the_pass():
-    """Each row alone, and every subset of rows, gives the same bits as the whole pass."""
+@pytest.mark.parametrize("window", [0, 50])
+def test_an_attention_rows_result_does_not_depend_on_the_pass(window):
+    """Each row alone, in tiles of any size with its sequence's other rows, and in the whole pass gives
+    the same bits (rows of one sequence share key loads in tiles of up to 32 // g rows)."""
     q, k, v, table, seq, pos, bs = paged_case()
     for isa in isas():
-        full = torch.ops.peagle.attention(q, k, v, table, seq, pos, torch.arange(len(q)), bs, 0, 0.125, None, isa)
+        run = lambda rows, **kw: torch.ops.peagle.attention(  # noqa: E731
+            kw.get("q", q), k, v, kw.get("table", table), kw.get("seq", seq), kw.get("pos", pos),
+            torch.tensor(rows), bs, window, 0.125, None, isa)
+        full = run(list(range(len(q))))
         for r in range(len(q)):
-            one = torch.ops.peagle.attention(q, k, v, table, seq, pos, torch.tensor([r]), bs, 0, 0.125, None, isa)
-            assert torch.equal(one[r], full[r]), (isa, r)
+            assert torch.equal(run([r])[r], full[r]), (isa, r)
+        for first in range(3, 11):  # sequence 2's rows from `first` on: tiles starting anywhere
+            assert torch.equal(run(list(range(first, 11)))[first:], full[first:]), (isa, first)
         # the same sequence's row handed in as the only row of its own pass (another q tensor, another table)
-        alone = torch.ops.peagle.attention(q[5:6].clone(), k, v, table[2:3].clone(), torch.tensor([0]), pos[5:6].clone(),
-                                           torch.tensor([0]), bs, 0, 0.125, None, isa)
+        alone = run([0], q=q[5:6].clone(), table=table[2:3].clone(), seq=torch.tensor([0]), pos=pos[5:6].clone())
         assert torch.equal(alone[0], full[5])
 
 

@@ -199,7 +199,7 @@ class LLMEngine:
                         **engine_kwargs) -> "LLMEngine":
         """Load a target (HF folder, GGUF, hub id; None = the default model), its tokenizer and a head,
         on ``device``, the weights in ``dtype`` (see :mod:`peagle.runtime`: ``auto`` is CUDA when present,
-        bf16 there, float16 weights with float32 arithmetic on the CPU)."""
+        bf16 there, bf16 weights with float32 arithmetic on the CPU)."""
         from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
 
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)

@@ -75,8 +75,8 @@ which = sys.argv[3].split(",") if len(sys.argv) > 3 else ["peagle", "llama", "hf
 ids, none16 = peagle_system("none", "auto")
 systems = {}
 if "peagle" in which:
-    systems["peagle none, float16 weights (auto)"] = none16
-    systems["peagle none, bfloat16 weights"] = peagle_system("none", "bfloat16")[1]
+    systems["peagle none, bfloat16 weights (auto)"] = none16
+    systems["peagle none, float16 weights"] = peagle_system("none", "float16")[1]
     systems["peagle none, float32"] = peagle_system("none", "float32")[1]
     systems["peagle generate defaults (P-EAGLE, auto K, auto dtype)"] = peagle_system("parallel", "auto")[1]
 if "llama" in which:

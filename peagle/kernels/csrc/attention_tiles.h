@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -55,57 +56,84 @@ static inline void weighted_sum_scalar(float (*acc)[MAX_HEAD_DIM], const float (
       for (int64_t e = e0; e < d; ++e) acc[gi][e] = std::fma(p[gi][j], vrow[j][e], acc[gi][e]);
 }
 
+// One work item: a tile of rows of one sequence (its verification or drafting rows: the same keys) and one
+// KV head. Every key is loaded once for the tile's R*g queries; each row still sees exactly the keys it
+// would alone, in the same blocks and lanes (its own range within each block), and the keys outside its
+// range add exact zeros: a row's bits do not depend on the tile it shares.
 template <class V>
 static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
   constexpr int L = V::LANES;
   const int64_t g = a.H / a.Hkv, d = a.d, bs = a.block_size;
-  alignas(64) float s[MAX_GROUP][KEY_BLOCK];
-  float m[MAX_GROUP], l[MAX_GROUP];
-  alignas(64) float acc[MAX_GROUP][MAX_HEAD_DIM];
+  alignas(64) float s[MAX_QUERIES][KEY_BLOCK];
+  float m[MAX_QUERIES], l[MAX_QUERIES];
+  alignas(64) float acc[MAX_QUERIES][MAX_HEAD_DIM];
   const float* vrow[KEY_BLOCK];
   for (int64_t i = i0; i < i1; ++i) {
-    const int64_t r = a.rows[i / a.Hkv], h = i % a.Hkv, p = a.pos[r];
-    const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
-    const int64_t* blocks = a.table + a.seq[r] * a.table_stride;
-    const float* q = a.q + r * a.q_stride + h * g * d;
-    for (int64_t gi = 0; gi < g; ++gi) {
-      const bool sink = a.sinks != nullptr;
-      m[gi] = sink ? a.sinks[h * g + gi] : -std::numeric_limits<float>::infinity();
-      l[gi] = sink ? 1.f : 0.f;
-      std::fill(acc[gi], acc[gi] + d, 0.f);
+    const int64_t t = i / a.Hkv, h = i % a.Hkv, R = a.tiles[t + 1] - a.tiles[t], Q = R * g;
+    const int64_t* rows = a.rows + a.tiles[t];
+    const int64_t* blocks = a.table + a.seq[rows[0]] * a.table_stride;
+    int64_t lo[MAX_QUERIES], hi[MAX_QUERIES];  // per row: keys lo .. hi-1
+    int64_t LO = INT64_MAX, HI = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t p = a.pos[rows[r]];
+      lo[r] = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
+      hi[r] = p + 1;
+      LO = std::min(LO, lo[r]);
+      HI = std::max(HI, hi[r]);
     }
-    for (int64_t j0 = lo - lo % KEY_BLOCK; j0 <= p; j0 += KEY_BLOCK) {
-      const int64_t jb = std::max(j0, lo), n = std::min(j0 + KEY_BLOCK, p + 1) - jb;
-      int64_t blk = jb / bs, off = jb % bs;  // walked, not divided, key by key
+    for (int64_t qi = 0; qi < Q; ++qi) {
+      const bool sink = a.sinks != nullptr;
+      m[qi] = sink ? a.sinks[h * g + qi % g] : -std::numeric_limits<float>::infinity();
+      l[qi] = sink ? 1.f : 0.f;
+      std::fill(acc[qi], acc[qi] + d, 0.f);
+    }
+    for (int64_t j0 = LO - LO % KEY_BLOCK; j0 < HI; j0 += KEY_BLOCK) {
+      const int64_t ju = std::max(j0, LO), n = std::min(j0 + KEY_BLOCK, HI) - ju;
+      int64_t blk = ju / bs, off = ju % bs;  // walked, not divided, key by key
       for (int64_t j = 0; j < n; ++j, ++off) {
         if (off == bs) ++blk, off = 0;
         const int64_t slot = (blocks[blk] * bs + off) * a.Hkv + h;
         const float* kj = a.k + slot * d;
         vrow[j] = a.v + slot * d;
-        for (int64_t gi = 0; gi < g; ++gi) s[gi][j] = dot<V>(q + gi * d, kj, d) * a.scale;
-      }
-      for (int64_t gi = 0; gi < g; ++gi) {
-        float mb = m[gi];
-        for (int64_t j = 0; j < n; ++j) mb = std::max(mb, s[gi][j]);
-        const float corr = V::exp1(m[gi] - mb);
-        // the block's weights e^(s - mb) in place, and their sum in L lanes (zero-padded tail)
-        typename V::vec sum = V::zero();
-        for (int64_t j = 0; j < n; j += L) {
-          const int64_t c = std::min<int64_t>(L, n - j);
-          typename V::vec e = V::exp(V::sub(V::load_x_tail(s[gi] + j, c), V::set1(mb)));
-          V::store_n(s[gi] + j, e, c);
-          sum = V::add(sum, V::mask_n(e, c));
+        for (int64_t r = 0; r < R; ++r) {
+          const float* q = a.q + rows[r] * a.q_stride + h * g * d;
+          for (int64_t gi = 0; gi < g; ++gi) s[r * g + gi][j] = dot<V>(q + gi * d, kj, d) * a.scale;
         }
-        l[gi] = l[gi] * corr + V::hsum(sum);
-        V::scale(acc[gi], corr, d);
-        m[gi] = mb;
       }
-      V::weighted_sum(acc, s, vrow, n, g, d);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t jb = std::max(j0, lo[r]), je = std::min(j0 + KEY_BLOCK, hi[r]), o = jb - ju, nr = je - jb;
+        for (int64_t gi = 0; gi < g; ++gi) {
+          float* sq = s[r * g + gi];
+          if (nr <= 0) {  // none of this row's keys in the block
+            std::fill(sq, sq + n, 0.f);
+            continue;
+          }
+          const int64_t qi = r * g + gi;
+          float mb = m[qi];
+          for (int64_t j = 0; j < nr; ++j) mb = std::max(mb, sq[o + j]);
+          const float corr = V::exp1(m[qi] - mb);
+          // the row's weights e^(s - mb) in place, their sum in L lanes from its first key (zero-padded)
+          typename V::vec sum = V::zero();
+          for (int64_t j = 0; j < nr; j += L) {
+            const int64_t c = std::min<int64_t>(L, nr - j);
+            typename V::vec e = V::exp(V::sub(V::load_x_tail(sq + o + j, c), V::set1(mb)));
+            V::store_n(sq + o + j, e, c);
+            sum = V::add(sum, V::mask_n(e, c));
+          }
+          std::fill(sq, sq + o, 0.f);
+          std::fill(sq + o + nr, sq + n, 0.f);
+          l[qi] = l[qi] * corr + V::hsum(sum);
+          V::scale(acc[qi], corr, d);
+          m[qi] = mb;
+        }
+      }
+      V::weighted_sum(acc, s, vrow, n, Q, d);
     }
-    for (int64_t gi = 0; gi < g; ++gi) {
-      float* o = a.out + r * a.H * d + (h * g + gi) * d;
-      for (int64_t e = 0; e < d; ++e) o[e] = acc[gi][e] / l[gi];
-    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t gi = 0; gi < g; ++gi) {
+        float* out = a.out + rows[r] * a.H * d + (h * g + gi) * d;
+        for (int64_t e = 0; e < d; ++e) out[e] = acc[r * g + gi][e] / l[r * g + gi];
+      }
   }
 }
 

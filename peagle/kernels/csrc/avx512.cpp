@@ -64,7 +64,7 @@ struct Avx512 {
                            int64_t n, int64_t g, int64_t d) {
     int64_t e = 0;
     for (; e + LANES <= d; e += LANES) {
-      vec a[MAX_GROUP];
+      vec a[MAX_QUERIES];
       for (int64_t gi = 0; gi < g; ++gi) a[gi] = _mm512_loadu_ps(acc[gi] + e);
       for (int64_t j = 0; j < n; ++j) {
         const vec vj = _mm512_loadu_ps(vrow[j] + e);

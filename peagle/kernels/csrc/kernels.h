@@ -35,6 +35,7 @@ void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1);
 // query, its keys and nothing else. Optional sinks (GPT-OSS) join every row's softmax denominator.
 constexpr int64_t KEY_BLOCK = 64;
 constexpr int64_t MAX_GROUP = 16;   // query heads per KV head
+constexpr int64_t MAX_QUERIES = 32; // query vectors (rows x heads of a KV head) one work item attends
 constexpr int64_t MAX_HEAD_DIM = 256;
 
 struct AttnArgs {
@@ -45,6 +46,7 @@ struct AttnArgs {
   const int64_t* table;    // [B, table_stride] block ids
   int64_t table_stride;
   const int64_t* rows;     // the rows to compute [R] (into q, out, seq, pos)
+  const int64_t* tiles;    // [num_tiles + 1]: tile t is rows[tiles[t] .. tiles[t+1]), one sequence
   const int64_t* seq;      // each row's sequence (a row of table)
   const int64_t* pos;      // each row's position
   const float* sinks;      // [H] or nullptr
@@ -53,7 +55,7 @@ struct AttnArgs {
   float scale;
 };
 
-// Work items [i0, i1): item i is (rows[i / Hkv], KV head i % Hkv).
+// Work items [i0, i1): item i is (tile i / Hkv, KV head i % Hkv).
 void attention_ref(const AttnArgs& a, int64_t i0, int64_t i1, int lanes);
 void attention_avx2(const AttnArgs& a, int64_t i0, int64_t i1);
 void attention_avx512(const AttnArgs& a, int64_t i0, int64_t i1);

@@ -6,8 +6,10 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "kernels.h"
 
@@ -72,11 +74,20 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
     TORCH_CHECK(sk.numel() == H, "peagle::attention: one sink per query head");
   }
   at::Tensor out = at::empty({q.size(0), H * d}, q.options());
+  // tiles: runs of rows of one sequence (a sequence's verification rows share every key load)
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  const int64_t* sp = seq.data_ptr<int64_t>();
+  const int64_t tile_rows = std::max<int64_t>(1, MAX_QUERIES / (H / Hkv));
+  std::vector<int64_t> tiles{0};
+  for (int64_t i = 1; i <= rows.numel(); ++i)
+    if (i == rows.numel() || sp[rp[i]] != sp[rp[i - 1]] || i - tiles.back() == tile_rows) tiles.push_back(i);
+  if (rows.numel() == 0) return out;
   AttnArgs a{q.data_ptr<float>(), q.stride(0), k.data_ptr<float>(), v.data_ptr<float>(), table.data_ptr<int64_t>(),
-             table.size(1), rows.data_ptr<int64_t>(), seq.data_ptr<int64_t>(), pos.data_ptr<int64_t>(),
+             table.size(1), rp, tiles.data(), sp, pos.data_ptr<int64_t>(),
              sk.defined() ? sk.data_ptr<float>() : nullptr, out.data_ptr<float>(), H, Hkv, d, block_size, window,
              float(scale)};
-  at::parallel_for(0, rows.numel() * Hkv, 1, [&](int64_t i0, int64_t i1) { kernel(a, i0, i1); });
+  const int64_t items = int64_t(tiles.size() - 1) * Hkv;
+  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { kernel(a, i0, i1); });
   return out;
 }
 
