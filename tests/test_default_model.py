@@ -147,3 +147,28 @@ def test_baseline_runs_the_sections_asked_for(tmp_path):
     assert [r["k"] for r in res["drafting"]["rows"]] == [1, 2]
     saved = json.loads((tmp_path / "b.json").read_text())
     assert saved.keys() == res.keys()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_speculation_is_exact_in_16_bit_weights_on_the_default_model(dtype):
+    """16-bit weights (float32 arithmetic, the CPU kernels): both shipped heads with `auto` K, greedy and
+    seeded, alone and eight together, give plain decoding's tokens."""
+    from peagle.runtime import native_cpu
+
+    import torch
+    if not native_cpu(torch.device("cpu")):
+        pytest.skip("batch invariance in 16-bit weights comes with the CPU kernels")
+    target, path = load_target(None, dtype)
+    tok = load_tokenizer(path)
+    texts = ["Tell me a story about a cat.", "Name three rivers.", "What is 17 times 3?", "Write a limerick.",
+             "Describe a sunset.", "Give me a packing list.", "Explain rain.", "Say something kind."]
+    base = LLMEngine(target, None, EngineConfig(method="none", max_num_seqs=8), tok)
+    ids = [base.encode_prompt(t) for t in texts]
+    params = [SamplingParams(max_tokens=32, ignore_eos=True, **({"temperature": 0.8, "seed": 7 + i} if i % 2 else {}))
+              for i in range(8)]
+    plain = [base.generate([i], sp)[0].token_ids for i, sp in zip(ids, params)]
+    for method in ("parallel", "eagle3"):
+        engine = LLMEngine(target, load_drafter_for(target, path, None, tok, method),
+                           EngineConfig(method=method, num_speculative_tokens="auto", max_num_seqs=8), tok)
+        assert [engine.generate([i], sp)[0].token_ids for i, sp in zip(ids[:3], params[:3])] == plain[:3], method
+        assert [o.token_ids for o in engine.generate(ids, params)] == plain, method

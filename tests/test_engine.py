@@ -15,7 +15,9 @@ from peagle.engine.llm_engine import EngineConfig, LLMEngine, RequestError
 from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, probs_from_logits, verify
 from peagle.models.drafter import Drafter
 from peagle.models.llama import LlamaModel, ModelConfig
+from peagle.models.layers import set_precision
 from peagle.models.loader import init_drafter
+from peagle.runtime import native_cpu
 
 MASK = 159  # the tiny vocabulary's last id, never produced by the tests' prompts
 
@@ -773,3 +775,61 @@ def test_bf16_packed_weights_change_nothing(method):
     assert [o.token_ids for o in engine.generate(ps, params)] == plain
     if packs(unpacked["model.layers.0.mlp.gate_up_proj.weight"]):
         assert target.model.layers[0].mlp.gate_up_proj.weight.is_mkldnn and target.head_weight().is_mkldnn
+
+
+# --------------------------------------------------------------------------- every dtype (batch invariance)
+
+@pytest.mark.skipif(not native_cpu(torch.device("cpu")), reason="the CPU kernels make every dtype batch-invariant")
+@pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
+def test_speculation_is_exact_in_every_weight_dtype(weights):
+    """16-bit weights with float32 arithmetic on the CPU kernels: P-EAGLE and EAGLE-3 at K=3 and `auto`,
+    greedy and seeded, alone and eight together with prompts prefilled in chunks of 7, all equal plain
+    decoding token for token, because a row's result no longer depends on the rows beside it."""
+    target = native_from_hf(tiny_hf("llama"))
+    set_precision(target, weights, torch.float32)
+    ps = prompts(8, seed=21)
+    greedy = dataclasses.replace(SEEDED, temperature=0.0, seed=None)
+    params = [greedy if i % 2 else dataclasses.replace(SEEDED, seed=40 + i) for i in range(8)]
+    plain = [make_engine(target, None, "none").generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
+    for method in ("parallel", "eagle3"):
+        drafter = init_drafter(target, 1, MASK, seed=5)
+        set_precision(drafter, weights, torch.float32)
+        for k, kw in ((3, {}), ("auto", dict(max_num_seqs=8, max_num_batched_tokens=7))):
+            engine = make_engine(target, drafter, method, k, **kw)
+            outs = [engine.generate([p], sp)[0].token_ids for p, sp in zip(ps, params)] if not kw else \
+                [o.token_ids for o in engine.generate(ps, params)]
+            assert outs == plain, (weights, method, k)
+
+
+@pytest.mark.skipif(not native_cpu(torch.device("cpu")), reason="the CPU kernels make every dtype batch-invariant")
+@pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
+def test_a_rows_logits_are_the_same_bits_in_any_pass(weights):
+    """The sharp form of the test above: after a 30-token prompt, the next 8 positions' logits and taps,
+    computed one row per pass (decoding), as one 8-row pass (verification) and as 8 rows beside another
+    sequence's 5 rows (a batch), are equal bit for bit."""
+    from peagle.models.attention import AttnMeta, Span
+
+    target = native_from_hf(tiny_hf("llama"))
+    set_precision(target, weights, torch.float32)
+    ids = torch.tensor((prompts(1, seed=3)[0] * 40)[:38])
+    other = torch.tensor((prompts(1, seed=4)[0] * 40)[:20])
+
+    def fresh():
+        caches = target.make_caches(128)
+        with torch.inference_mode():
+            target(ids[:30], torch.arange(30), caches, AttnMeta([Span(30, 30, list(range(64)), 0)], 1))
+            target(other[:15], torch.arange(15), caches, AttnMeta([Span(15, 15, list(range(64, 128)), 0)], 1))
+        return caches
+
+    def run(spans, tokens, positions, caches):
+        with torch.inference_mode():
+            return target(torch.cat(tokens), torch.cat(positions), caches, AttnMeta(spans, 1))
+
+    caches = fresh()
+    one = [run([Span(1, p + 1, list(range(64)), p)], [ids[p:p + 1]], [torch.tensor([p])], caches) for p in range(30, 38)]
+    one = tuple(torch.cat([o[i] for o in one]) for i in (0, 1))
+    eight = run([Span(8, 38, list(range(64)), 30)], [ids[30:38]], [torch.arange(30, 38)], fresh())
+    beside = run([Span(5, 20, list(range(64, 128)), 15), Span(8, 38, list(range(64)), 30)],
+                 [other[15:20], ids[30:38]], [torch.arange(15, 20), torch.arange(30, 38)], fresh())
+    for got in (eight, tuple(t[5:] for t in beside)):
+        assert torch.equal(got[0], one[0]) and torch.equal(got[1], one[1]), weights
