@@ -651,9 +651,10 @@ def main(argv=None) -> dict:
     texts = load_prompts(args.questions, args.prompts)
     engine = LLMEngine.from_pretrained(None, method="none", dtype=args.dtype, device=args.device)
     engine_threads = torch.get_num_threads()
-    log(f"default model: {path}; {engine.device} {dtype_name(engine.dtype)}; HF torch threads {args.hf_threads}")
+    log(f"default model: {path}; {engine.device} {engine.precision}; HF torch threads {args.hf_threads}")
     torch.set_num_threads(args.hf_threads)
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=engine.dtype).to(engine.device).eval()
+    # HF in the weights' dtype (it has one dtype for weights and arithmetic): bf16 against bf16 weights
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=engine.weight_dtype).to(engine.device).eval()
     engines = {"none": engine}
     heads = {m: load_drafter_for(engine.target, path, None, engine.tokenizer, m) for m in ("parallel", "eagle3")}
     for m in args.methods[1:]:   # each method with its own shipped head (P-EAGLE, EAGLE-3)
@@ -692,7 +693,8 @@ def main(argv=None) -> dict:
         "env": {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                 "transformers": transformers.__version__, "python": platform.python_version(),
                 "hf_torch_threads": args.hf_threads, "engine_torch_threads": engine_threads,
-                "model": str(path), "device": str(engine.device), "dtype": dtype_name(engine.dtype),
+                "model": str(path), "device": str(engine.device), "dtype": dtype_name(engine.weight_dtype),
+                "compute_dtype": dtype_name(engine.dtype),
                 "loadavg_start": load0, "loadavg_end": os.getloadavg(),
                 "wall_s": time.perf_counter() - t_start},
         **found,

@@ -225,7 +225,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"dataset": work.name, "num_prompts": len(work.prompts), "output_len": work.output_len,
                           "concurrency": args.max_concurrency, "device": str(models.target.lm_weight.device),
-                          "dtype": dtype_name(models.target.lm_weight.dtype), "cells": results}))
+                          "dtype": dtype_name(models.target.weight_dtype), "cells": results}))
     else:
         print(table(results))
     return 0
