@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
-from peagle.models.layers import Linear, RMSNorm, apply_rope
+from peagle.models.layers import Linear, RMSNorm, apply_rope, native_rows
 from peagle.runtime import to_device
 
 SHORT_ROWS = 64          # sequences with at most this many rows (decoding, verifying, drafting) attend in batches
@@ -272,10 +272,7 @@ class ChainMask:
 def native_attention(q: torch.Tensor) -> bool:
     """Whether peagle's CPU kernel attends ``q``'s short spans (float32 on the CPU, no gradient, kernels
     built): each row over its own keys, batch-invariant (``peagle/kernels/csrc/kernels.h``)."""
-    from peagle import kernels
-
-    return (q.device.type == "cpu" and q.dtype == torch.float32 and not torch.is_grad_enabled()
-            and q.shape[-1] <= 256 and kernels.available())
+    return q.shape[-1] <= 256 and native_rows(q)
 
 
 def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask) -> torch.Tensor:

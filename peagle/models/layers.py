@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from peagle import kernels
+
 
 def native_rows(x: torch.Tensor) -> bool:
     """Whether peagle's CPU kernels take ``x``'s rows: float32 on the CPU, no gradient wanted (they
     have no backward), the kernels built. Training and CUDA keep torch's ops."""
-    from peagle import kernels
-
     return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled() and kernels.available()
 
 
