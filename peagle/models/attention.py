@@ -110,36 +110,37 @@ class AttnMeta:
         if self.no_write is not None:
             slots = torch.where(self.no_write, num_slots, slots)
         self.slot_mapping, self.positions, self.windows = slots, positions, windows
+        self.firsts = list(accumulate((s.num_rows for s in spans), initial=0))
         self._groups, self._short_rows = {}, None
         return self
 
     @property
     def groups(self) -> list[Group]:
         """Every sequence's rows, in the groups SDPA attends in one call each."""
-        if False not in self._groups:
-            self._groups[False] = self._build_groups(long_only=False)
-        return self._groups[False]
+        return self._groups_of(long_only=False)
 
     @property
     def long_groups(self) -> list[Group]:
         """The groups of the sequences with more than ``SHORT_ROWS`` rows (prompt chunks): SDPA's, where
         peagle's attention kernel takes the short ones (:attr:`short_rows`)."""
-        if True not in self._groups:
-            self._groups[True] = self._build_groups(long_only=True)
-        return self._groups[True]
+        return self._groups_of(long_only=True)
 
     @property
     def short_rows(self) -> torch.Tensor:
         """The rows of sequences with at most ``SHORT_ROWS`` rows (decoding, verifying, drafting, short prompts)."""
         if self._short_rows is None:
-            firsts = list(accumulate((s.num_rows for s in self.spans), initial=0))
-            self._short_rows = to_device([r for s, f in zip(self.spans, firsts) if s.num_rows <= SHORT_ROWS
+            self._short_rows = to_device([r for s, f in zip(self.spans, self.firsts) if s.num_rows <= SHORT_ROWS
                                           for r in range(f, f + s.num_rows)], self.positions.device)
         return self._short_rows
 
+    def _groups_of(self, long_only: bool) -> list[Group]:
+        """The SDPA groups (all sequences, or the long ones only), built on first use in a forward."""
+        if long_only not in self._groups:
+            self._groups[long_only] = self._build_groups(long_only)
+        return self._groups[long_only]
+
     def _build_groups(self, long_only: bool) -> list[Group]:
-        spans = self.spans
-        firsts = list(accumulate((s.num_rows for s in spans), initial=0))
+        spans, firsts = self.spans, self.firsts
         long = [i for i, s in enumerate(spans) if s.num_rows > SHORT_ROWS]
         short = [] if long_only else sorted((i for i, s in enumerate(spans) if s.num_rows <= SHORT_ROWS),
                                             key=lambda i: spans[i].ctx_len)
