@@ -143,7 +143,7 @@ def test_baseline_runs_the_sections_asked_for(tmp_path):
                     "--context", "64", "--prompts", "1", "--wait-idle", "0", "--settle", "0", "--no-hf-passes",
                     "--dtype", "float32", "--json", str(tmp_path / "b.json")])
     assert {"prefill", "target_passes", "drafting"} <= res.keys() and "end_to_end" not in res
-    assert res["prefill"]["tokens"] == 96 and res["prefill"]["hf_s"] > 0
+    assert res["prefill"]["tokens"] == 96 and res["prefill"]["peers"]["hf"]["s"] > 0
     assert [r["k"] for r in res["drafting"]["rows"]] == [1, 2]
     saved = json.loads((tmp_path / "b.json").read_text())
     assert saved.keys() == res.keys()
