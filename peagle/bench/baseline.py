@@ -112,6 +112,8 @@ def wait_for_idle(max_wait_s: float, bar=None, threshold: float = 0.25) -> float
     """Wait (at most ``max_wait_s``) until other processes use less than ``threshold`` cores over
     one second; returns the last reading. The machine is shared: this only lowers the odds of
     measuring during someone else's burst."""
+    if max_wait_s <= 0:
+        return None
     deadline = time.perf_counter() + max_wait_s
     last = None
     while True:
@@ -352,7 +354,7 @@ def bench_prefill(args, ours: EnginePeer, whole: EnginePeer, others: list[Peer],
     out = {"tokens": len(ctx), "chunk": ours.engine.cfg.max_num_batched_tokens, "ours_s": s[ours.name],
            "whole_s": s[whole.name], "other_cores": load, "peers": {}}
     for p in others:
-        out["peers"][p.name] = {"label": p.label, "s": s[p.name], "ours_over": s[ours.name] / s[p.name],
+        out["peers"][p.name] = {"label": f"{p.system} {p.precision}", "s": s[p.name], "ours_over": s[ours.name] / s[p.name],
                                 "whole_over": s[whole.name] / s[p.name]}
     return out
 
