@@ -454,7 +454,7 @@ def test_a_peer_that_stops_early_is_caught(short):
                          tqdm(disable=True))
 
 
-def test_llamacpp_peers_chosen_and_skipped(monkeypatch):
+def test_llamacpp_peers_chosen_and_skipped(monkeypatch, capsys):
     from peagle.bench import baseline, llamacpp
 
     assert baseline.llamacpp_kinds("auto", "BF16") == ["BF16", "Q4_1"]
@@ -462,6 +462,8 @@ def test_llamacpp_peers_chosen_and_skipped(monkeypatch):
     assert baseline.parse_args(["--llamacpp", "F32,Q4_1"]).llamacpp == ["F32", "Q4_1"]
     with pytest.raises(SystemExit):
         baseline.parse_args(["--llamacpp", "F32,Q2_K"])
+    assert main(["bench", "baseline", "--llamacpp", "Q2_K"]) == 1   # `peagle bench baseline`: one line
+    assert "unknown llama.cpp precisions ['Q2_K']" in capsys.readouterr().err
     monkeypatch.setattr(llamacpp, "available", lambda: False)
     args = SimpleNamespace(max_new_tokens=8, prefill_tokens=64)
     peers, note = baseline.llamacpp_peers(args, ["F32"], 1, [[1, 2]])

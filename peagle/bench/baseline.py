@@ -354,8 +354,8 @@ def bench_prefill(args, ours: EnginePeer, whole: EnginePeer, others: list[Peer],
     out = {"tokens": len(ctx), "chunk": ours.engine.cfg.max_num_batched_tokens, "ours_s": s[ours.name],
            "whole_s": s[whole.name], "other_cores": load, "peers": {}}
     for p in others:
-        out["peers"][p.name] = {"label": f"{p.system} {p.precision}", "s": s[p.name], "ours_over": s[ours.name] / s[p.name],
-                                "whole_over": s[whole.name] / s[p.name]}
+        out["peers"][p.name] = {"label": f"{p.system} {p.precision}", "s": s[p.name],
+                                "ours_over": s[ours.name] / s[p.name], "whole_over": s[whole.name] / s[p.name]}
     return out
 
 
@@ -539,9 +539,7 @@ def markdown_drafting(res: dict) -> list[str]:
 SECTIONS = ("e2e", "passes", "prefill", "drafting")
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m peagle.bench.baseline", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=3, help="first N MT-Bench first turns")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of every end-to-end run")
@@ -576,10 +574,13 @@ def parse_args(argv=None):
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help="comma-separated, of " + ", ".join(SECTIONS) + " (drafting also times passes; without "
                          "e2e, contexts repeat the prompts alone)")
-    args = ap.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The comma-separated flags as lists; a ValueError names a bad value."""
     args.sections = [x for x in args.sections.split(",") if x]
     if unknown := set(args.sections) - set(SECTIONS):
-        ap.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+        raise ValueError(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     if "drafting" in args.sections and "passes" not in args.sections:
         args.sections.append("passes")
     args.verify_sizes = sorted({int(x) for x in args.verify_sizes.split(",")})
@@ -589,8 +590,19 @@ def parse_args(argv=None):
     if args.llamacpp not in ("auto", "none"):
         args.llamacpp = [x for x in args.llamacpp.split(",") if x]
         if unknown := set(args.llamacpp) - set(llamacpp.FTYPES):
-            ap.error(f"unknown llama.cpp precisions {sorted(unknown)}; choose from {', '.join(llamacpp.FTYPES)}")
+            raise ValueError(f"unknown llama.cpp precisions {sorted(unknown)}; choose from "
+                             f"{', '.join(llamacpp.FTYPES)}")
     return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m peagle.bench.baseline", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(ap)
+    try:
+        return check_args(ap.parse_args(argv))
+    except ValueError as e:
+        ap.error(str(e))
 
 
 def llamacpp_kinds(asked: str | list[str], engine_precision: str) -> list[str]:
@@ -614,8 +626,14 @@ def llamacpp_peers(args, kinds: list[str], threads: int, prompts_ids: list[list[
     return [llamacpp_peer.load(kind, threads, n_ctx) for kind in kinds], None
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def main(args: argparse.Namespace) -> int:
+    """``peagle bench baseline``."""
+    run(check_args(args))
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Every section asked for: the report printed, every figure returned (and written to ``--json``)."""
     from tqdm import tqdm
 
     import transformers
@@ -721,4 +739,4 @@ def llamacpp_version() -> str | None:
 
 
 if __name__ == "__main__":
-    main()
+    run(parse_args())
