@@ -1,0 +1,209 @@
+"""GGUF weights as they ship: Q8_0, Q4_0 and Q4_1 matrices kept in their 32-weight blocks, repacked
+once per row for peagle's CPU kernels, and read from the ``.gguf`` file without de-quantizing the model.
+
+A quantized matrix is a :class:`QuantTensor`: to the model it looks like the ``[out, in]`` weight it
+stands for (shape, a nominal dtype, a parameter of its module, concatenated like one when q/k/v and
+gate/up are fused), while :func:`peagle.models.layers.linear` hands its packed rows to
+``torch.ops.peagle.linear`` and an embedding lookup de-quantizes only the rows it looks up. The packed
+row (``peagle/kernels/csrc/kernels.h``) is the file's bytes with the scales split from the quants:
+``[d: nb fp16][m: nb fp16, q4_1 only][quants]``, so a row permutation or concatenation is exact.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+QBLOCK = 32  # weights per block
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """One GGUF block format: its name (the kernels' and GGUF's), block size in bytes, whether it
+    stores a min per block (q4_1), and whether its quants are nibbles (else int8)."""
+
+    name: str
+    block_bytes: int
+    has_min: bool
+    nibbles: bool
+
+    @property
+    def scale_bytes(self) -> int:
+        return 4 if self.has_min else 2
+
+
+FORMATS = {f.name: f for f in (BlockFormat("q8_0", 34, False, False), BlockFormat("q4_0", 18, False, True),
+                               BlockFormat("q4_1", 20, True, True))}
+
+
+def pack(blocks: np.ndarray, fmt: str) -> torch.Tensor:
+    """GGUF's blocks (uint8 ``[N, nb * block_bytes]``, one row of the matrix each) -> the kernels'
+    per-row layout (same shape: scales, then mins, then quants), a new CPU tensor."""
+    f = FORMATS[fmt]
+    n = blocks.shape[0]
+    words = np.ascontiguousarray(blocks).view(np.uint16).reshape(n, -1, f.block_bytes // 2)  # blocks: even sizes
+    heads = f.scale_bytes // 2
+    out = np.empty((n, words.shape[1] * f.block_bytes // 2), dtype=np.uint16)
+    nb = words.shape[1]
+    for i in range(heads):  # d, then m
+        out[:, i * nb:(i + 1) * nb] = words[..., i]
+    out[:, heads * nb:].reshape(n, nb, -1)[:] = words[..., heads:]
+    return torch.from_numpy(out.view(np.uint8))
+
+
+def dequantize(packed: torch.Tensor, fmt: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Packed rows ``[N, row bytes]`` -> ``[N, K]`` in ``dtype``: the float32 values gguf's
+    ``dequantize`` gives (q * d exact, + m rounded once), then cast."""
+    f = FORMATS[fmt]
+    n, nb = packed.shape[0], packed.shape[1] // f.block_bytes
+    d = packed[:, :2 * nb].contiguous().view(torch.float16).float()[..., None]
+    q = packed[:, f.scale_bytes * nb:].reshape(n, nb, -1)
+    if f.nibbles:
+        q = torch.cat([q & 15, q >> 4], dim=-1).to(torch.int32)  # low nibbles: elements 0..15
+        q = q if f.has_min else q - 8
+    else:
+        q = q.contiguous().view(torch.int8).to(torch.int32)
+    w = q.float() * d
+    if f.has_min:
+        w = w + packed[:, 2 * nb:4 * nb].contiguous().view(torch.float16).float()[..., None]
+    return w.reshape(n, -1).to(dtype)
+
+
+class QuantTensor(torch.Tensor):
+    """A quantized ``[out, in]`` matrix standing for its de-quantized values in ``dtype`` (nominal: no
+    such copy exists). Supports what loading and running a model asks of a weight: detach, concatenation
+    along rows, embedding lookups and row indexing (those rows de-quantized), ``.to`` (the whole matrix
+    de-quantized, for callers that want a plain copy); anything else is refused with a clear error."""
+
+    packed: torch.Tensor
+    format: str
+
+    @staticmethod
+    def __new__(cls, packed: torch.Tensor, fmt: str, dtype: torch.dtype):
+        f = FORMATS[fmt]
+        if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] % f.block_bytes:
+            raise ValueError(f"a {fmt} matrix is uint8 [rows, blocks * {f.block_bytes}], got "
+                             f"{packed.dtype} {tuple(packed.shape)}")
+        shape = (packed.shape[0], packed.shape[1] // f.block_bytes * QBLOCK)
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=packed.device)
+
+    def __init__(self, packed: torch.Tensor, fmt: str, dtype: torch.dtype):
+        self.packed, self.format = packed.contiguous(), fmt
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __repr__(self) -> str:
+        return f"QuantTensor({self.format}, {tuple(self.shape)}, nominal {self.dtype})"
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return dequantize(self.packed, self.format, dtype or self.dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (any shape) de-quantized: ``[*ids.shape, in]``."""
+        flat = ids.reshape(-1).to(self.packed.device)
+        return dequantize(self.packed[flat], self.format, self.dtype).view(*ids.shape, self.shape[1])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        aten = torch.ops.aten
+        if func is aten.detach.default:
+            s = args[0]
+            return QuantTensor(s.packed, s.format, s.dtype)
+        if func is aten.cat.default and (args[1] if len(args) > 1 else kwargs.get("dim", 0)) == 0:
+            ts = args[0]
+            if all(isinstance(t, QuantTensor) and t.format == ts[0].format and t.shape[1] == ts[0].shape[1]
+                   for t in ts):
+                return QuantTensor(torch.cat([t.packed for t in ts]), ts[0].format, ts[0].dtype)
+        if func is aten.embedding.default:
+            return args[0].rows(args[1])
+        if func is aten.index.Tensor and isinstance(args[0], QuantTensor) and len(args[1]) == 1:
+            return args[0].rows(args[1][0])
+        if func is aten._to_copy.default:
+            s = args[0]
+            return s.dequantize(kwargs.get("dtype") or s.dtype).to(kwargs.get("device") or s.device)
+        raise NotImplementedError(f"{func} is not supported on a quantized ({args[0].format if args and isinstance(args[0], QuantTensor) else 'gguf'}) "
+                                  "weight; load the target with --quantization none")
+
+
+def quantized(w: torch.Tensor) -> bool:
+    return isinstance(w, QuantTensor)
+
+
+def formats(model: torch.nn.Module) -> list[str]:
+    """The block formats ``model``'s weights are kept in (empty: none kept quantized)."""
+    return sorted({p.format for p in model.parameters() if quantized(p)})
+
+
+# ---------------------------------------------------------------------------------------- GGUF files
+class GGUFError(ValueError):
+    """A GGUF file that cannot be read as the target its metadata describes."""
+
+
+def _reverse_permute(rows: int, heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's RoPE permutation of attn_q/attn_k (as transformers does:
+    per head, the interleaved halves back to rotate-half order)."""
+    dim = rows // heads // 2
+    return torch.arange(rows, device="cpu").reshape(heads, dim, 2).transpose(1, 2).reshape(rows)
+
+
+def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype, compute: torch.dtype,
+              device: torch.device) -> dict[str, torch.Tensor]:
+    """The tensors of a GGUF file under the HF names ``names`` (the state dict the model expects). With
+    ``keep``, Q8_0/Q4_0/Q4_1 matrices stay quantized (:class:`QuantTensor`, nominally ``compute`` for
+    the embedding and ``dtype`` for the linear layers, as :func:`set_precision` would leave them); every
+    other tensor is de-quantized into ``dtype`` (floating point: the loader then casts what is not a
+    linear weight), one tensor at a time, with one notice naming the types that were."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # a truncated or foreign file: numpy and struct errors of every kind
+        raise GGUFError(f"corrupt or unreadable GGUF file {path}: {type(e).__name__}: {e}") from None
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(str(reader.get_field("general.architecture").contents())
+                                                              if reader.get_field("general.architecture") else "")
+    if arch is None:
+        raise GGUFError(f"{path}: no or unknown general.architecture in the GGUF metadata")
+    tmap = gguf.get_tensor_name_map(arch, cfg.num_layers)
+    to_hf: dict[str, str] = {}
+    for hf in names:
+        base, _, suffix = hf.rpartition(".")
+        g = tmap.get_name(base)
+        if g is not None:
+            to_hf[f"{g}.{suffix}"] = hf
+    permute = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads} if cfg.model_type in ("llama", "mistral") else {}
+    kept = {getattr(gguf.GGMLQuantizationType, n.upper()): n for n in FORMATS} if keep else {}
+    out: dict[str, torch.Tensor] = {}
+    converted: set[str] = set()
+    for t in reader.tensors:
+        hf = to_hf.get(t.name)
+        if hf is None:
+            raise GGUFError(f"{path}: unexpected tensor {t.name!r} for a {cfg.model_type} model")
+        n_rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
+        order = next((_reverse_permute(n_rows, h) for k, h in permute.items() if f".{k}." in hf), None)
+        if t.tensor_type in kept and len(t.shape) == 2:
+            fmt = kept[t.tensor_type]
+            data = np.asarray(t.data)
+            if data.shape != (n_rows, int(t.shape[0]) // QBLOCK * FORMATS[fmt].block_bytes):
+                raise GGUFError(f"{path}: tensor {t.name} has {data.shape} bytes for {fmt} {tuple(t.shape)}")
+            nominal = compute if hf.endswith("embed_tokens.weight") else dtype
+            out[hf] = QuantTensor(pack(data if order is None else data[order.numpy()], fmt), fmt, nominal)
+            continue
+        if t.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
+                                 gguf.GGMLQuantizationType.BF16):
+            converted.add(t.tensor_type.name)
+        try:
+            w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type)))  # a copy: off the map
+        except (NotImplementedError, ValueError) as e:
+            raise GGUFError(f"{path}: cannot read tensor {t.name} ({t.tensor_type.name}): {e}") from None
+        w = w.reshape([int(s) for s in reversed(t.shape)]) if len(t.shape) > 1 else w.reshape(-1)
+        if order is not None:
+            w = w[order]
+        out[hf] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
+    if converted:
+        print(f"peagle: {path.name}: {', '.join(sorted(converted))} tensors de-quantized "
+              f"(kept quantized: {', '.join(n.upper() for n in FORMATS)})", file=sys.stderr)
+    return out

@@ -1,0 +1,114 @@
+"""GGUF weights as they ship (peagle/models/quant.py and the kernels' q8_0/q4_0/q4_1 paths): our
+de-quantization is gguf's bit for bit, the quantized linear is the same kernel on the de-quantized
+matrix bit for bit (each instruction set its scalar reference's bits, each row's result independent
+of the pass), and the default model kept quantized runs as its de-quantized copy does."""
+from __future__ import annotations
+
+import os
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from peagle import kernels
+from peagle.models.loader import default_gguf
+from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, dequantize, pack
+from test_kernels import LANES, isas
+
+native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
+                            reason="the native kernels are off")
+GGML = {name: getattr(gguf.GGMLQuantizationType, name.upper()) for name in FORMATS}
+
+
+def random_blocks(fmt: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """GGUF blocks ``[rows, k/32 * block bytes]``: random quants, random finite fp16 scales and mins
+    of either sign (subnormals among them)."""
+    f = FORMATS[fmt]
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, size=(rows, k // QBLOCK, f.block_bytes), dtype=np.uint8)
+    scales = (rng.standard_normal((rows, k // QBLOCK, f.scale_bytes // 2)) * 0.02).astype(np.float16)
+    scales.flat[::7] = np.float16(3e-6)  # a subnormal half
+    b[..., :f.scale_bytes] = scales.view(np.uint8).reshape(rows, k // QBLOCK, f.scale_bytes)
+    return b.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_is_ggufs_bit_for_bit(fmt):
+    blocks = random_blocks(fmt, 40, 256)
+    want = torch.from_numpy(gguf.quants.dequantize(blocks, GGML[fmt]))
+    assert torch.equal(dequantize(pack(blocks, fmt), fmt), want)
+
+
+def test_the_default_models_tensors_dequantize_as_gguf_does():
+    reader = gguf.GGUFReader(str(default_gguf()))
+    seen = set()
+    for t in reader.tensors:
+        fmt = t.tensor_type.name.lower()
+        if fmt in FORMATS and fmt not in seen:
+            seen.add(fmt)
+            rows = np.asarray(t.data)[:512]
+            want = torch.from_numpy(gguf.quants.dequantize(rows, t.tensor_type))
+            assert torch.equal(dequantize(pack(rows, fmt), fmt), want), t.name
+    assert seen == {"q4_1", "q8_0"}
+
+
+def test_quant_tensor_looks_up_rows_and_concatenates_rows():
+    blocks = random_blocks("q4_1", 12, 64, seed=3)
+    full = dequantize(pack(blocks, "q4_1"), "q4_1")
+    w = QuantTensor(pack(blocks, "q4_1"), "q4_1", torch.float32)
+    assert w.shape == (12, 64)
+    ids = torch.tensor([[3, 0], [11, 3]], device="cpu")
+    assert torch.equal(torch.nn.functional.embedding(ids, w), full[ids])
+    assert torch.equal(w[torch.tensor([5, 1], device="cpu")], full[[5, 1]])
+    both = torch.cat([w, w.detach()])
+    assert isinstance(both, QuantTensor) and torch.equal(both.dequantize(), torch.cat([full, full]))
+    with pytest.raises(NotImplementedError, match="--quantization none"):
+        w + 1
+
+
+def case(fmt: str, m: int, k: int, n: int, seed: int = 0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(m, k, generator=g, device="cpu")
+    packed = pack(random_blocks(fmt, n, k, seed), fmt)
+    return x, packed, torch.randn(n, generator=g, device="cpu")
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k,n", [(64, 40), (576, 96), (1536, 24)])
+def test_each_isa_gives_the_bits_of_its_reference_and_of_the_dequantized_matrix(fmt, k, n):
+    x, packed, b = case(fmt, 70, k, n)  # 70 rows: full tiles, leftover rows, and a second row chunk
+    w = dequantize(packed, fmt)
+    for isa in isas():
+        for bias in (None, b):
+            got = torch.ops.peagle.linear(x, packed, bias, isa, fmt)
+            assert torch.equal(got, torch.ops.peagle.linear_ref(x, packed, bias, LANES[isa], fmt)), (isa, fmt)
+            assert torch.equal(got, torch.ops.peagle.linear(x, w, bias, isa)), (isa, fmt)
+    exact = x.double() @ w.double().t()
+    got = torch.ops.peagle.linear(x, packed, None, "", fmt)
+    assert (got.double() - exact).abs().max() < 1e-5 * exact.abs().max()
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_rows_result_does_not_depend_on_the_pass(fmt):
+    x, packed, b = case(fmt, 40, 576, 72, seed=1)
+    for isa in isas():
+        alone = torch.cat([torch.ops.peagle.linear(x[i:i + 1], packed, b, isa, fmt) for i in range(len(x))])
+        for m in range(1, len(x) + 1):
+            assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b, isa, fmt), alone[:m]), (isa, fmt, m)
+        assert torch.equal(torch.ops.peagle.linear(x[3:11], packed, b, isa, fmt), alone[3:11])
+
+
+@native
+def test_bad_packed_weights_are_refused():
+    x, packed, _ = case("q4_1", 2, 64, 8)
+    with pytest.raises(RuntimeError, match="unknown weight format 'q5_0'"):
+        torch.ops.peagle.linear(x, packed, None, "", "q5_0")
+    with pytest.raises(RuntimeError, match="multiple of 34 bytes"):
+        torch.ops.peagle.linear(x, packed, None, "", "q8_0")
+    with pytest.raises(RuntimeError, match="features"):
+        torch.ops.peagle.linear(x[:, :32], packed, None, "", "q4_1")
+    with pytest.raises(RuntimeError, match="packed uint8"):
+        torch.ops.peagle.linear(x, packed.float(), None, "", "q4_1")
