@@ -106,15 +106,12 @@ def precision_name(weights: torch.dtype, compute: torch.dtype) -> str:
 
 
 def add_runtime_args(p, engine: bool = False) -> None:
-    """``--dtype``, ``--device`` and ``--quantization`` for a command-line parser, as vLLM names them; with ``engine``
+    """``--dtype`` and ``--device`` for a command-line parser, as vLLM names them; with ``engine``
     (commands that run the engine) ``--enforce-eager`` too."""
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="the weights' dtype: auto = bfloat16 (on CUDA the arithmetic too; on the CPU the arithmetic "
                         "is float32 whatever the weights)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None,
-                   help="gguf (the default for a .gguf target): its Q8_0/Q4_0/Q4_1 matrices run as stored, on peagle's "
-                        "CPU kernels; none: de-quantize the weights into --dtype")
     if engine:
         p.add_argument("--enforce-eager", action="store_true",
                        help="CUDA: run decode steps eagerly, without CUDA graphs (the CPU always does)")
