@@ -4,6 +4,7 @@ matrix bit for bit (each instruction set its scalar reference's bits, each row's
 of the pass), and the default model kept quantized runs as its de-quantized copy does."""
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import gguf
@@ -11,10 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from peagle import kernels
-from peagle.models.loader import default_gguf
-from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, dequantize, pack
+from conftest import run_full
 from test_kernels import LANES, isas
+
+from peagle import kernels
+from peagle.engine.llm_engine import LLMEngine
+from peagle.engine.sampling import SamplingParams
+from peagle.models.checkpoint import CheckpointError
+from peagle.models.loader import default_gguf, load_target, load_tokenizer, resolve_target
+from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, dequantize, formats, pack
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
@@ -112,3 +118,73 @@ def test_bad_packed_weights_are_refused():
         torch.ops.peagle.linear(x[:, :32], packed, None, "", "q4_1")
     with pytest.raises(RuntimeError, match="packed uint8"):
         torch.ops.peagle.linear(x, packed.float(), None, "", "q4_1")
+
+
+# ------------------------------------------------------------------------------ the default model
+TEXT = ("The ocean covers more than seventy percent of the surface of the Earth. It holds most of the planet's "
+        "water, shapes its climate and feeds billions of people. Sailors have crossed it for thousands of years, "
+        "first along the coasts and later across the open sea, guided by the stars, the winds and the currents.")
+
+
+@pytest.fixture(scope="module")
+def default_both():
+    """The default model kept quantized, and de-quantized through transformers (``--quantization none``)."""
+    quant, path = load_target(None, "float32")
+    plain, _ = load_target(None, "float32", quantization="none")
+    ids = torch.tensor(load_tokenizer(path)(TEXT + " " + TEXT)["input_ids"][:128], device="cpu")
+    return quant, plain, ids
+
+
+def test_the_quantized_default_model_holds_transformers_weights(default_both):
+    """Every tensor, de-quantized, is the bits of transformers' conversion: the q/k rows un-permuted as
+    its loader does, q/k/v and gate/up fused the same way."""
+    quant, plain, _ = default_both
+    want = plain.state_dict()
+    for name, w in quant.state_dict().items():
+        got = w.dequantize(torch.float32) if isinstance(w, QuantTensor) else w.float()
+        assert torch.equal(got, want[name].float()), name
+
+
+@native
+def test_the_default_model_kept_quantized_gives_its_dequantized_copys_logits(default_both):
+    quant, plain, ids = default_both
+    assert formats(quant) == ["q4_1", "q8_0"] and formats(plain) == []
+    assert quant.model.embed_tokens.weight is quant.head_weight()  # the LM head multiplies by the Q8_0 blocks
+    logits, aux = run_full(quant, ids)
+    ref_logits, ref_aux = run_full(plain, ids)
+    assert torch.equal(logits, ref_logits) and torch.equal(aux, ref_aux)
+
+
+@native
+def test_the_engine_says_it_runs_gguf_weights():
+    engine = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1, max_model_len=64)
+    assert engine.quantization == "gguf" and engine.precision == "GGUF Q4_1/Q8_0 weights, float32 compute"
+    out = engine.generate([engine.encode_prompt("Hi")], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+
+
+@native
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
+def test_logits_agree_with_llama_cpp_on_the_same_file(default_both):
+    """llama.cpp multiplies Q4_1 by activations it quantizes to 8 bits, we by float32 ones: the argmax
+    agrees almost everywhere and the logits (range about +-35) within a couple of units."""
+    import llama_cpp
+
+    quant, _, ids = default_both
+    llm = llama_cpp.Llama(model_path=str(default_gguf()), logits_all=True, n_ctx=256, n_threads=1, verbose=False)
+    llm.eval(ids.tolist())
+    ref = torch.from_numpy(np.array(llm.scores[:len(ids)], dtype=np.float32))
+    logits, _ = run_full(quant, ids)
+    assert (logits.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
+    assert (logits - ref).abs().max() < 3.0
+
+
+def test_bad_gguf_targets_and_quantizations_are_refused(tmp_path, default_both):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(default_gguf().read_bytes()[:4096])
+    with pytest.raises(CheckpointError, match="broken.gguf"):
+        load_target(bad, "float32", device="cpu")
+    with pytest.raises(ValueError, match="unknown quantization 'q4'"):
+        load_target(None, "float32", device="cpu", quantization="q4")
+    with pytest.raises(ValueError, match="needs a .gguf target"):
+        load_target(resolve_target(None), "float32", device="cpu", quantization="gguf")

@@ -79,11 +79,12 @@ static void blocks(const LinearArgs& a, int64_t n0, int64_t n1) {
 }
 
 // Tiles as tall as the pass up to RMAX rows (every row of a verification pass shares one read of the
-// weights), as wide as the registers then allow; taller passes (prefill) in tiles of RWIDE rows.
+// weights), as wide as the registers then allow; taller passes (prefill) in tiles of RWIDE rows, or of
+// RMAX for quantized weights (each tile de-quantizes the weights again: fewer, taller tiles pay).
 template <class V, WType T, int R = V::RMAX>
 static void run_tiles(const LinearArgs& a, int64_t n0, int64_t n1) {
   if constexpr (R == V::RMAX) {
-    if (a.M > R) return blocks<V, T, V::RWIDE>(a, n0, n1);
+    if (a.M > R) return blocks<V, T, quantized(T) ? V::RMAX : V::RWIDE>(a, n0, n1);
   }
   if constexpr (R > 1) {
     if (a.M < R) return run_tiles<V, T, R - 1>(a, n0, n1);
