@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 QBLOCK = 32  # weights per block
+DEQUANT_ROWS = 1024  # rows de-quantized at a time (QuantTensor.dequantize)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,12 @@ class QuantTensor(torch.Tensor):
         return f"QuantTensor({self.format}, {tuple(self.shape)}, nominal {self.dtype})"
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return dequantize(self.packed, self.format, dtype or self.dtype)
+        """The whole matrix in ``dtype`` (nominal by default), in slices of rows: the integer and float32
+        temporaries of :func:`dequantize` stay small beside the result."""
+        out = torch.empty(self.shape, dtype=dtype or self.dtype, device=self.packed.device)
+        for i in range(0, self.shape[0], DEQUANT_ROWS):
+            out[i:i + DEQUANT_ROWS] = dequantize(self.packed[i:i + DEQUANT_ROWS], self.format, out.dtype)
+        return out
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` (any shape) de-quantized: ``[*ids.shape, in]``."""
@@ -125,8 +131,8 @@ class QuantTensor(torch.Tensor):
         if func is aten._to_copy.default:
             s = args[0]
             return s.dequantize(kwargs.get("dtype") or s.dtype).to(kwargs.get("device") or s.device)
-        raise NotImplementedError(f"{func} is not supported on a quantized ({args[0].format if args and isinstance(args[0], QuantTensor) else 'gguf'}) "
-                                  "weight; load the target with --quantization none")
+        raise NotImplementedError(f"{func} is not supported on a GGUF-quantized weight; load the target with "
+                                  "--quantization none")
 
 
 def quantized(w: torch.Tensor) -> bool:
@@ -161,12 +167,18 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
 
     try:
         reader = gguf.GGUFReader(str(path))
+        field = reader.get_field("general.architecture")
+        arch_name = str(field.contents()) if field is not None else ""
+        # what the tensors are and where, then the reader dropped: its parsed metadata (the tokenizer's
+        # strings) and the pages it maps would add to the peak while the weights are read
+        tensors = [(t.name, t.tensor_type, [int(n) for n in t.shape], int(t.data_offset), int(t.n_bytes))
+                   for t in reader.tensors]
+        del reader, field
     except Exception as e:  # a truncated or foreign file: numpy and struct errors of every kind
         raise GGUFError(f"corrupt or unreadable GGUF file {path}: {type(e).__name__}: {e}") from None
-    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(str(reader.get_field("general.architecture").contents())
-                                                              if reader.get_field("general.architecture") else "")
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch_name)
     if arch is None:
-        raise GGUFError(f"{path}: no or unknown general.architecture in the GGUF metadata")
+        raise GGUFError(f"{path}: no or unknown general.architecture {arch_name!r} in the GGUF metadata")
     tmap = gguf.get_tensor_name_map(arch, cfg.num_layers)
     to_hf: dict[str, str] = {}
     for hf in names:
@@ -178,31 +190,36 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     kept = {getattr(gguf.GGMLQuantizationType, n.upper()): n for n in FORMATS} if keep else {}
     out: dict[str, torch.Tensor] = {}
     converted: set[str] = set()
-    for t in reader.tensors:
-        hf = to_hf.get(t.name)
-        if hf is None:
-            raise GGUFError(f"{path}: unexpected tensor {t.name!r} for a {cfg.model_type} model")
-        n_rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
-        order = next((_reverse_permute(n_rows, h) for k, h in permute.items() if f".{k}." in hf), None)
-        if t.tensor_type in kept and len(t.shape) == 2:
-            fmt = kept[t.tensor_type]
-            data = np.asarray(t.data)
-            if data.shape != (n_rows, int(t.shape[0]) // QBLOCK * FORMATS[fmt].block_bytes):
-                raise GGUFError(f"{path}: tensor {t.name} has {data.shape} bytes for {fmt} {tuple(t.shape)}")
-            nominal = compute if hf.endswith("embed_tokens.weight") else dtype
-            out[hf] = QuantTensor(pack(data if order is None else data[order.numpy()], fmt), fmt, nominal)
-            continue
-        if t.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
-                                 gguf.GGMLQuantizationType.BF16):
-            converted.add(t.tensor_type.name)
-        try:
-            w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type)))  # a copy: off the map
-        except (NotImplementedError, ValueError) as e:
-            raise GGUFError(f"{path}: cannot read tensor {t.name} ({t.tensor_type.name}): {e}") from None
-        w = w.reshape([int(s) for s in reversed(t.shape)]) if len(t.shape) > 1 else w.reshape(-1)
-        if order is not None:
-            w = w[order]
-        out[hf] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
+    with open(path, "rb") as fh:
+        for name, ttype, shape, offset, nbytes in tensors:
+            hf = to_hf.get(name)
+            if hf is None:
+                raise GGUFError(f"{path}: unexpected tensor {name!r} for a {cfg.model_type} model")
+            n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            data = np.empty(nbytes, dtype=np.uint8)  # one tensor's bytes at a time, read (not mapped)
+            fh.seek(offset)
+            if fh.readinto(data) != nbytes:
+                raise GGUFError(f"{path}: truncated: tensor {name} ends past the end of the file")
+            data = data.reshape(n_rows, -1)
+            order = next((_reverse_permute(n_rows, h).numpy() for k, h in permute.items() if f".{k}." in hf), None)
+            if ttype in kept and len(shape) == 2:
+                fmt = kept[ttype]
+                if data.shape[1] != shape[0] // QBLOCK * FORMATS[fmt].block_bytes:
+                    raise GGUFError(f"{path}: tensor {name} has {data.shape[1]} bytes a row for {fmt} {tuple(shape)}")
+                nominal = compute if hf.endswith("embed_tokens.weight") else dtype
+                out[hf] = QuantTensor(pack(data if order is None else data[order], fmt), fmt, nominal)
+                continue
+            if ttype not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
+                             gguf.GGMLQuantizationType.BF16):
+                converted.add(ttype.name)
+            try:
+                w = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(data, ttype)))
+            except (NotImplementedError, ValueError) as e:
+                raise GGUFError(f"{path}: cannot read tensor {name} ({ttype.name}): {e}") from None
+            w = w.reshape(list(reversed(shape))) if len(shape) > 1 else w.reshape(-1)
+            if order is not None:
+                w = w[torch.from_numpy(order)]
+            out[hf] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
     if converted:
         print(f"peagle: {path.name}: {', '.join(sorted(converted))} tensors de-quantized "
               f"(kept quantized: {', '.join(n.upper() for n in FORMATS)})", file=sys.stderr)
