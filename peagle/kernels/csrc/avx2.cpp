@@ -25,21 +25,8 @@ struct Avx2 {
     return _mm256_load_ps(buf);
   }
   template <WType T>
-  static vec load_w(const uint8_t* row, int64_t k, int64_t K) {
-    if constexpr (quantized(T)) {  // weights k .. k+7 of block k / 32, as kernels.h says
-      const QRow p = qrow(row, T, K);
-      const int64_t b = k / QBLOCK;
-      const vec d = _mm256_set1_ps(_cvtsh_ss(p.d[b]));
-      if constexpr (T == WType::q8_0) {
-        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.q + b * QBLOCK + k % QBLOCK));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
-      } else {
-        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.q + b * 16 + k % 16)));
-        q = _mm256_and_si256(_mm256_srl_epi32(q, _mm_cvtsi32_si128(int(k & 16) / 4)), _mm256_set1_epi32(15));
-        if constexpr (T == WType::q4_0) return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))), d);
-        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, _mm256_set1_ps(_cvtsh_ss(p.m[b])));
-      }
-    } else if constexpr (T == WType::f32) {
+  static vec load_w(const uint8_t* row, int64_t k) {
+    if constexpr (T == WType::f32) {
       return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
     } else {
       __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + k));
@@ -47,12 +34,37 @@ struct Avx2 {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: a float's top half
     }
   }
+  // Block b of a packed row as four vectors (weights 0..7, 8..15, 16..23, 24..31), as kernels.h says.
+  template <WType T>
+  static void load_block(const uint8_t* row, int64_t b, int64_t K, vec* out) {
+    const QRow p = qrow(row, T, K);
+    const vec d = _mm256_set1_ps(_cvtsh_ss(p.d[b]));
+    if constexpr (T == WType::q8_0) {
+      for (int s = 0; s < 4; ++s) {
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.q + b * QBLOCK + s * 8));
+        out[s] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+      }
+    } else {
+      __m256i nib[4];
+      for (int h = 0; h < 2; ++h) {  // bytes 0..7 and 8..15: low nibbles weights 8h.., high ones 16 + 8h..
+        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.q + b * 16 + h * 8)));
+        nib[h] = _mm256_and_si256(q, _mm256_set1_epi32(15));
+        nib[2 + h] = _mm256_srli_epi32(q, 4);
+      }
+      for (int s = 0; s < 4; ++s) {
+        if constexpr (T == WType::q4_0)
+          out[s] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(nib[s], _mm256_set1_epi32(8))), d);
+        else
+          out[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nib[s]), d, _mm256_set1_ps(_cvtsh_ss(p.m[b])));
+      }
+    }
+  }
   template <WType T>
   static vec load_w_tail(const uint8_t* row, int64_t k, int64_t n) {
     constexpr int B = T == WType::f32 ? 4 : 2;
     alignas(32) uint8_t buf[32] = {0};
     std::memcpy(buf, row + k * B, n * B);
-    return load_w<T>(buf, 0, 0);
+    return load_w<T>(buf, 0);
   }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
   // acc *= c over d floats, elementwise (the same bits as scalar mul)

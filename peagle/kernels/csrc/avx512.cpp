@@ -20,21 +20,8 @@ struct Avx512 {
   static vec load_x(const float* p) { return _mm512_loadu_ps(p); }
   static vec load_x_tail(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p); }
   template <WType T>
-  static vec load_w(const uint8_t* row, int64_t k, int64_t K) {
-    if constexpr (quantized(T)) {  // weights k .. k+15 of block k / 32, as kernels.h says
-      const QRow p = qrow(row, T, K);
-      const int64_t b = k / QBLOCK;
-      const vec d = _mm512_set1_ps(_cvtsh_ss(p.d[b]));
-      if constexpr (T == WType::q8_0) {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.q + b * QBLOCK + k % QBLOCK));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
-      } else {
-        __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.q + b * 16)));
-        q = _mm512_and_si512(_mm512_srl_epi32(q, _mm_cvtsi32_si128(int(k & 16) / 4)), _mm512_set1_epi32(15));
-        if constexpr (T == WType::q4_0) return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(8))), d);
-        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, _mm512_set1_ps(_cvtsh_ss(p.m[b])));
-      }
-    } else if constexpr (T == WType::f32) {
+  static vec load_w(const uint8_t* row, int64_t k) {
+    if constexpr (T == WType::f32) {
       return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
     } else {
       __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row) + k));
@@ -42,12 +29,33 @@ struct Avx512 {
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));  // bf16: a float's top half
     }
   }
+  // Block b of a packed row as two vectors (weights 0..15, 16..31), as kernels.h says.
+  template <WType T>
+  static void load_block(const uint8_t* row, int64_t b, int64_t K, vec* out) {
+    const QRow p = qrow(row, T, K);
+    const vec d = _mm512_set1_ps(_cvtsh_ss(p.d[b]));
+    if constexpr (T == WType::q8_0) {
+      for (int s = 0; s < 2; ++s) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.q + b * QBLOCK + s * 16));
+        out[s] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+      }
+    } else {
+      const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.q + b * 16)));
+      const __m512i nib[2] = {_mm512_and_si512(q, _mm512_set1_epi32(15)), _mm512_srli_epi32(q, 4)};
+      for (int s = 0; s < 2; ++s) {
+        if constexpr (T == WType::q4_0)
+          out[s] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(nib[s], _mm512_set1_epi32(8))), d);
+        else
+          out[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(nib[s]), d, _mm512_set1_ps(_cvtsh_ss(p.m[b])));
+      }
+    }
+  }
   template <WType T>
   static vec load_w_tail(const uint8_t* row, int64_t k, int64_t n) {
     constexpr int B = T == WType::f32 ? 4 : 2;
     alignas(64) uint8_t buf[64] = {0};
     std::memcpy(buf, row + k * B, n * B);
-    return load_w<T>(buf, 0, 0);
+    return load_w<T>(buf, 0);
   }
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
   // acc *= c over d floats, elementwise (the same bits as scalar mul)

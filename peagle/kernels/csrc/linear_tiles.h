@@ -2,8 +2,9 @@
 // its `#pragma GCC target`). V supplies: LANES, RMAX (the tallest tile), RWIDE (the tile height for
 // passes taller than RMAX), columns(R) (a tile's width for
 // R rows, within the registers), vec, zero(), load_x(p), load_x_tail(p, n),
-// load_w<T>(row, k, K) (weights k .. k+LANES-1 of a row of row_bytes(T, K) bytes, as float32),
-// load_w_tail<T>(row, k, n), fma(a, b, c) and hsum(v) (lanes reduced as linear_ref.cpp).
+// load_w<T>(row, k) (weights k .. k+LANES-1 of a float row), load_w_tail<T>(row, k, n),
+// load_block<T>(row, b, K, out) (block b of a packed row of K weights: QBLOCK / LANES vectors, float32),
+// fma(a, b, c) and hsum(v) (lanes reduced as linear_ref.cpp).
 #pragma once
 #include "kernels.h"
 
@@ -15,7 +16,7 @@ namespace peagle {
 // this one computes: the first touch of a weight is the one that waits for memory.
 template <class V, WType T, int R, int NB>
 static void tile(const LinearArgs& a, int64_t m, int64_t n) {
-  constexpr int L = V::LANES;
+  constexpr int L = V::LANES, B = T == WType::f32 ? 4 : 2;
   const int64_t K = a.K, KL = K - K % L, RB = row_bytes(T, K);  // quantized: K % QBLOCK == 0, no tail
   const float* x = a.x + m * a.ldx;
   const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * RB;
@@ -23,20 +24,34 @@ static void tile(const LinearArgs& a, int64_t m, int64_t n) {
   typename V::vec acc[R][NB];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < NB; ++j) acc[r][j] = V::zero();
-  for (int64_t k = 0; k < KL; k += L) {
-    typename V::vec xv[R];
-    for (int r = 0; r < R; ++r) {
-      xv[r] = V::load_x(x + r * a.ldx + k);
-      asm("" : "+v"(xv[r]));  // keep x in a register for all NB columns (not re-loaded per FMA)
+  if constexpr (quantized(T)) {
+    // a block per step, its scales and quants loaded once for the QBLOCK / L vectors it gives
+    for (int64_t b = 0; b < K / QBLOCK; ++b) {
+      typename V::vec wv[NB][QBLOCK / L];
+      for (int j = 0; j < NB; ++j) {
+        __builtin_prefetch(next + j * RB + b * block_bytes(T), 0, 3);
+        V::template load_block<T>(w + j * RB, b, K, wv[j]);
+      }
+      for (int s = 0; s < QBLOCK / L; ++s) {
+        typename V::vec xv[R];
+        for (int r = 0; r < R; ++r) xv[r] = V::load_x(x + r * a.ldx + b * QBLOCK + s * L);
+        for (int j = 0; j < NB; ++j)
+          for (int r = 0; r < R; ++r) acc[r][j] = V::fma(wv[j][s], xv[r], acc[r][j]);
+      }
     }
-    const int64_t kb = k * RB / K;  // the byte of a row this step reads (about, for the packed blocks)
-    for (int j = 0; j < NB; ++j) {
-      __builtin_prefetch(next + j * RB + kb, 0, 3);
-      typename V::vec wv = V::template load_w<T>(w + j * RB, k, K);
-      for (int r = 0; r < R; ++r) acc[r][j] = V::fma(wv, xv[r], acc[r][j]);
+  } else {
+    for (int64_t k = 0; k < KL; k += L) {
+      typename V::vec xv[R];
+      for (int r = 0; r < R; ++r) {
+        xv[r] = V::load_x(x + r * a.ldx + k);
+        asm("" : "+v"(xv[r]));  // keep x in a register for all NB columns (not re-loaded per FMA)
+      }
+      for (int j = 0; j < NB; ++j) {
+        __builtin_prefetch(next + (j * K + k) * B, 0, 3);
+        typename V::vec wv = V::template load_w<T>(w + j * RB, k);
+        for (int r = 0; r < R; ++r) acc[r][j] = V::fma(wv, xv[r], acc[r][j]);
+      }
     }
-  }
-  if constexpr (!quantized(T)) {
     if (KL < K) {
       for (int j = 0; j < NB; ++j) {
         typename V::vec wv = V::template load_w_tail<T>(w + j * RB, KL, K - KL);
