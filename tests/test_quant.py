@@ -188,3 +188,59 @@ def test_bad_gguf_targets_and_quantizations_are_refused(tmp_path, default_both):
         load_target(None, "float32", device="cpu", quantization="q4")
     with pytest.raises(ValueError, match="needs a .gguf target"):
         load_target(resolve_target(None), "float32", device="cpu", quantization="gguf")
+
+
+def tiny_gguf(path, types: dict[str, str]) -> dict[str, np.ndarray]:
+    """A one-layer Llama GGUF file (hidden 64, 4 heads, 2 KV heads), each matrix quantized by gguf
+    into the type ``types`` names (F32 else); returns the float32 values gguf de-quantizes them to."""
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (96, 64), "output_norm.weight": (64,), "blk.0.attn_norm.weight": (64,),
+              "blk.0.ffn_norm.weight": (64,), "blk.0.attn_q.weight": (64, 64), "blk.0.attn_k.weight": (32, 64),
+              "blk.0.attn_v.weight": (32, 64), "blk.0.attn_output.weight": (64, 64),
+              "blk.0.ffn_gate.weight": (128, 64), "blk.0.ffn_up.weight": (128, 64), "blk.0.ffn_down.weight": (64, 128)}
+    w = gguf.GGUFWriter(str(path), "llama")
+    values = {}
+    for name, shape in shapes.items():
+        t = getattr(gguf.GGMLQuantizationType, types.get(name, "F32"))
+        data = rng.standard_normal(shape).astype(np.float32) * 0.1
+        if t != gguf.GGMLQuantizationType.F32:
+            data = gguf.quants.quantize(data, t)
+        w.add_tensor(name, data, raw_dtype=t)
+        values[name] = gguf.quants.dequantize(data, t).reshape(shape)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return values
+
+
+def test_read_gguf_keeps_the_block_formats_and_de_quantizes_the_rest(tmp_path, capsys):
+    from peagle.models.checkpoint import split_checkpoint
+    from peagle.models.llama import ModelConfig, build_target
+    from peagle.models.quant import GGUFError, read_gguf
+
+    types = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_0", "blk.0.attn_k.weight": "Q4_1",
+             "blk.0.attn_v.weight": "Q5_0", "blk.0.ffn_down.weight": "Q4_0"}
+    values = tiny_gguf(tmp_path / "tiny.gguf", types)
+    cfg = ModelConfig(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=1,
+                      num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
+                      max_position_embeddings=64, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = build_target(cfg, (0, 1, 1))
+    names = list(split_checkpoint(model.state_dict(), model))
+    sd = read_gguf(tmp_path / "tiny.gguf", names, cfg, True, torch.bfloat16, torch.float32, torch.device("cpu"))
+    assert "Q5_0 tensors de-quantized to bfloat16" in capsys.readouterr().err
+    p = "model.layers.0."
+    assert {k: v.format for k, v in sd.items() if isinstance(v, QuantTensor)} == {
+        "model.embed_tokens.weight": "q8_0", p + "self_attn.q_proj.weight": "q4_0",
+        p + "self_attn.k_proj.weight": "q4_1", p + "mlp.down_proj.weight": "q4_0"}
+    assert sd[p + "self_attn.v_proj.weight"].dtype == torch.bfloat16  # Q5_0: de-quantized into the run's dtype
+    assert torch.equal(sd["model.embed_tokens.weight"].dequantize(), torch.from_numpy(values["token_embd.weight"]))
+    assert torch.equal(sd[p + "mlp.down_proj.weight"].dequantize(torch.float32), torch.from_numpy(values["blk.0.ffn_down.weight"]))
+    for name, heads in (("q", 4), ("k", 2)):  # llama.cpp's RoPE row order undone, as transformers does
+        want = torch.from_numpy(values[f"blk.0.attn_{name}.weight"])
+        want = want.reshape(heads, -1, 2, 64).transpose(1, 2).reshape(want.shape)
+        assert torch.equal(sd[p + f"self_attn.{name}_proj.weight"].dequantize(torch.float32), want), name
+    with pytest.raises(GGUFError, match="unexpected tensor 'blk.0.ffn_up.weight'"):
+        read_gguf(tmp_path / "tiny.gguf", [n for n in names if "up_proj" not in n], cfg, True, torch.float32,
+                  torch.float32, torch.device("cpu"))

@@ -162,7 +162,7 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     ``keep``, Q8_0/Q4_0/Q4_1 matrices stay quantized (:class:`QuantTensor`, nominally ``compute`` for
     the embedding and ``dtype`` for the linear layers, as :func:`set_precision` would leave them); every
     other tensor is de-quantized into ``dtype`` (floating point: the loader then casts what is not a
-    linear weight), one tensor at a time, with one notice naming the types that were."""
+    linear weight), one tensor at a time, with one notice naming the types peagle cannot keep."""
     import gguf
 
     try:
@@ -209,8 +209,8 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
                 nominal = compute if hf.endswith("embed_tokens.weight") else dtype
                 out[hf] = QuantTensor(pack(data if order is None else data[order], fmt), fmt, nominal)
                 continue
-            if ttype not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
-                             gguf.GGMLQuantizationType.BF16):
+            if ttype.name.lower() not in FORMATS and ttype not in (
+                    gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
                 converted.add(ttype.name)
             try:
                 w = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(data, ttype)))
@@ -221,6 +221,6 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
                 w = w[torch.from_numpy(order)]
             out[hf] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
     if converted:
-        print(f"peagle: {path.name}: {', '.join(sorted(converted))} tensors de-quantized "
-              f"(kept quantized: {', '.join(n.upper() for n in FORMATS)})", file=sys.stderr)
+        print(f"peagle: {path.name}: {', '.join(sorted(converted))} tensors de-quantized to {str(dtype).removeprefix('torch.')} (peagle keeps "
+              f"{', '.join(n.upper() for n in FORMATS)} quantized)", file=sys.stderr)
     return out
