@@ -20,7 +20,7 @@ from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.checkpoint import CheckpointError
 from peagle.models.loader import default_gguf, load_target, load_tokenizer, resolve_target
-from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, dequantize, formats, pack
+from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, blocks_of, dequantize, formats
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
@@ -43,7 +43,7 @@ def random_blocks(fmt: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
 def test_dequantize_is_ggufs_bit_for_bit(fmt):
     blocks = random_blocks(fmt, 40, 256)
     want = torch.from_numpy(gguf.quants.dequantize(blocks, GGML[fmt]))
-    assert torch.equal(dequantize(pack(blocks, fmt), fmt), want)
+    assert torch.equal(dequantize(blocks_of(blocks, fmt)), want)
 
 
 def test_the_default_models_tensors_dequantize_as_gguf_does():
@@ -55,14 +55,14 @@ def test_the_default_models_tensors_dequantize_as_gguf_does():
             seen.add(fmt)
             rows = np.asarray(t.data)[:512]
             want = torch.from_numpy(gguf.quants.dequantize(rows, t.tensor_type))
-            assert torch.equal(dequantize(pack(rows, fmt), fmt), want), t.name
+            assert torch.equal(dequantize(blocks_of(rows, fmt)), want), t.name
     assert seen == {"q4_1", "q8_0"}
 
 
 def test_quant_tensor_looks_up_rows_and_concatenates_rows():
     blocks = random_blocks("q4_1", 12, 64, seed=3)
-    full = dequantize(pack(blocks, "q4_1"), "q4_1")
-    w = QuantTensor(pack(blocks, "q4_1"), "q4_1", torch.float32)
+    full = dequantize(blocks_of(blocks, "q4_1"))
+    w = QuantTensor(blocks_of(blocks, "q4_1"), torch.float32)
     assert w.shape == (12, 64)
     ids = torch.tensor([[3, 0], [11, 3]], device="cpu")
     assert torch.equal(torch.nn.functional.embedding(ids, w), full[ids])
@@ -76,48 +76,53 @@ def test_quant_tensor_looks_up_rows_and_concatenates_rows():
 def case(fmt: str, m: int, k: int, n: int, seed: int = 0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.randn(m, k, generator=g, device="cpu")
-    packed = pack(random_blocks(fmt, n, k, seed), fmt)
-    return x, packed, torch.randn(n, generator=g, device="cpu")
+    return x, blocks_of(random_blocks(fmt, n, k, seed), fmt), torch.randn(n, generator=g, device="cpu")
 
 
 @native
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("k,n", [(64, 40), (576, 96), (1536, 24)])
 def test_each_isa_gives_the_bits_of_its_reference_and_of_the_dequantized_matrix(fmt, k, n):
-    x, packed, b = case(fmt, 70, k, n)  # 70 rows: full tiles, leftover rows, and a second row chunk
-    w = dequantize(packed, fmt)
+    x, blocks, b = case(fmt, 70, k, n)  # 70 rows: full tiles, leftover rows, and a second row chunk
+    w = dequantize(blocks)
     for isa in isas():
         for bias in (None, b):
-            got = torch.ops.peagle.linear(x, packed, bias, isa, fmt)
-            assert torch.equal(got, torch.ops.peagle.linear_ref(x, packed, bias, LANES[isa], fmt)), (isa, fmt)
+            got = torch.ops.peagle.linear(x, blocks, bias, isa)
+            assert torch.equal(got, torch.ops.peagle.linear_ref(x, blocks, bias, LANES[isa])), (isa, fmt)
             assert torch.equal(got, torch.ops.peagle.linear(x, w, bias, isa)), (isa, fmt)
     exact = x.double() @ w.double().t()
-    got = torch.ops.peagle.linear(x, packed, None, "", fmt)
+    got = torch.ops.peagle.linear(x, blocks)
     assert (got.double() - exact).abs().max() < 1e-5 * exact.abs().max()
 
 
 @native
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_rows_result_does_not_depend_on_the_pass(fmt):
-    x, packed, b = case(fmt, 40, 576, 72, seed=1)
+    x, blocks, b = case(fmt, 40, 576, 72, seed=1)
     for isa in isas():
-        alone = torch.cat([torch.ops.peagle.linear(x[i:i + 1], packed, b, isa, fmt) for i in range(len(x))])
+        alone = torch.cat([torch.ops.peagle.linear(x[i:i + 1], blocks, b, isa) for i in range(len(x))])
         for m in range(1, len(x) + 1):
-            assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b, isa, fmt), alone[:m]), (isa, fmt, m)
-        assert torch.equal(torch.ops.peagle.linear(x[3:11], packed, b, isa, fmt), alone[3:11])
+            assert torch.equal(torch.ops.peagle.linear(x[:m], blocks, b, isa), alone[:m]), (isa, fmt, m)
+        assert torch.equal(torch.ops.peagle.linear(x[3:11], blocks, b, isa), alone[3:11])
 
 
 @native
-def test_bad_packed_weights_are_refused():
-    x, packed, _ = case("q4_1", 2, 64, 8)
-    with pytest.raises(RuntimeError, match="unknown weight format 'q5_0'"):
-        torch.ops.peagle.linear(x, packed, None, "", "q5_0")
-    with pytest.raises(RuntimeError, match="multiple of 34 bytes"):
-        torch.ops.peagle.linear(x, packed, None, "", "q8_0")
+def test_bad_block_weights_are_refused():
+    x, blocks, _ = case("q4_1", 2, 64, 8)
+    with pytest.raises(RuntimeError, match="21-byte blocks are no format"):
+        torch.ops.peagle.linear(x, torch.zeros(8, 2, 21, dtype=torch.uint8, device="cpu"))
+    with pytest.raises(RuntimeError, match=r"uint8 \[N, K / 32, block bytes\]"):
+        torch.ops.peagle.linear(x, blocks.view(8, -1))
     with pytest.raises(RuntimeError, match="features"):
-        torch.ops.peagle.linear(x[:, :32], packed, None, "", "q4_1")
-    with pytest.raises(RuntimeError, match="packed uint8"):
-        torch.ops.peagle.linear(x, packed.float(), None, "", "q4_1")
+        torch.ops.peagle.linear(x[:, :32], blocks)
+
+
+@native
+def test_peagles_operators_take_a_quant_tensors_blocks():
+    """Any operator given a QuantTensor (the fused decoder layers too) gets its blocks."""
+    x, blocks, b = case("q4_0", 3, 64, 8)
+    w = QuantTensor(blocks, torch.bfloat16)
+    assert torch.equal(torch.ops.peagle.linear(x, w, b), torch.ops.peagle.linear(x, blocks, b))
 
 
 # ------------------------------------------------------------------------------ the default model

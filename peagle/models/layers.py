@@ -35,7 +35,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     GGUF-quantized one (:class:`~peagle.models.quant.QuantTensor`, de-quantized per call off the kernels)."""
     if isinstance(weight, QuantTensor):
         if native_rows(x):
-            return torch.ops.peagle.linear(x, weight.packed, bias, "", weight.format)
+            return torch.ops.peagle.linear(x, weight.blocks, bias)
         weight = weight.dequantize(x.dtype)
     if native(x, weight):
         return torch.ops.peagle.linear(x, weight, bias)

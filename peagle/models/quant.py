@@ -1,12 +1,11 @@
-"""GGUF weights as they ship: Q8_0, Q4_0 and Q4_1 matrices kept in their 32-weight blocks, repacked
-once per row for peagle's CPU kernels, and read from the ``.gguf`` file without de-quantizing the model.
+"""GGUF weights as they ship: Q8_0, Q4_0 and Q4_1 matrices kept in their 32-weight blocks, as the file
+stores them, for peagle's CPU kernels, read from the ``.gguf`` file without de-quantizing the model.
 
 A quantized matrix is a :class:`QuantTensor`: to the model it looks like the ``[out, in]`` weight it
 stands for (shape, a nominal dtype, a parameter of its module, concatenated like one when q/k/v and
-gate/up are fused), while :func:`peagle.models.layers.linear` hands its packed rows to
-``torch.ops.peagle.linear`` and an embedding lookup de-quantizes only the rows it looks up. The packed
-row (``peagle/kernels/csrc/kernels.h``) is the file's bytes with the scales split from the quants:
-``[d: nb fp16][m: nb fp16, q4_1 only][quants]``, so a row permutation or concatenation is exact.
+gate/up are fused), while peagle's operators get its blocks, uint8 ``[out, in / 32, block bytes]`` (the
+block size names the format: ``peagle/kernels/csrc/kernels.h``), and an embedding lookup de-quantizes
+only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact.
 """
 from __future__ import annotations
 
@@ -38,63 +37,58 @@ class BlockFormat:
 
 FORMATS = {f.name: f for f in (BlockFormat("q8_0", 34, False, False), BlockFormat("q4_0", 18, False, True),
                                BlockFormat("q4_1", 20, True, True))}
+BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
 
 
-def pack(blocks: np.ndarray, fmt: str) -> torch.Tensor:
-    """GGUF's blocks (uint8 ``[N, nb * block_bytes]``, one row of the matrix each) -> the kernels'
-    per-row layout (same shape: scales, then mins, then quants), a new CPU tensor."""
+def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
+    """A matrix's GGUF bytes (``[N, nb * block_bytes]``) as the kernels take them: a new CPU tensor,
+    uint8 ``[N, nb, block_bytes]``."""
     f = FORMATS[fmt]
-    n = blocks.shape[0]
-    words = np.ascontiguousarray(blocks).view(np.uint16).reshape(n, -1, f.block_bytes // 2)  # blocks: even sizes
-    heads = f.scale_bytes // 2
-    out = np.empty((n, words.shape[1] * f.block_bytes // 2), dtype=np.uint16)
-    nb = words.shape[1]
-    for i in range(heads):  # d, then m
-        out[:, i * nb:(i + 1) * nb] = words[..., i]
-    out[:, heads * nb:].reshape(n, nb, -1)[:] = words[..., heads:]
-    return torch.from_numpy(out.view(np.uint8))
+    return torch.from_numpy(np.array(data, dtype=np.uint8).reshape(data.shape[0], -1, f.block_bytes))
 
 
-def dequantize(packed: torch.Tensor, fmt: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Packed rows ``[N, row bytes]`` -> ``[N, K]`` in ``dtype``: the float32 values gguf's
+def dequantize(blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """GGUF blocks ``[N, nb, block_bytes]`` -> ``[N, nb * 32]`` in ``dtype``: the float32 values gguf's
     ``dequantize`` gives (q * d exact, + m rounded once), then cast."""
-    f = FORMATS[fmt]
-    n, nb = packed.shape[0], packed.shape[1] // f.block_bytes
-    d = packed[:, :2 * nb].contiguous().view(torch.float16).float()[..., None]
-    q = packed[:, f.scale_bytes * nb:].reshape(n, nb, -1)
+    f = BY_SIZE[blocks.shape[-1]]
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [N, nb, 1]
+    q = blocks[..., f.scale_bytes:]
     if f.nibbles:
-        q = torch.cat([q & 15, q >> 4], dim=-1).to(torch.int32)  # low nibbles: elements 0..15
+        q = torch.cat([q & 15, q >> 4], dim=-1).to(torch.int32)  # low nibbles: weights 0..15
         q = q if f.has_min else q - 8
     else:
         q = q.contiguous().view(torch.int8).to(torch.int32)
     w = q.float() * d
     if f.has_min:
-        w = w + packed[:, 2 * nb:4 * nb].contiguous().view(torch.float16).float()[..., None]
-    return w.reshape(n, -1).to(dtype)
+        w = w + blocks[..., 2:4].contiguous().view(torch.float16).float()
+    return w.reshape(blocks.shape[0], -1).to(dtype)
 
 
 class QuantTensor(torch.Tensor):
     """A quantized ``[out, in]`` matrix standing for its de-quantized values in ``dtype`` (nominal: no
-    such copy exists). Supports what loading and running a model asks of a weight: detach, concatenation
-    along rows, embedding lookups and row indexing (those rows de-quantized), ``.to`` (the whole matrix
-    de-quantized, for callers that want a plain copy); anything else is refused with a clear error."""
+    such copy exists), its GGUF blocks in ``blocks``. Supports what loading and running a model asks of a
+    weight: detach, concatenation along rows, embedding lookups and row indexing (those rows
+    de-quantized), ``.to`` (the whole matrix de-quantized, for callers that want a plain copy), and
+    peagle's operators (given the blocks); anything else is refused with a clear error."""
 
-    packed: torch.Tensor
-    format: str
+    blocks: torch.Tensor
 
     @staticmethod
-    def __new__(cls, packed: torch.Tensor, fmt: str, dtype: torch.dtype):
-        f = FORMATS[fmt]
-        if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] % f.block_bytes:
-            raise ValueError(f"a {fmt} matrix is uint8 [rows, blocks * {f.block_bytes}], got "
-                             f"{packed.dtype} {tuple(packed.shape)}")
-        shape = (packed.shape[0], packed.shape[1] // f.block_bytes * QBLOCK)
-        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=packed.device)
+    def __new__(cls, blocks: torch.Tensor, dtype: torch.dtype):
+        if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] not in BY_SIZE:
+            raise ValueError(f"GGUF blocks are uint8 [rows, blocks, one of {sorted(BY_SIZE)} bytes], got "
+                             f"{blocks.dtype} {tuple(blocks.shape)}")
+        shape = (blocks.shape[0], blocks.shape[1] * QBLOCK)
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=blocks.device)
 
-    def __init__(self, packed: torch.Tensor, fmt: str, dtype: torch.dtype):
-        self.packed, self.format = packed.contiguous(), fmt
+    def __init__(self, blocks: torch.Tensor, dtype: torch.dtype):
+        self.blocks = blocks.contiguous()
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def format(self) -> str:
+        return BY_SIZE[self.blocks.shape[2]].name
 
     def __repr__(self) -> str:
         return f"QuantTensor({self.format}, {tuple(self.shape)}, nominal {self.dtype})"
@@ -102,28 +96,31 @@ class QuantTensor(torch.Tensor):
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The whole matrix in ``dtype`` (nominal by default), in slices of rows: the integer and float32
         temporaries of :func:`dequantize` stay small beside the result."""
-        out = torch.empty(self.shape, dtype=dtype or self.dtype, device=self.packed.device)
+        out = torch.empty(self.shape, dtype=dtype or self.dtype, device=self.blocks.device)
         for i in range(0, self.shape[0], DEQUANT_ROWS):
-            out[i:i + DEQUANT_ROWS] = dequantize(self.packed[i:i + DEQUANT_ROWS], self.format, out.dtype)
+            out[i:i + DEQUANT_ROWS] = dequantize(self.blocks[i:i + DEQUANT_ROWS], out.dtype)
         return out
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` (any shape) de-quantized: ``[*ids.shape, in]``."""
-        flat = ids.reshape(-1).to(self.packed.device)
-        return dequantize(self.packed[flat], self.format, self.dtype).view(*ids.shape, self.shape[1])
+        flat = ids.reshape(-1).to(self.blocks.device)
+        return dequantize(self.blocks[flat], self.dtype).view(*ids.shape, self.shape[1])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         aten = torch.ops.aten
+        if func.namespace == "peagle":  # the kernels take the blocks (the last dimension names the format)
+            def unwrap(a):
+                return a.blocks if isinstance(a, QuantTensor) else [unwrap(t) for t in a] if isinstance(a, list) else a
+            return func(*[unwrap(a) for a in args], **kwargs)
         if func is aten.detach.default:
             s = args[0]
-            return QuantTensor(s.packed, s.format, s.dtype)
+            return QuantTensor(s.blocks, s.dtype)
         if func is aten.cat.default and (args[1] if len(args) > 1 else kwargs.get("dim", 0)) == 0:
             ts = args[0]
-            if all(isinstance(t, QuantTensor) and t.format == ts[0].format and t.shape[1] == ts[0].shape[1]
-                   for t in ts):
-                return QuantTensor(torch.cat([t.packed for t in ts]), ts[0].format, ts[0].dtype)
+            if all(isinstance(t, QuantTensor) and t.blocks.shape[1:] == ts[0].blocks.shape[1:] for t in ts):
+                return QuantTensor(torch.cat([t.blocks for t in ts]), ts[0].dtype)
         if func is aten.embedding.default:
             return args[0].rows(args[1])
         if func is aten.index.Tensor and isinstance(args[0], QuantTensor) and len(args[1]) == 1:
@@ -207,7 +204,7 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
                 if data.shape[1] != shape[0] // QBLOCK * FORMATS[fmt].block_bytes:
                     raise GGUFError(f"{path}: tensor {name} has {data.shape[1]} bytes a row for {fmt} {tuple(shape)}")
                 nominal = compute if hf.endswith("embed_tokens.weight") else dtype
-                out[hf] = QuantTensor(pack(data if order is None else data[order], fmt), fmt, nominal)
+                out[hf] = QuantTensor(blocks_of(data if order is None else data[order], fmt), nominal)
                 continue
             if ttype.name.lower() not in FORMATS and ttype not in (
                     gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):

@@ -36,18 +36,18 @@ struct Avx2 {
   }
   // Block b of a packed row as four vectors (weights 0..7, 8..15, 16..23, 24..31), as kernels.h says.
   template <WType T>
-  static void load_block(const uint8_t* row, int64_t b, int64_t K, vec* out) {
-    const QRow p = qrow(row, T, K);
-    const vec d = _mm256_set1_ps(_cvtsh_ss(p.d[b]));
+  static void load_block(const uint8_t* row, int64_t b, vec* out) {
+    const QBlock p = qblock(row, T, b);
+    const vec d = _mm256_set1_ps(_cvtsh_ss(p.d));
     if constexpr (T == WType::q8_0) {
       for (int s = 0; s < 4; ++s) {
-        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.q + b * QBLOCK + s * 8));
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.q + s * 8));
         out[s] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
       }
     } else {
       __m256i nib[4];
       for (int h = 0; h < 2; ++h) {  // bytes 0..7 and 8..15: low nibbles weights 8h.., high ones 16 + 8h..
-        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.q + b * 16 + h * 8)));
+        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.q + h * 8)));
         nib[h] = _mm256_and_si256(q, _mm256_set1_epi32(15));
         nib[2 + h] = _mm256_srli_epi32(q, 4);
       }
@@ -55,7 +55,7 @@ struct Avx2 {
         if constexpr (T == WType::q4_0)
           out[s] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(nib[s], _mm256_set1_epi32(8))), d);
         else
-          out[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nib[s]), d, _mm256_set1_ps(_cvtsh_ss(p.m[b])));
+          out[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nib[s]), d, _mm256_set1_ps(_cvtsh_ss(p.m)));
       }
     }
   }

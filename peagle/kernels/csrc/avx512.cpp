@@ -31,22 +31,22 @@ struct Avx512 {
   }
   // Block b of a packed row as two vectors (weights 0..15, 16..31), as kernels.h says.
   template <WType T>
-  static void load_block(const uint8_t* row, int64_t b, int64_t K, vec* out) {
-    const QRow p = qrow(row, T, K);
-    const vec d = _mm512_set1_ps(_cvtsh_ss(p.d[b]));
+  static void load_block(const uint8_t* row, int64_t b, vec* out) {
+    const QBlock p = qblock(row, T, b);
+    const vec d = _mm512_set1_ps(_cvtsh_ss(p.d));
     if constexpr (T == WType::q8_0) {
       for (int s = 0; s < 2; ++s) {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.q + b * QBLOCK + s * 16));
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.q + s * 16));
         out[s] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
       }
     } else {
-      const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.q + b * 16)));
+      const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.q)));
       const __m512i nib[2] = {_mm512_and_si512(q, _mm512_set1_epi32(15)), _mm512_srli_epi32(q, 4)};
       for (int s = 0; s < 2; ++s) {
         if constexpr (T == WType::q4_0)
           out[s] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(nib[s], _mm512_set1_epi32(8))), d);
         else
-          out[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(nib[s]), d, _mm512_set1_ps(_cvtsh_ss(p.m[b])));
+          out[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(nib[s]), d, _mm512_set1_ps(_cvtsh_ss(p.m)));
       }
     }
   }

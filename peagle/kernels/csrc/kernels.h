@@ -11,7 +11,6 @@
 // share the pass, and the scalar reference (linear_ref.cpp) with the same L gives the same bits.
 #pragma once
 #include <cstdint>
-#include <string_view>
 
 namespace at {
 class Tensor;
@@ -21,11 +20,11 @@ namespace peagle {
 
 enum class WType { f32, f16, bf16, q8_0, q4_0, q4_1 };
 
-// GGUF's block formats, repacked per row (peagle/models/quant.py): a row of K = 32 * nb weights is
-// [d: nb fp16][m: nb fp16, q4_1 only][quants: nb x 16 bytes (q4) or nb x 32 int8 (q8_0)], the same bytes
-// as the file's blocks, scales split from the quants so each part loads whole. A q4 block's byte j holds
-// element j in its low nibble and element j + 16 in its high one. Values: q8_0 q * d, q4_0 (q - 8) * d,
-// q4_1 q * d + m (one rounding: fma).
+// GGUF's block formats, as the file stores them: a row of K = 32 * nb weights is nb blocks of
+// block_bytes(t), each [d: fp16][m: fp16, q4_1 only][quants: 16 bytes (q4) or 32 int8 (q8_0)]; a q4
+// block's byte j holds weight j in its low nibble and weight j + 16 in its high one. Values: q8_0 q * d,
+// q4_0 (q - 8) * d, q4_1 q * d + m (one rounding: fma). The weight tensor is uint8 [N, nb, block_bytes]:
+// its last dimension names the format (weight_view), so every caller of linear passes it as it is.
 constexpr int64_t QBLOCK = 32;
 constexpr bool quantized(WType t) { return t == WType::q8_0 || t == WType::q4_0 || t == WType::q4_1; }
 constexpr int64_t block_bytes(WType t) { return t == WType::q8_0 ? 34 : t == WType::q4_0 ? 18 : 20; }
@@ -33,35 +32,35 @@ constexpr int64_t block_bytes(WType t) { return t == WType::q8_0 ? 34 : t == WTy
 constexpr int64_t row_bytes(WType t, int64_t K) {
   return quantized(t) ? K / QBLOCK * block_bytes(t) : K * (t == WType::f32 ? 4 : 2);
 }
-// Where a packed row's scales, mins and quants start.
-struct QRow {
-  const uint16_t* d;
-  const uint16_t* m;
+// Block b of a row: its scale, min (q4_1) and quants.
+struct QBlock {
+  uint16_t d, m;
   const uint8_t* q;
 };
-inline QRow qrow(const uint8_t* row, WType t, int64_t K) {
-  const int64_t nb = K / QBLOCK;
-  const uint16_t* d = reinterpret_cast<const uint16_t*>(row);
-  return {d, d + nb, row + nb * (t == WType::q4_1 ? 4 : 2)};
+inline QBlock qblock(const uint8_t* row, WType t, int64_t b) {
+  const uint8_t* p = row + b * block_bytes(t);
+  uint16_t h[2];
+  __builtin_memcpy(h, p, t == WType::q4_1 ? 4 : 2);
+  return {h[0], t == WType::q4_1 ? h[1] : uint16_t(0), p + (t == WType::q4_1 ? 4 : 2)};
 }
 
 struct LinearArgs {
   const float* x;     // [M, K], row stride ldx
-  const void* w;      // [N, row_bytes(wtype, K)], contiguous
+  const void* w;      // [N, row_bytes(wtype, K)] bytes, contiguous
   const float* bias;  // [N] or nullptr
   float* y;           // [M, N], row stride ldy
   int64_t M, N, K, ldx, ldy;
   WType wtype;
 };
 
-// A linear's weight as the kernels read it (ops.cpp): ``w`` a float32/float16/bfloat16 [N, K] matrix
-// (format ""), or a uint8 [N, row_bytes] of packed blocks (format "q8_0", "q4_0" or "q4_1"); checked.
+// A linear's weight as the kernels read it (ops.cpp): a float32/float16/bfloat16 [N, K] matrix, or GGUF
+// blocks, uint8 [N, K / 32, block_bytes]; checked.
 struct WeightView {
   const void* w;
   WType wtype;
   int64_t N, K;
 };
-WeightView weight_view(const at::Tensor& w, std::string_view format);
+WeightView weight_view(const at::Tensor& w);
 
 // Columns [n0, n1) of every row.
 void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes);

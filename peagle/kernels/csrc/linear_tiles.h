@@ -3,7 +3,7 @@
 // passes taller than RMAX), columns(R) (a tile's width for
 // R rows, within the registers), vec, zero(), load_x(p), load_x_tail(p, n),
 // load_w<T>(row, k) (weights k .. k+LANES-1 of a float row), load_w_tail<T>(row, k, n),
-// load_block<T>(row, b, K, out) (block b of a packed row of K weights: QBLOCK / LANES vectors, float32),
+// load_block<T>(row, b, out) (block b of a row of GGUF blocks: QBLOCK / LANES vectors, float32),
 // fma(a, b, c) and hsum(v) (lanes reduced as linear_ref.cpp).
 #pragma once
 #include "kernels.h"
@@ -30,7 +30,7 @@ static void tile(const LinearArgs& a, int64_t m, int64_t n) {
       typename V::vec wv[NB][QBLOCK / L];
       for (int j = 0; j < NB; ++j) {
         __builtin_prefetch(next + j * RB + b * block_bytes(T), 0, 3);
-        V::template load_block<T>(w + j * RB, b, K, wv[j]);
+        V::template load_block<T>(w + j * RB, b, wv[j]);
       }
       for (int s = 0; s < QBLOCK / L; ++s) {
         typename V::vec xv[R];

@@ -108,34 +108,36 @@ static at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, 
                        [lanes](const AttnArgs& a, int64_t i0, int64_t i1) { attention_ref(a, i0, i1, int(lanes)); });
 }
 
-WeightView weight_view(const at::Tensor& w, std::string_view format) {
+WeightView weight_view(const at::Tensor& w) {
   TORCH_CHECK(w.device().is_cpu(), "peagle::linear runs on the CPU");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "peagle::linear: the weight must be a contiguous 2-D tensor");
-  if (format.empty()) {
-    switch (w.scalar_type()) {
-      case at::kFloat: return {w.data_ptr(), WType::f32, w.size(0), w.size(1)};
-      case at::kHalf: return {w.data_ptr(), WType::f16, w.size(0), w.size(1)};
-      case at::kBFloat16: return {w.data_ptr(), WType::bf16, w.size(0), w.size(1)};
-      default: TORCH_CHECK(false, "peagle::linear: weights must be float32, float16 or bfloat16, got ", w.scalar_type());
+  TORCH_CHECK(w.is_contiguous(), "peagle::linear: the weight must be contiguous");
+  if (w.scalar_type() == at::kByte) {
+    TORCH_CHECK(w.dim() == 3, "peagle::linear: GGUF blocks are uint8 [N, K / 32, block bytes], got ", w.sizes());
+    WType t;
+    switch (w.size(2)) {
+      case 34: t = WType::q8_0; break;
+      case 18: t = WType::q4_0; break;
+      case 20: t = WType::q4_1; break;
+      default: TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know "
+                           "(34: q8_0, 18: q4_0, 20: q4_1)");
     }
+    return {w.data_ptr(), t, w.size(0), w.size(1) * QBLOCK};
   }
-  WType t;
-  if (format == "q8_0") t = WType::q8_0;
-  else if (format == "q4_0") t = WType::q4_0;
-  else if (format == "q4_1") t = WType::q4_1;
-  else TORCH_CHECK(false, "peagle::linear: unknown weight format '", std::string(format), "' (q8_0, q4_0, q4_1)");
-  TORCH_CHECK(w.scalar_type() == at::kByte, "peagle::linear: a ", std::string(format), " weight is packed uint8 bytes");
-  const int64_t rb = w.size(1), bb = block_bytes(t);
-  TORCH_CHECK(rb > 0 && rb % bb == 0, "peagle::linear: a ", std::string(format), " row has a multiple of ", bb,
-              " bytes, got ", rb);
-  return {w.data_ptr(), t, w.size(0), rb / bb * QBLOCK};
+  TORCH_CHECK(w.dim() == 2, "peagle::linear: the weight must be an [N, K] matrix");
+  switch (w.scalar_type()) {
+    case at::kFloat: return {w.data_ptr(), WType::f32, w.size(0), w.size(1)};
+    case at::kHalf: return {w.data_ptr(), WType::f16, w.size(0), w.size(1)};
+    case at::kBFloat16: return {w.data_ptr(), WType::bf16, w.size(0), w.size(1)};
+    default: TORCH_CHECK(false, "peagle::linear: weights must be float32, float16, bfloat16 or GGUF blocks (uint8), got ",
+                         w.scalar_type());
+  }
 }
 
 static at::Tensor run(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                      c10::string_view format, const Kernel& kernel) {
+                      const Kernel& kernel) {
   TORCH_CHECK(x.device().is_cpu(), "peagle::linear runs on the CPU");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "peagle::linear: x must be float32, got ", x.scalar_type());
-  const WeightView w = weight_view(weight, std::string_view(format.data(), format.size()));
+  const WeightView w = weight_view(weight);
   const int64_t N = w.N, K = w.K;
   TORCH_CHECK(x.size(-1) == K, "peagle::linear: x has ", x.size(-1), " features, the weight ", K);
   const float* b = nullptr;
@@ -159,22 +161,21 @@ static at::Tensor run(const at::Tensor& x, const at::Tensor& weight, const c10::
 }
 
 static at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                         c10::string_view isa, c10::string_view format) {
+                         c10::string_view isa) {
   static const Kernel best = kernel_for(best_isa());
-  return isa.empty() ? run(x, w, bias, format, best) : run(x, w, bias, format, kernel_for(std::string(isa)));
+  return isa.empty() ? run(x, w, bias, best) : run(x, w, bias, kernel_for(std::string(isa)));
 }
 
 static at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                                   int64_t lanes, c10::string_view format) {
+                                   int64_t lanes) {
   TORCH_CHECK(lanes == 8 || lanes == 16, "peagle::linear_ref: lanes must be 8 or 16");
-  return run(x, w, bias, format,
-             [lanes](const LinearArgs& a, int64_t n0, int64_t n1) { linear_ref(a, n0, n1, int(lanes)); });
+  return run(x, w, bias, [lanes](const LinearArgs& a, int64_t n0, int64_t n1) { linear_ref(a, n0, n1, int(lanes)); });
 }
 
 TORCH_LIBRARY(peagle, m) {
-  // format: "" (w is a float matrix) or a GGUF block format (w is its packed uint8 rows, kernels.h)
-  m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str isa='', str format='') -> Tensor");
-  m.def("linear_ref(Tensor x, Tensor w, Tensor? bias=None, int lanes=8, str format='') -> Tensor");
+  // w: a float [N, K] matrix or GGUF blocks, uint8 [N, K / 32, block bytes] (kernels.h)
+  m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str isa='') -> Tensor");
+  m.def("linear_ref(Tensor x, Tensor w, Tensor? bias=None, int lanes=8) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, "
         "int window, float scale, Tensor? sinks=None, str isa='') -> Tensor");
   m.def("attention_ref(Tensor q, Tensor k, Tensor v, Tensor table, Tensor seq, Tensor pos, Tensor rows, "

@@ -86,7 +86,7 @@ static float half_to_float(uint16_t h) {  // IEEE half to float, subnormals incl
 }
 
 // Weight k of a row of row_bytes(t, K) bytes, as float32 (the SIMD paths' operations, one lane).
-static inline float load_w(const uint8_t* row, WType t, int64_t k, int64_t K) {
+static inline float load_w(const uint8_t* row, WType t, int64_t k) {
   switch (t) {
     case WType::f32: return reinterpret_cast<const float*>(row)[k];
     case WType::bf16: {
@@ -97,16 +97,15 @@ static inline float load_w(const uint8_t* row, WType t, int64_t k, int64_t K) {
     }
     case WType::f16: return half_to_float(reinterpret_cast<const uint16_t*>(row)[k]);
     case WType::q8_0: {
-      const QRow p = qrow(row, t, K);
-      return float(int8_t(p.q[k])) * half_to_float(p.d[k / QBLOCK]);
+      const QBlock p = qblock(row, t, k / QBLOCK);
+      return float(int8_t(p.q[k % QBLOCK])) * half_to_float(p.d);
     }
     case WType::q4_0:
     case WType::q4_1: {
-      const QRow p = qrow(row, t, K);
-      const int64_t b = k / QBLOCK;
-      const int q = (p.q[b * 16 + k % 16] >> (k & 16) / 4) & 15;
-      if (t == WType::q4_0) return float(q - 8) * half_to_float(p.d[b]);
-      return std::fma(float(q), half_to_float(p.d[b]), half_to_float(p.m[b]));
+      const QBlock p = qblock(row, t, k / QBLOCK);
+      const int q = (p.q[k % 16] >> (k & 16) / 4) & 15;
+      if (t == WType::q4_0) return float(q - 8) * half_to_float(p.d);
+      return std::fma(float(q), half_to_float(p.d), half_to_float(p.m));
     }
   }
   return 0.f;
@@ -119,7 +118,7 @@ void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes) {
     const float* x = a.x + m * a.ldx;
     for (int64_t n = n0; n < n1; ++n) {
       float lane[16] = {0};
-      for (int64_t k = 0; k < a.K; ++k) lane[k % lanes] = std::fmaf(load_w(w + n * RB, a.wtype, k, a.K), x[k], lane[k % lanes]);
+      for (int64_t k = 0; k < a.K; ++k) lane[k % lanes] = std::fmaf(load_w(w + n * RB, a.wtype, k), x[k], lane[k % lanes]);
       if (lanes == 16)
         for (int l = 0; l < 8; ++l) lane[l] += lane[l + 8];
       float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
