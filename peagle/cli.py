@@ -232,7 +232,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from peagle.bench import offline, serve, serving, sweep
+    from peagle.bench import baseline, offline, serve, serving, sweep
     from peagle.runtime import DEVICE_HELP, DTYPE_CHOICES
 
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
@@ -339,13 +339,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out embedding rows equal to the target's (peagle loads it; vLLM needs the full form)")
     e.set_defaults(func=cmd_export)
 
-    b = sub.add_parser("bench", help="benchmarks: serve (HTTP load, as vllm bench serve), offline, sweep")
+    b = sub.add_parser("bench", help="benchmarks: serve (HTTP load, as vllm bench serve), offline, sweep, serving, "
+                                     "baseline")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     for name, module, text in [
             ("serve", serve, "stream a dataset to an OpenAI-compatible server (flags as vllm bench serve)"),
             ("offline", offline, "in-process: AL, per-position acceptance and tok/s per method and K"),
             ("sweep", sweep, "method x K x concurrency x dataset grid with HF peers; JSON, Markdown, PNG"),
-            ("serving", serving, "the serving table: peagle's and llama.cpp's servers against the offline engine")]:
+            ("serving", serving, "the serving table: peagle's and llama.cpp's servers against the offline engine"),
+            ("baseline", baseline, "the default model, one request: plain decoding against HF and llama.cpp, "
+                                   "pass, prefill and drafting costs")]:
         bp = bsub.add_parser(name, help=text, description=module.__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_args(bp)

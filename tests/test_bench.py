@@ -1,8 +1,10 @@
 """Benchmarks: the metric arithmetic on hand-made streams, the Prometheus speculation counters, the
-dataset readers, ``bench serve`` against a live ``peagle serve``, and tiny ``bench offline`` /
-``bench sweep`` runs that write the table and the plots."""
+dataset readers, ``bench serve`` against a live ``peagle serve``, tiny ``bench offline`` / ``bench sweep`` runs that
+write the table and the plots, and the baseline's peers: its orchestration on fake peers (CI has no
+llama.cpp), llama.cpp on the default model where it is installed."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from types import SimpleNamespace
@@ -10,8 +12,10 @@ from types import SimpleNamespace
 import pytest
 from test_serve import KEY, server  # noqa: F401  (the live tiny server fixture)
 
+from peagle.bench.llamacpp import available as llamacpp_available
 from peagle.bench.metrics import RequestRecord, parse_spec_counters, spec_delta, spec_summary, summarize
 from peagle.bench.offline import grid_cells, k_order
+from peagle.bench.peers import Decode, Peer, PeerError, Prefills, checked_decode
 from peagle.engine.auto_k import parse_k
 from peagle.bench.workload import load_workload, messages
 from peagle.prompts import render
@@ -366,3 +370,120 @@ def test_learning_curves_table_and_plot(tmp_path):
     # the run started from "a" counts on from a's end (2,000 tokens, 4 core-minutes)
     assert "| 20 | 4,000 | 8.0 | 1.400 |" in md and "started from" in md.split("### again")[1]
     assert (tmp_path / "out" / "curves.png").stat().st_size > 1000
+
+
+# ----------------------------------------------------------------------------- baseline peers
+
+@dataclasses.dataclass(kw_only=True)
+class FakePeer(Peer):
+    """Decodes ``tokens`` (cut to n, minus ``short`` of them) at ``rate`` tok/s after a 10 ms first token."""
+    tokens: list[int]
+    rate: float
+    short: int = 0
+    calls: list = dataclasses.field(default_factory=list)   # (event, name), shared among the peers of a test
+
+    def prepare(self) -> None:
+        self.calls.append(("prepare", self.name))
+
+    def decode(self, ids: list[int], n: int) -> Decode:
+        self.calls.append(("decode", self.name))
+        return Decode(tokens=self.tokens[:n - self.short], ttft_s=0.01, elapsed_s=0.01 + (n - 1) / self.rate)
+
+
+def fake_peers(calls: list, short: str | None = None) -> dict[str, Peer]:
+    same, other = list(range(10, 20)), [10, 11, 99, 13, 14, 15, 16, 17, 18, 19]
+    specs = [("hf", "HF transformers", "BF16", same, 10.0), ("none", "peagle", "BF16", same, 20.0),
+             ("parallel", "peagle", "BF16", same, 30.0), ("llamacpp-BF16", "llama.cpp", "BF16", other, 40.0),
+             ("llamacpp-Q4_1", "llama.cpp", "Q4_1", same, 50.0)]
+    return {name: FakePeer(name=name, system=system, label=f"{system} `{name}`", precision=prec, threads="fake 1",
+                           note="n_batch=1" if name.endswith("Q4_1") else "", tokens=toks, rate=rate,
+                           short=int(name == short), calls=calls)
+            for name, system, prec, toks, rate in specs}
+
+
+def test_baseline_orchestration_with_fake_peers():
+    """Every peer on every prompt, interleaved in a rotating order, each set up before it runs; the
+    summary pairs peagle with llama.cpp at the same precision and says whose greedy tokens agree."""
+    from tqdm import tqdm
+
+    from peagle.bench.baseline import bench_end_to_end, markdown, summarize_end_to_end
+
+    calls: list = []
+    peers = fake_peers(calls)
+    args = SimpleNamespace(max_new_tokens=6, reps=2, wait_idle=0, settle=0)
+    prompts = [[1, 2, 3], [4, 5]]
+    runs = bench_end_to_end(args, peers, prompts, tqdm(disable=True))
+    decodes = [name for event, name in calls if event == "decode"]
+    assert decodes[:5] == list(peers) and len(decodes) == 5 * (1 + 2 * 2)   # warm-up, then 2 reps x 2 prompts
+    firsts = [decodes[5 + 5 * r] for r in range(4)]
+    assert firsts == ["hf", "none", "parallel", "llamacpp-BF16"]              # who goes first rotates
+    assert all(calls[i - 1] == ("prepare", name) for i, (event, name) in enumerate(calls) if event == "decode")
+
+    explained = []
+    summary = summarize_end_to_end(runs, peers, prompts, eos={2},
+                                   explain=lambda prefix, a, b: explained.append((a, b)) or (0.5, 0.25))
+    s = summary["systems"]
+    assert s["none"]["decode_tok_s"] == pytest.approx(20.0) and s["none"]["ratio_vs_hf"] == pytest.approx(2.0)
+    assert s["none"]["llamacpp_peer"] == "llamacpp-BF16" and s["none"]["ratio_vs_llamacpp"] == pytest.approx(0.5)
+    assert s["parallel"]["paired_ratio_vs_llamacpp"] == pytest.approx(0.75)
+    assert "llamacpp_peer" not in s["llamacpp-BF16"] and "ratio_vs_llamacpp" not in s["hf"]
+    assert s["none"]["greedy_agreement"] == {"hf": 2} and s["llamacpp-Q4_1"]["greedy_agreement"] == {"none": 2, "hf": 2}
+    assert s["llamacpp-BF16"]["greedy_agreement"] == {"none": 0, "hf": 0} and explained == [(99, 12)] * 4
+    assert summary["prompts"][0]["llamacpp-BF16_vs_none"]["first_mismatch"] == 2
+
+    md = markdown({"args": {"max_new_tokens": 6, "prompts": 2, "reps": 2, "k": "auto"}, "env": {"dtype": "bfloat16"},
+                   "end_to_end": summary})
+    assert "| llama.cpp `llamacpp-BF16` | BF16 | fake 1 | 40.0 |" in md and "`none` 0/2, `hf` 0/2" in md
+    assert "| peagle `none` | BF16 | fake 1 | 20.0 | 20.0-20.0 | 10 | " in md and "| 0.50 (0.50) |" in md
+    assert "Configuration: llama.cpp `llamacpp-Q4_1`: n_batch=1." in md
+    assert "Ours `none` / llama.cpp `llamacpp-BF16` decode, the same weight precision: **0.50x**" in md
+
+
+@pytest.mark.parametrize("short", ["none", "llamacpp-Q4_1"])
+def test_a_peer_that_stops_early_is_caught(short):
+    """A peer returning n-1 tokens (stopping at EOS, say) would be timed on other work than its peers."""
+    from tqdm import tqdm
+
+    from peagle.bench.baseline import bench_end_to_end
+
+    peers = fake_peers([], short=short)
+    with pytest.raises(PeerError, match=f"{short} gave 7 tokens, 8 asked for"):
+        checked_decode(peers[short], [1, 2], 8)
+    with pytest.raises(PeerError, match=short):
+        bench_end_to_end(SimpleNamespace(max_new_tokens=6, reps=1, wait_idle=0, settle=0), peers, [[1]],
+                         tqdm(disable=True))
+
+
+def test_llamacpp_peers_chosen_and_skipped(monkeypatch, capsys):
+    from peagle.bench import baseline, llamacpp
+
+    assert baseline.llamacpp_kinds("auto", "BF16") == ["BF16", "Q4_1"]
+    assert baseline.llamacpp_kinds("auto", "Q4_1") == ["Q4_1"] and baseline.llamacpp_kinds("none", "F32") == []
+    assert baseline.parse_args(["--llamacpp", "F32,Q4_1"]).llamacpp == ["F32", "Q4_1"]
+    with pytest.raises(SystemExit):
+        baseline.parse_args(["--llamacpp", "F32,Q2_K"])
+    assert main(["bench", "baseline", "--llamacpp", "Q2_K"]) == 1   # `peagle bench baseline`: one line
+    assert "unknown llama.cpp precisions ['Q2_K']" in capsys.readouterr().err
+    monkeypatch.setattr(llamacpp, "available", lambda: False)
+    args = SimpleNamespace(max_new_tokens=8, prefill_tokens=64)
+    peers, note = baseline.llamacpp_peers(args, ["F32"], 1, [[1, 2]])
+    assert peers == [] and "pip install '.[llamacpp]'" in note
+    assert baseline.llamacpp_peers(args, [], 1, [[1, 2]]) == ([], None)
+
+
+@pytest.mark.skipif(not llamacpp_available(), reason="llama-cpp-python is not installed")
+def test_llamacpp_peer_on_the_default_model():
+    """llama.cpp's F32 file, fed the engine's chat-templated token ids, decodes the float32 engine's
+    greedy tokens (its own tokenizer never runs), exactly n of them, and times a prefill."""
+    from peagle.bench.peers import llamacpp as llamacpp_peer
+    from peagle.engine.llm_engine import LLMEngine
+    from peagle.engine.sampling import SamplingParams
+
+    engine = LLMEngine.from_pretrained(None, method="none", dtype="float32", device="cpu")
+    ids = engine.encode_prompt("Name three rivers.", chat=True)
+    plain = engine.generate([ids], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
+    peer = llamacpp_peer.load("F32", threads=1, n_ctx=len(ids) + 16)
+    assert (peer.name, peer.system, peer.precision, peer.note) == ("llamacpp-F32", "llama.cpp", "F32", "")
+    d = checked_decode(peer, ids, 8)
+    assert d.tokens == list(plain) and checked_decode(peer, ids, 8).tokens == d.tokens
+    assert isinstance(peer, Prefills) and peer.prefill_s(ids) > 0

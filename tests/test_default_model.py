@@ -134,16 +134,21 @@ def test_init_drafter_then_generate_with_it(tmp_path):
 def test_baseline_runs_the_sections_asked_for(tmp_path):
     """``peagle.bench.baseline --sections``: only those are timed and reported (here prefill and the
     pass table drafting needs, each tiny), in the JSON and in the markdown."""
-    from peagle.bench.baseline import main as baseline
+    from peagle.bench import llamacpp
+    from peagle.bench.baseline import parse_args, run
 
     questions = tmp_path / "question.jsonl"  # MT-Bench's format; CI has no shared data
     questions.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["Write a haiku."]}) + "\n")
-    res = baseline(["--questions", str(questions), "--sections", "prefill,drafting", "--prefill-tokens", "96",
-                    "--prefill-reps", "1", "--micro-reps", "1", "--micro-warmup", "0", "--max-k", "2", "--verify-sizes", "1,2",
-                    "--context", "64", "--prompts", "1", "--wait-idle", "0", "--settle", "0", "--no-hf-passes",
-                    "--dtype", "float32", "--json", str(tmp_path / "b.json")])
+    res = run(parse_args(["--questions", str(questions), "--sections", "prefill,drafting", "--prefill-tokens", "96",
+                          "--prefill-reps", "1", "--micro-reps", "1", "--micro-warmup", "0", "--max-k", "2",
+                          "--verify-sizes", "1,2", "--context", "64", "--prompts", "1", "--wait-idle", "0",
+                          "--settle", "0", "--no-hf-passes", "--dtype", "float32", "--json", str(tmp_path / "b.json")]))
     assert {"prefill", "target_passes", "drafting"} <= res.keys() and "end_to_end" not in res
-    assert res["prefill"]["tokens"] == 96 and res["prefill"]["hf_s"] > 0
+    assert res["prefill"]["tokens"] == 96 and res["prefill"]["peers"]["hf"]["s"] > 0
+    if llamacpp.available():   # --llamacpp auto: the file at the engine's precision times its prompt eval too
+        assert res["prefill"]["peers"]["llamacpp-F32"]["s"] > 0
+    else:
+        assert "llama.cpp not installed" in res["prefill"]["left_out"]
     assert [r["k"] for r in res["drafting"]["rows"]] == [1, 2]
     saved = json.loads((tmp_path / "b.json").read_text())
     assert saved.keys() == res.keys()

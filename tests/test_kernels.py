@@ -243,3 +243,47 @@ def test_layer_ops_match_torch():
     assert torch.equal(k[slots], want[:, H:]) and torch.equal(v[slots], vals)
     with pytest.raises(RuntimeError, match="slot out of the pool"):
         torch.ops.peagle.rope_write(qkv, cos.view(T, d), sin.view(T, d), H, k, v, torch.tensor([3, 9, 0, 10]))
+
+
+@native
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "llama3"])  # plain, a window, biases, scaled RoPE
+def test_the_native_stack_gives_the_bits_of_the_layer_by_layer_path(family, monkeypatch):
+    """``peagle::decoder_layers`` (every layer in one call, decoding and verification) against the layers'
+    own forwards: the same logits and taps bit for bit over a prompt, one-row steps and an 8-row
+    verification pass of two sequences side by side, and the same KV cache after."""
+    from conftest import native_from_hf, tiny_hf
+
+    from peagle.models.attention import AttnMeta, Span
+    from peagle.models.layers import set_precision
+    from peagle.models.llama import LlamaModel
+
+    target = native_from_hf(tiny_hf(family))
+    set_precision(target, torch.bfloat16, torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randint(0, target.cfg.vocab_size, (40,), generator=gen) for _ in range(2))
+    passes = [([Span(30, 30, list(range(64)), 0)], [a[:30]], [torch.arange(30)]),
+              ([Span(12, 12, list(range(64, 128)), 0)], [b[:12]], [torch.arange(12)])]
+    passes += [([Span(1, p + 1, list(range(64)), p), Span(1, p - 17, list(range(64, 128)), p - 18)],
+                [a[p:p + 1], b[p - 18:p - 17]], [torch.tensor([p]), torch.tensor([p - 18])]) for p in range(30, 32)]
+    passes += [([Span(8, 40, list(range(64)), 32), Span(3, 17, list(range(64, 128)), 14)],
+                [a[32:40], b[14:17]], [torch.arange(32, 40), torch.arange(14, 17)])]
+    calls = []
+    stack = LlamaModel.native_stack
+    monkeypatch.setattr(LlamaModel, "native_stack", lambda *args: calls.append(1) or stack(*args))
+
+    def run(stacked: bool):
+        monkeypatch.setattr(LlamaModel, "stacks", LlamaModel.stacks if stacked else lambda *_: False)
+        caches, outs = target.make_caches(128), []
+        with torch.inference_mode():
+            for spans, tokens, positions in passes:
+                outs += target(torch.cat(tokens), torch.cat(positions), caches, AttnMeta(spans, 1))
+        return outs, caches
+
+    stacked, stacked_caches = run(True)
+    assert len(calls) == len(passes)
+    plain, plain_caches = run(False)
+    assert len(calls) == len(passes)
+    for got, want in zip(stacked, plain):
+        assert torch.equal(got, want), family
+    for got, want in zip(stacked_caches, plain_caches):
+        assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v), family

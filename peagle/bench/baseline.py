@@ -1,21 +1,26 @@
 """Baseline benchmark on the default model (SmolLM2-135M-Instruct, ``--dtype``/``--device`` as the CLI), in one run:
 
-1. plain decoding: our engine (method ``none``) against HF transformers ``generate`` (greedy), same
-   chat-templated MT-Bench prompts, same number of new tokens (HF: ``min_new_tokens`` = max, ours:
-   ``ignore_eos``), one request at a time; decode tok/s = (new tokens - 1) / (total time - time to
-   first token), TTFT, and whether the greedy tokens agree; the speculative methods end to end, each
-   with the head ``load_drafter_for`` gives for it (the shipped P-EAGLE and EAGLE-3 heads), at
-   ``--k`` (default ``auto``, as ``peagle generate``: so the `parallel` row is generate's defaults);
+1. plain decoding: our engine (method ``none``) against its peers (:mod:`peagle.bench.peers`): HF
+   transformers ``generate`` (greedy) and llama.cpp in-process on the default model's GGUF
+   (``--llamacpp``: by default the file at the engine's weight precision and the shipped Q4_1), same
+   chat-templated MT-Bench prompts and token ids, same number of new tokens, EOS ignored, one request
+   at a time; decode tok/s = (new tokens - 1) / (total time - time to first token), TTFT, whether the
+   greedy tokens agree, and peagle over llama.cpp at the same weight precision; the speculative
+   methods end to end, each with the head ``load_drafter_for`` gives for it (the shipped P-EAGLE and
+   EAGLE-3 heads), at ``--k`` (default ``auto``, as ``peagle generate``: so the `parallel` row is
+   generate's defaults);
 2. the cost of one engine step verifying 1, 2, 4, 8, 16 tokens at a context of ~256 tokens (ours,
    and HF's forward with a DynamicCache for reference);
-3. the prefill of a 4,000-token prompt, ours against HF's forward, in the same dtype;
+3. the prefill of a 4,000-token prompt, ours against HF's forward and llama.cpp's prompt eval, in the
+   same precision;
 4. the cost of drafting K tokens through the engine's own ``_propose``: one parallel (P-EAGLE)
    drafter pass, and K sequential EAGLE-3 passes, for K = 1..10, in ms and as a fraction of a
    one-token step. HF runs in the engine's dtype throughout.
 
 The machine is shared, so every figure is a median of several repetitions, systems are
 interleaved (each repetition runs every system back to back, in a rotating order), and the
-headline numbers are ratios between figures taken in this same run.
+headline numbers are ratios between figures taken in this same run. llama.cpp needs
+``pip install '.[llamacpp]'``; without it its rows are left out, with a note.
 
     python -m peagle.bench.baseline --max-new-tokens 128 --prompts 3 --reps 3 --json out.json
 """
@@ -24,19 +29,25 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import json
 import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 
+from peagle.bench import llamacpp
+from peagle.bench.peers import Peer, Prefills, checked_decode, time_once
+from peagle.bench.peers.engine import EnginePeer
 from peagle.engine.auto_k import parse_k
 from peagle.prompts import MT_BENCH, read_prompt_file
-from peagle.runtime import add_runtime_args
+from peagle.runtime import add_runtime_args, configure_cpu
 
 # torch's default pool size, read before anything (the engine) changes it: HF runs with this.
 DEFAULT_TORCH_THREADS = torch.get_num_threads()
@@ -101,6 +112,8 @@ def wait_for_idle(max_wait_s: float, bar=None, threshold: float = 0.25) -> float
     """Wait (at most ``max_wait_s``) until other processes use less than ``threshold`` cores over
     one second; returns the last reading. The machine is shared: this only lowers the odds of
     measuring during someone else's burst."""
+    if max_wait_s <= 0:
+        return None
     deadline = time.perf_counter() + max_wait_s
     last = None
     while True:
@@ -115,50 +128,22 @@ def wait_for_idle(max_wait_s: float, bar=None, threshold: float = 0.25) -> float
 
 # ----------------------------------------------------------------------------- 1. end to end
 
-def make_first_token_streamer():
-    from transformers.generation.streamers import BaseStreamer
-
-    class FirstTokenTimer(BaseStreamer):
-        """``generate`` puts the prompt first, then each new token: the second put is the first token."""
-
-        def __init__(self):
-            self.calls, self.first = 0, None
-
-        def put(self, value):
-            self.calls += 1
-            if self.calls == 2 and self.first is None:
-                self.first = time.perf_counter()
-
-        def end(self):
-            pass
-
-    return FirstTokenTimer()
+def settle(args) -> None:
+    """Pause before switching peers, which size their thread pools differently: a pool spins for a
+    while after its last job, and spinning threads on 2 cores slow the next run down badly."""
+    if args.settle > 0:
+        time.sleep(args.settle)
 
 
-def run_hf(hf, ids: list[int], n: int, threads: int) -> dict:
-    torch.set_num_threads(threads)
-    x = torch.tensor([ids])
-    streamer = make_first_token_streamer()
-    with OtherLoad() as ol, torch.inference_mode():
-        t0 = time.perf_counter()
-        out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
-                          min_new_tokens=n, pad_token_id=hf.config.eos_token_id, streamer=streamer)
-        t1 = time.perf_counter()
-    toks = out[0, len(ids):].tolist()
-    return {"tokens": toks, "total_s": t1 - t0, "ttft_s": streamer.first - t0, "other_cores": ol.cores}
-
-
-def run_ours(engine, ids: list[int], n: int) -> dict:
-    from peagle.engine.sampling import SamplingParams
-    from peagle.runtime import configure_cpu
-
-    configure_cpu()
+def run_decode(args, peer: Peer, ids: list[int], n: int) -> dict:
+    """One request through ``peer``, after a pause and its pool set up: its tokens, times and rates,
+    and the cores other jobs kept busy meanwhile."""
+    settle(args)
+    peer.prepare()
     with OtherLoad() as ol:
-        t0 = time.perf_counter()
-        out = engine.generate([ids], SamplingParams(max_tokens=n, ignore_eos=True))[0]
-        t1 = time.perf_counter()
-    return {"tokens": list(out.token_ids), "total_s": t1 - t0, "ttft_s": out.ttft_s,
-            "acceptance_length": out.stats.acceptance_length, "other_cores": ol.cores}
+        d = checked_decode(peer, ids, n)
+    return add_rates({"tokens": d.tokens, "total_s": d.elapsed_s, "ttft_s": d.ttft_s,
+                      "acceptance_length": d.acceptance_length, "other_cores": ol.cores})
 
 
 def add_rates(r: dict) -> dict:
@@ -168,6 +153,32 @@ def add_rates(r: dict) -> dict:
     r["decode_tok_s"] = (n - 1) / decode_s if n > 1 and decode_s > 0 else None
     r["total_tok_s"] = n / r["total_s"]
     return r
+
+
+def bench_end_to_end(args, peers: dict[str, Peer], prompts_ids: list[list[int]], bar) -> dict:
+    """Every peer on every prompt, ``args.reps`` times: each round runs every peer on one prompt back
+    to back, the peer going first rotating from round to round."""
+    n = args.max_new_tokens
+    names = list(peers)
+    # warm-up (first-call allocations, thread-pool start-up, HF's lazy set-up)
+    for name in names:
+        bar.set_postfix_str(f"warm-up {name}")
+        run_decode(args, peers[name], prompts_ids[0], 8)
+        bar.update(1)
+
+    runs = {name: [[None] * args.reps for _ in prompts_ids] for name in names}
+    turn = 0
+    for rep in range(args.reps):
+        for p, ids in enumerate(prompts_ids):
+            wait_for_idle(args.wait_idle, bar)
+            order = names[turn % len(names):] + names[:turn % len(names)]
+            turn += 1
+            for name in order:
+                bar.set_postfix_str(f"rep {rep + 1} prompt {p + 1} {name}")
+                runs[name][p][rep] = run_decode(args, peers[name], ids, n)
+                bar.update(1)
+    configure_cpu()
+    return runs
 
 
 def first_mismatch(a: list[int], b: list[int]) -> int | None:
@@ -192,89 +203,80 @@ def logit_margin(model, prefix: list[int], tok_a: int, tok_b: int) -> tuple[floa
     return float(row[tok_a] - row[tok_b]), float(top2[0] - top2[1])
 
 
-def compare_tokens(model, prompt: list[int], ours: list[int], ref: list[int], eos: set[int]) -> dict:
+Explain = Callable[[list[int], int, int], tuple[float, float]]   # logit_margin on our target
+
+
+def compare_tokens(explain: Explain, prompt: list[int], ours: list[int], ref: list[int], eos: set[int],
+                   ref_masks_eos: bool) -> dict:
+    """Whether ``ours`` are ``ref``'s greedy tokens; where they part, why: a near-tie of the top two
+    logits (float rounding), or EOS, which the reference masked (HF's ``min_new_tokens``)."""
     i = first_mismatch(ours, ref)
     if i is None:
         return {"match": True, "first_mismatch": None}
     info = {"match": False, "first_mismatch": i}
     if i < len(ours) and i < len(ref):
-        if ours[i] in eos:
-            # HF's min_new_tokens masks EOS; ours with ignore_eos keeps the EOS the model chose
+        if ours[i] in eos and ref_masks_eos:
             info["note"] = "ours chose EOS (ignore_eos), HF masks EOS under min_new_tokens"
         else:
-            d, gap = logit_margin(model, prompt + ours[:i], ours[i], ref[i])
+            d, gap = explain(prompt + ours[:i], ours[i], ref[i])
             info["logit_ours_minus_hf"] = d
             info["top1_top2_gap"] = gap
     return info
 
 
-def bench_end_to_end(args, engines: dict, hf, prompts_ids: list[list[int]], bar) -> dict:
-    n = args.max_new_tokens
-    systems = ["hf"] + list(engines)
-
-    def run(name, ids):
-        settle(args)
-        if name == "hf":
-            return add_rates(run_hf(hf, ids, n, args.hf_threads))
-        return add_rates(run_ours(engines[name], ids, n))
-
-    # warm-up (first-call allocations, thread-pool start-up, HF's lazy set-up)
-    for name in systems:
-        bar.set_postfix_str(f"warm-up {name}")
-        settle(args)
-        if name == "hf":
-            run_hf(hf, prompts_ids[0], 8, args.hf_threads)
-        else:
-            run_ours(engines[name], prompts_ids[0], 8)
-        bar.update(1)
-
-    runs = {s: [[None] * args.reps for _ in prompts_ids] for s in systems}
-    turn = 0
-    for rep in range(args.reps):
-        for p, ids in enumerate(prompts_ids):
-            wait_for_idle(args.wait_idle, bar)
-            order = systems[turn % len(systems):] + systems[:turn % len(systems)]   # rotate who goes first
-            turn += 1
-            for name in order:
-                bar.set_postfix_str(f"rep {rep + 1} prompt {p + 1} {name}")
-                runs[name][p][rep] = run(name, ids)
-                bar.update(1)
-    from peagle.runtime import configure_cpu
-    configure_cpu()
-    return runs
+def references(peer: Peer) -> list[str]:
+    """The peers whose greedy tokens ``peer``'s are checked against: HF for plain decoding, plain
+    decoding for the speculative methods (exact by construction), both for llama.cpp."""
+    if peer.name == "hf":
+        return []
+    if peer.name == "none":
+        return ["hf"]
+    return ["none"] + (["hf"] if peer.system != "peagle" else [])
 
 
-def summarize_end_to_end(args, runs: dict, model, prompts_ids, eos) -> dict:
-    hf_runs = runs["hf"]
+def summarize_end_to_end(runs: dict, peers: dict[str, Peer], prompts_ids: list[list[int]], eos: set[int],
+                         explain: Explain) -> dict:
     summary = {"systems": {}, "prompts": []}
+
+    def paired_ratio(name: str, other: str) -> tuple[float, float]:
+        """Median rate of ``name`` over ``other``'s, and the median of their ratios run by run."""
+        paired = [a["decode_tok_s"] / b["decode_tok_s"] for xs, ys in zip(runs[name], runs[other])
+                  for a, b in zip(xs, ys)]
+        return (summary["systems"][name]["decode_tok_s"] / summary["systems"][other]["decode_tok_s"], median(paired))
+
     for name, per_prompt in runs.items():
         flat = [r for rs in per_prompt for r in rs]
+        p = peers[name]
+        als = [r["acceptance_length"] for r in flat if r["acceptance_length"] is not None]
         summary["systems"][name] = {
+            "label": p.label, "system": p.system, "precision": p.precision, "threads": p.threads, "note": p.note,
             "decode_tok_s": median(r["decode_tok_s"] for r in flat),
             "decode_tok_s_min": min(r["decode_tok_s"] for r in flat),
             "decode_tok_s_max": max(r["decode_tok_s"] for r in flat),
             "ttft_ms": 1e3 * median(r["ttft_s"] for r in flat),
             "total_tok_s": median(r["total_tok_s"] for r in flat),
-            "acceptance_length": median(r.get("acceptance_length") for r in flat) if name != "hf" else None,
+            "acceptance_length": statistics.median(als) if als else None,
             "other_cores": median(r.get("other_cores") for r in flat),
             "deterministic": all(r["tokens"] == rs[0]["tokens"] for rs in per_prompt for r in rs),
         }
+    llama_at = {s["precision"]: n for n, s in summary["systems"].items() if s["system"] == "llama.cpp"}
+    for name, s in summary["systems"].items():
         if name != "hf":
-            paired = [o["decode_tok_s"] / h["decode_tok_s"]
-                      for os_, hs in zip(per_prompt, hf_runs) for o, h in zip(os_, hs)]
-            s = summary["systems"][name]
-            s["ratio_vs_hf"] = s["decode_tok_s"] / summary["systems"]["hf"]["decode_tok_s"]
-            s["paired_ratio_vs_hf"] = median(paired)
+            s["ratio_vs_hf"], s["paired_ratio_vs_hf"] = paired_ratio(name, "hf")
+        if s["system"] == "peagle" and s["precision"] in llama_at:
+            s["llamacpp_peer"] = llama_at[s["precision"]]
+            s["ratio_vs_llamacpp"], s["paired_ratio_vs_llamacpp"] = paired_ratio(name, s["llamacpp_peer"])
     for p, ids in enumerate(prompts_ids):
         row = {"prompt_tokens": len(ids),
                "decode_tok_s": {name: median(r["decode_tok_s"] for r in runs[name][p]) for name in runs}}
-        ref = hf_runs[p][0]["tokens"]
-        row["none_vs_hf"] = compare_tokens(model, ids, runs["none"][p][0]["tokens"], ref, eos)
         for name in runs:
-            if name not in ("hf", "none"):
-                row[f"{name}_vs_none"] = compare_tokens(model, ids, runs[name][p][0]["tokens"],
-                                                        runs["none"][p][0]["tokens"], eos)
+            for ref in references(peers[name]):
+                row[f"{name}_vs_{ref}"] = compare_tokens(explain, ids, runs[name][p][0]["tokens"],
+                                                         runs[ref][p][0]["tokens"], eos, ref_masks_eos=ref == "hf")
         summary["prompts"].append(row)
+    for name, s in summary["systems"].items():
+        s["greedy_agreement"] = {ref: sum(row[f"{name}_vs_{ref}"]["match"] for row in summary["prompts"])
+                                 for ref in references(peers[name])}
     return summary
 
 
@@ -286,145 +288,80 @@ def build_context(prompts_ids: list[list[int]], outputs: list[list[int]], length
     return (pool * (length // len(pool) + 1))[:length]
 
 
-def settle(args) -> None:
-    """Pause before switching between HF and our engine, which may size torch's pool differently:
-    a pool spins for a while after its last job, and spinning threads on 2 cores slow the next
-    run down badly."""
-    if args.settle > 0:
-        time.sleep(args.settle)
+Timer = tuple[Peer, Callable[[int], float]]   # the peer timed (its pool set up first), and its timing at a size
 
 
-def time_once(fn, device: torch.device | None = None) -> float:
-    t0 = time.perf_counter()
-    fn()
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
+def timed_rounds(args, bar, sizes: list[int], timers: dict[str, Timer]) -> tuple[dict, float]:
+    """Warm-up then ``micro_reps`` rounds; each round times every timer at every size, in order;
+    before each switch of peer (and at a round's start) a pause, then that peer sets up its pool.
+    Returns (times by timer and size, the cores other jobs kept busy during the first timer, median)."""
+    times, loads = {name: {n: [] for n in sizes} for name in timers}, []
+    wait_for_idle(args.wait_idle, bar)
+    for rep in range(args.micro_warmup + args.micro_reps):
+        last = None
+        for i, (name, (peer, timer)) in enumerate(timers.items()):
+            if peer is not last:
+                settle(args)
+                peer.prepare()
+                last = peer
+            with OtherLoad() as ol:
+                for n in sizes:
+                    t = timer(n)
+                    if rep >= args.micro_warmup:
+                        times[name][n].append(t)
+            if i == 0:
+                loads.append(ol.cores)
+        bar.update(1)
+    configure_cpu()
+    return times, median(loads)
 
 
-def bench_target_passes(args, engine, hf, ctx: list[int], bar) -> dict:
-    """Ours: one engine step (method ``none``) verifying n tokens (the last one and n-1 injected
-    drafts) at a context of C tokens: scheduling, metadata, the target pass, verification and the
-    host sync, the path production runs; the sequence is put back after each step so the context
-    stays C. HF: its forward over n tokens with a DynamicCache (cropped back), for reference."""
-    from peagle.engine.sampling import SamplingParams
-    from peagle.runtime import configure_cpu
-
+def bench_target_passes(args, ours: Peer, hf: Peer | None, ctx: list[int], bar) -> dict:
+    """Ours: one engine step (method ``none``) verifying n tokens at a context of C tokens, the path
+    production runs (:meth:`EnginePeer.verify_timer`). HF: its forward over n tokens with a
+    DynamicCache (cropped back), for reference."""
     C, sizes = len(ctx), args.verify_sizes
     verify_ids = (ctx * 2)[C:C + max(sizes)]   # the tokens being "verified": any real ids
-    configure_cpu()
-    seq = engine.add_request(ctx, SamplingParams(max_tokens=10 ** 6, ignore_eos=True))
-    engine.step()   # prefill: C tokens cached, one emitted
-    state = list(seq.tokens)
-
-    def ours(n):
-        seq.tokens[:], seq.num_cached, seq.drafts = state, C, verify_ids[:n - 1]
-        return time_once(engine.step, engine.device)
-
-    hf_cache = None
-    if hf is not None:
-        from transformers import DynamicCache
-        torch.set_num_threads(args.hf_threads)
-        hf_cache = DynamicCache(config=hf.config)
-        with torch.inference_mode():
-            hf(torch.tensor([ctx]), past_key_values=hf_cache, use_cache=True, logits_to_keep=1)
-
-    def hf_pass(n):
-        ids = torch.tensor([verify_ids[:n]])
-        with torch.inference_mode():
-            t = time_once(lambda: hf(ids, past_key_values=hf_cache, use_cache=True, logits_to_keep=0))
-        hf_cache.crop(-n)
-        return t
-
-    ours_t, hf_t, load = timed_rounds(args, bar, sizes, ours, hf_pass if hf is not None else None, args.hf_threads)
-    engine.abort(seq.request_id)
-    base, hf_base = median(ours_t[1]), median(hf_t[1]) if hf is not None else None
+    with ExitStack() as stack:
+        timers = {}
+        for name, peer in (("ours", ours), ("hf", hf)):
+            if peer is not None:
+                peer.prepare()
+                timers[name] = (peer, stack.enter_context(peer.verify_timer(ctx, verify_ids)))
+        t, load = timed_rounds(args, bar, sizes, timers)
     rows = []
     for n in sizes:
-        r = {"tokens": n, "ours_ms": 1e3 * median(ours_t[n]), "ours_ratio_to_1": median(ours_t[n]) / base}
+        r = {"tokens": n, "ours_ms": 1e3 * median(t["ours"][n]),
+             "ours_ratio_to_1": median(t["ours"][n]) / median(t["ours"][1])}
         if hf is not None:
-            r["hf_ms"] = 1e3 * median(hf_t[n])
-            r["hf_ratio_to_1"] = median(hf_t[n]) / hf_base
-            r["ours_over_hf"] = median(ours_t[n]) / median(hf_t[n])
+            r["hf_ms"] = 1e3 * median(t["hf"][n])
+            r["hf_ratio_to_1"] = median(t["hf"][n]) / median(t["hf"][1])
+            r["ours_over_hf"] = median(t["ours"][n]) / median(t["hf"][n])
         rows.append(r)
     return {"context": C, "rows": rows, "other_cores": load}
 
 
-def timed_rounds(args, bar, sizes: list[int], ours, other=None,
-                 other_threads: int | None = None) -> tuple[dict, dict, float]:
-    """Warm-up then ``micro_reps`` rounds; each round times ``ours`` at every size, then ``other``
-    (HF on ``other_threads``: pools switched twice a round, with a pause so the other pool's
-    spinning workers sleep first). Returns (our times by size, the other's, the cores other jobs
-    kept busy meanwhile, median)."""
-    from peagle.runtime import configure_cpu
-
-    ours_t, hf_t, loads = {n: [] for n in sizes}, {n: [] for n in sizes}, []
-    wait_for_idle(args.wait_idle, bar)
-    for rep in range(args.micro_warmup + args.micro_reps):
-        configure_cpu()
-        settle(args)
-        with OtherLoad() as ol:
-            for n in sizes:
-                t = ours(n)
-                if rep >= args.micro_warmup:
-                    ours_t[n].append(t)
-        loads.append(ol.cores)
-        if other is not None:
-            if other_threads:
-                torch.set_num_threads(other_threads)
-                settle(args)
-            for n in sizes:
-                t = other(n)
-                if rep >= args.micro_warmup:
-                    hf_t[n].append(t)
-        bar.update(1)
-    configure_cpu()
-    return ours_t, hf_t, median(loads)
-
-
 # ----------------------------------------------------------------------------- 3. prefill
 
-def bench_prefill(args, engine, hf, ctx: list[int], bar) -> dict:
+def bench_prefill(args, ours: EnginePeer, whole: EnginePeer, others: list[Peer], ctx: list[int], bar) -> dict:
     """Time to the first token of one ``len(ctx)``-token prompt: the engine's steps (method ``none``;
-    its default chunked prefill, and the prompt whole) against HF's forward over the prompt into a
-    fresh DynamicCache (logits of the last row only)."""
-    from transformers import DynamicCache
-
-    from peagle.engine.llm_engine import EngineConfig, LLMEngine
-    from peagle.engine.sampling import SamplingParams
-
-    whole = LLMEngine(engine.target, None, EngineConfig(method="none", enable_chunked_prefill=False,
-                                                        max_num_batched_tokens=len(ctx)), engine.tokenizer)
-
-    def first_token(e):
-        e.add_request(ctx, SamplingParams(max_tokens=1))
-
-        def run():
-            while e.has_unfinished():
-                e.step()
-        return time_once(run, e.device)
-
-    def ours(_):
-        whole_t.append(first_token(whole))
-        return first_token(engine)
-
-    def hf_pass(_):
-        with torch.inference_mode():
-            return time_once(lambda: hf(torch.tensor([ctx]), past_key_values=DynamicCache(config=hf.config),
-                                        use_cache=True, logits_to_keep=1))
-
-    whole_t: list[float] = []
-    reps = dict(vars(args), micro_warmup=1, micro_reps=args.prefill_reps)
-    ours_t, hf_t, load = timed_rounds(argparse.Namespace(**reps), bar, [len(ctx)], ours, hf_pass, args.hf_threads)
-    n, hf_s = len(ctx), median(hf_t[len(ctx)])
-    return {"tokens": n, "chunk": engine.cfg.max_num_batched_tokens, "ours_s": median(ours_t[n]), "hf_s": hf_s,
-            "ours_over_hf": median(ours_t[n]) / hf_s, "whole_s": median(whole_t[1:]),
-            "whole_over_hf": median(whole_t[1:]) / hf_s, "other_cores": load}
+    its default chunked prefill, and the prompt whole) against each other peer's prefill (HF's
+    forward into a fresh DynamicCache; llama.cpp's prompt eval) of the same token ids."""
+    timers = {p.name: (p, lambda _, p=p: p.prefill_s(ctx)) for p in (ours, whole, *others)}
+    reps = argparse.Namespace(**dict(vars(args), micro_warmup=1, micro_reps=args.prefill_reps))
+    t, load = timed_rounds(reps, bar, [len(ctx)], timers)
+    s = {name: median(t[name][len(ctx)]) for name in timers}
+    out = {"tokens": len(ctx), "chunk": ours.engine.cfg.max_num_batched_tokens, "ours_s": s[ours.name],
+           "whole_s": s[whole.name], "other_cores": load, "peers": {}}
+    for p in others:
+        out["peers"][p.name] = {"label": f"{p.system} {p.precision}", "s": s[p.name],
+                                "ours_over": s[ours.name] / s[p.name], "whole_over": s[whole.name] / s[p.name]}
+    return out
 
 
 # ----------------------------------------------------------------------------- 4. drafting
 
-def bench_drafting(args, target, heads: dict, ctx: list[int], target_1tok_ms: float, bar) -> dict:
+def bench_drafting(args, ours: EnginePeer, heads: dict, ctx: list[int], target_1tok_ms: float, bar) -> dict:
     """The engine's own drafting call (``LLMEngine._propose``) in a decode step's shape: a sequence
     at a context of C tokens has had K drafts verified; its expansion, the head's pass (P-EAGLE) or
     passes (EAGLE-3), the LM head and argmax are timed, re-run on the arguments the engine passed."""
@@ -436,7 +373,8 @@ def bench_drafting(args, target, heads: dict, ctx: list[int], target_1tok_ms: fl
         # table runs past it (a copy of the head sharing its weights, with no trained K)
         head = copy.copy(heads[method])
         head.cfg = dataclasses.replace(head.cfg, trained_k=None)
-        engine = LLMEngine(target, head, EngineConfig(method=method, num_speculative_tokens=k, max_num_seqs=1))
+        engine = LLMEngine(ours.engine.target, head, EngineConfig(method=method, num_speculative_tokens=k,
+                                                                  max_num_seqs=1))
         calls, propose = [], engine._propose
         engine._propose = lambda *a: calls.append(a) or propose(*a)
         engine.add_request(ctx, SamplingParams(max_tokens=10 ** 6, ignore_eos=True))
@@ -447,11 +385,10 @@ def bench_drafting(args, target, heads: dict, ctx: list[int], target_1tok_ms: fl
     ks = list(range(1, args.max_k + 1))
     with torch.inference_mode():
         calls = {(m, k): propose_call(m, k) for m in heads for k in ks}
-        par, e3, load = timed_rounds(args, bar, ks, lambda k: calls[("parallel", k)](),
-                               lambda k: calls[("eagle3", k)]())
+        t, load = timed_rounds(args, bar, ks, {m: (ours, lambda k, m=m: calls[(m, k)]()) for m in heads})
     rows = []
     for k in ks:
-        pm, em = 1e3 * median(par[k]), 1e3 * median(e3[k])
+        pm, em = 1e3 * median(t["parallel"][k]), 1e3 * median(t["eagle3"][k])
         rows.append({"k": k, "parallel_ms": pm, "parallel_frac_of_target": pm / target_1tok_ms,
                      "eagle3_ms": em, "eagle3_frac_of_target": em / target_1tok_ms, "eagle3_over_parallel": em / pm})
     return {"context": len(ctx), "other_cores": load, "target_1tok_ms": target_1tok_ms, "rows": rows,
@@ -494,39 +431,47 @@ def markdown(res: dict) -> str:
 def markdown_end_to_end(res: dict) -> list[str]:
     a, out = res["args"], []
     e2e = res["end_to_end"]
+    systems, n_prompts = e2e["systems"], len(e2e["prompts"])
     out.append(f"### 1. Plain decoding, {a['max_new_tokens']} new tokens, {a['prompts']} MT-Bench prompts "
                f"x {a['reps']} reps (median over all runs)\n")
-    out.append("| system | threads | decode tok/s | min-max | TTFT ms | total tok/s | ratio vs HF (paired) | AL "
-               "| other jobs' cores |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
-    for name, s in e2e["systems"].items():
-        label = ("HF transformers `generate`" if name == "hf" else f"peagle `{name}`"
-                 + ("" if name == "none" else f" (K={a['k']})"))
-        threads = (f"torch {a['hf_threads']}" if name == "hf"
-                   else f"torch {res['env']['engine_torch_threads']}")
+    out.append("| system | weights | threads | decode tok/s | min-max | TTFT ms | total tok/s | ratio vs HF (paired) "
+               "| peagle / llama.cpp (paired) | same greedy tokens as | AL | other jobs' cores |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, s in systems.items():
         ratio = "1.00" if name == "hf" else f"{s['ratio_vs_hf']:.2f} ({s['paired_ratio_vs_hf']:.2f})"
+        vs_llama = (f"{s['ratio_vs_llamacpp']:.2f} ({s['paired_ratio_vs_llamacpp']:.2f})"
+                    if "llamacpp_peer" in s else "-")
+        agree = ", ".join(f"`{ref}` {k}/{n_prompts}" for ref, k in s["greedy_agreement"].items()) or "(reference)"
         al = "-" if s["acceptance_length"] is None else f"{s['acceptance_length']:.2f}"
-        out.append(f"| {label} | {threads} | {fmt(s['decode_tok_s'])} | {fmt(s['decode_tok_s_min'])}-"
-                   f"{fmt(s['decode_tok_s_max'])} | {fmt(s['ttft_ms'], 0)} | {fmt(s['total_tok_s'])} | {ratio} | {al} "
-                   f"| {fmt(s['other_cores'], 2)} |")
+        out.append(f"| {s['label']} | {s['precision']} | {s['threads']} | {fmt(s['decode_tok_s'])} | "
+                   f"{fmt(s['decode_tok_s_min'])}-{fmt(s['decode_tok_s_max'])} | {fmt(s['ttft_ms'], 0)} | "
+                   f"{fmt(s['total_tok_s'])} | {ratio} | {vs_llama} | {agree} | {al} | {fmt(s['other_cores'], 2)} |")
     out.append("")
-    names = list(e2e["systems"])
-    spec = [n for n in names if n not in ("hf", "none")]
+    notes = [f"{s['label']}: {s['note']}" for s in systems.values() if s["note"]]
+    if "llamacpp_skipped" in e2e:
+        notes.append(e2e["llamacpp_skipped"])
+    if notes:
+        out += ["Configuration: " + "; ".join(notes) + ".", ""]
+    names = list(systems)
+    others = [n for n in names if n not in ("hf", "none")]
     head = (["prompt", "prompt tokens"] + [f"{n} tok/s" for n in names] + ["none/HF", "none == HF greedy"]
-            + [f"{n} == none" for n in spec])
+            + [f"{n} == none" for n in others])
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---|" * len(head))
     for i, p in enumerate(e2e["prompts"]):
         d = p["decode_tok_s"]
         cells = ([str(i + 1), str(p["prompt_tokens"])] + [fmt(d[n]) for n in names]
                  + [f"{d['none'] / d['hf']:.2f}", match_str(p["none_vs_hf"])]
-                 + [match_str(p[f"{n}_vs_none"]) for n in spec])
+                 + [match_str(p[f"{n}_vs_none"]) for n in others])
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
-    none = e2e["systems"]["none"]
+    none = systems["none"]
     goal = none["ratio_vs_hf"] >= 1.2
     out.append(f"Ours `none` / HF decode ({res['env']['dtype']}): **{none['ratio_vs_hf']:.2f}x** (paired median "
                f"{none['paired_ratio_vs_hf']:.2f}x); goal >= 1.2x: **{'met' if goal else 'not met'}**.")
+    if "llamacpp_peer" in none:
+        out.append(f"Ours `none` / {systems[none['llamacpp_peer']]['label']} decode, the same weight precision: "
+                   f"**{none['ratio_vs_llamacpp']:.2f}x** (paired median {none['paired_ratio_vs_llamacpp']:.2f}x).")
     out.append("")
     return out
 
@@ -559,11 +504,15 @@ def markdown_prefill(res: dict) -> list[str]:
     pf = res["prefill"]
     out.append(f"### 3. Prefill of a {pf['tokens']}-token prompt (time to the first token, median of "
                f"{a['prefill_reps']})\n")
-    out.append(f"| ours, chunks of {pf['chunk']} s | ours, whole s | HF s | chunked / HF | whole / HF |")
-    out.append("|---|---|---|---|---|")
-    out.append(f"| {fmt(pf['ours_s'], 2)} | {fmt(pf['whole_s'], 2)} | {fmt(pf['hf_s'], 2)} | "
-               f"{fmt(pf['ours_over_hf'], 2)} | {fmt(pf['whole_over_hf'], 2)} |")
+    out.append("| system | s | ours chunked / it | ours whole / it |")
+    out.append("|---|---|---|---|")
+    out.append(f"| peagle `none`, chunks of {pf['chunk']} | {fmt(pf['ours_s'], 2)} | | |")
+    out.append(f"| peagle `none`, whole | {fmt(pf['whole_s'], 2)} | | |")
+    for p in pf["peers"].values():
+        out.append(f"| {p['label']} | {fmt(p['s'], 2)} | {fmt(p['ours_over'], 2)} | {fmt(p['whole_over'], 2)} |")
     out.append("")
+    if pf.get("left_out"):
+        out += [f"Left out: {pf['left_out']}.", ""]
     return out
 
 
@@ -590,9 +539,7 @@ def markdown_drafting(res: dict) -> list[str]:
 SECTIONS = ("e2e", "passes", "prefill", "drafting")
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m peagle.bench.baseline", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=3, help="first N MT-Bench first turns")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of every end-to-end run")
@@ -602,6 +549,12 @@ def parse_args(argv=None):
                     help="our engine's methods to run end to end ('none' is always run)")
     ap.add_argument("--k", type=parse_k, default="auto",
                     help="K for the end-to-end speculative methods (default auto, as generate)")
+    ap.add_argument("--llamacpp", default="auto",
+                    help="llama.cpp's GGUF precisions to run as peers, comma-separated, of "
+                         f"{', '.join(llamacpp.FTYPES)}; auto (default): the engine's weight precision and the shipped "
+                         f"{llamacpp.SHIPPED}; none: no llama.cpp")
+    ap.add_argument("--llamacpp-threads", type=int, default=None,
+                    help="llama.cpp's threads, decode and prompt alike (default: the engine's torch threads)")
     ap.add_argument("--context", type=int, default=256, help="context length for the pass timings")
     ap.add_argument("--verify-sizes", default="1,2,4,8,16")
     ap.add_argument("--max-k", type=int, default=10)
@@ -621,26 +574,72 @@ def parse_args(argv=None):
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help="comma-separated, of " + ", ".join(SECTIONS) + " (drafting also times passes; without "
                          "e2e, contexts repeat the prompts alone)")
-    args = ap.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The comma-separated flags as lists; a ValueError names a bad value."""
     args.sections = [x for x in args.sections.split(",") if x]
     if unknown := set(args.sections) - set(SECTIONS):
-        ap.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+        raise ValueError(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     if "drafting" in args.sections and "passes" not in args.sections:
         args.sections.append("passes")
     args.verify_sizes = sorted({int(x) for x in args.verify_sizes.split(",")})
     if 1 not in args.verify_sizes:
         args.verify_sizes.insert(0, 1)
     args.methods = ["none"] + [m for m in args.methods.split(",") if m and m != "none"]
+    if args.llamacpp not in ("auto", "none"):
+        args.llamacpp = [x for x in args.llamacpp.split(",") if x]
+        if unknown := set(args.llamacpp) - set(llamacpp.FTYPES):
+            raise ValueError(f"unknown llama.cpp precisions {sorted(unknown)}; choose from "
+                             f"{', '.join(llamacpp.FTYPES)}")
     return args
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m peagle.bench.baseline", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(ap)
+    try:
+        return check_args(ap.parse_args(argv))
+    except ValueError as e:
+        ap.error(str(e))
+
+
+def llamacpp_kinds(asked: str | list[str], engine_precision: str) -> list[str]:
+    """The GGUF precisions ``--llamacpp`` names: auto = the engine's weight precision (the peer its
+    rows are compared with) and the shipped file."""
+    if asked == "none":
+        return []
+    return list(dict.fromkeys([engine_precision, llamacpp.SHIPPED] if asked == "auto" else asked))
+
+
+def llamacpp_peers(args, kinds: list[str], threads: int, prompts_ids: list[list[int]]) -> tuple[list[Peer], str | None]:
+    """llama.cpp's peers, with a context that holds the longest request and the prefill prompt; none,
+    and a line saying why, where llama-cpp-python is not installed."""
+    if not kinds:
+        return [], None
+    if not llamacpp.available():
+        return [], "llama.cpp not installed (pip install '.[llamacpp]'): its rows are left out"
+    from peagle.bench.peers import llamacpp as llamacpp_peer
+
+    n_ctx = max([len(ids) + args.max_new_tokens for ids in prompts_ids] + [args.prefill_tokens]) + 1
+    return [llamacpp_peer.load(kind, threads, n_ctx) for kind in kinds], None
+
+
+def main(args: argparse.Namespace) -> int:
+    """``peagle bench baseline``."""
+    run(check_args(args))
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Every section asked for: the report printed, every figure returned (and written to ``--json``)."""
     from tqdm import tqdm
 
     import transformers
-    from transformers import AutoModelForCausalLM
 
+    from peagle.bench.peers import engine as engine_peer
+    from peagle.bench.peers import hf as hf_peer
     from peagle.engine.llm_engine import EngineConfig, LLMEngine
     from peagle.models.loader import load_drafter_for, resolve_target
     from peagle.runtime import dtype_name
@@ -652,39 +651,56 @@ def main(argv=None) -> dict:
     engine = LLMEngine.from_pretrained(None, method="none", dtype=args.dtype, device=args.device)
     engine_threads = torch.get_num_threads()
     log(f"default model: {path}; {engine.device} {engine.precision}; HF torch threads {args.hf_threads}")
-    torch.set_num_threads(args.hf_threads)
     # HF in the weights' dtype (it has one dtype for weights and arithmetic): bf16 against bf16 weights
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=engine.weight_dtype).to(engine.device).eval()
-    engines = {"none": engine}
+    hf = hf_peer.load(path, engine.weight_dtype, engine.device, args.hf_threads)
+    ours = engine_peer.peer(engine, "none", engine_threads)
+    peers: dict[str, Peer] = {"hf": hf, "none": ours}
     heads = {m: load_drafter_for(engine.target, path, None, engine.tokenizer, m) for m in ("parallel", "eagle3")}
     for m in args.methods[1:]:   # each method with its own shipped head (P-EAGLE, EAGLE-3)
-        engines[m] = LLMEngine(engine.target, heads[m], EngineConfig(method=m, num_speculative_tokens=args.k),
-                               engine.tokenizer)
+        cfg = EngineConfig(method=m, num_speculative_tokens=args.k)
+        spec = LLMEngine(engine.target, heads[m], cfg, engine.tokenizer)
+        peers[m] = engine_peer.peer(spec, m, engine_threads, args.k)
     prompts_ids = [engine.encode_prompt(t, chat=True) for t in texts]
+    kinds = llamacpp_kinds(args.llamacpp, ours.precision)
+    llama, skipped = llamacpp_peers(args, kinds, args.llamacpp_threads or engine_threads, prompts_ids)
+    if skipped:
+        log(skipped)
+    peers.update((p.name, p) for p in llama)
 
-    n_systems = 1 + len(engines)
     rounds = args.micro_warmup + args.micro_reps
     sec = args.sections
-    bar = tqdm(total=("e2e" in sec) * (n_systems + args.reps * args.prompts * n_systems)
-               + ("passes" in sec) * (rounds + 1) + ("drafting" in sec) * rounds + ("prefill" in sec) * args.prefill_reps,
+    bar = tqdm(total=("e2e" in sec) * len(peers) * (1 + args.reps * args.prompts) + ("passes" in sec) * rounds
+               + ("drafting" in sec) * rounds + ("prefill" in sec) * (args.prefill_reps + 1),
                desc="baseline", unit="run", file=sys.stderr, dynamic_ncols=True)
     found: dict = {}
     outputs = [[] for _ in prompts_ids]
     if "e2e" in sec:
-        runs = bench_end_to_end(args, engines, hf, prompts_ids, bar)
-        found["end_to_end"] = summarize_end_to_end(args, runs, engine.target, prompts_ids, engine.eos_token_ids)
+        runs = bench_end_to_end(args, peers, prompts_ids, bar)
+        found["end_to_end"] = summarize_end_to_end(runs, peers, prompts_ids, engine.eos_token_ids,
+                                                   functools.partial(logit_margin, engine.target))
+        if skipped:
+            found["end_to_end"]["llamacpp_skipped"] = skipped
         found["end_to_end_raw"] = runs
         outputs = [runs["hf"][p][0]["tokens"] for p in range(len(prompts_ids))]
     if "passes" in sec:
         bar.set_postfix_str("target passes")
-        found["target_passes"] = bench_target_passes(args, engine, None if args.no_hf_passes else hf,
+        found["target_passes"] = bench_target_passes(args, ours, None if args.no_hf_passes else hf,
                                                      build_context(prompts_ids, outputs, args.context), bar)
     if "prefill" in sec:
         bar.set_postfix_str("prefill")
-        found["prefill"] = bench_prefill(args, engine, hf, build_context(prompts_ids, outputs, args.prefill_tokens), bar)
+        whole = LLMEngine(engine.target, None, EngineConfig(method="none", enable_chunked_prefill=False,
+                                                            max_num_batched_tokens=args.prefill_tokens),
+                          engine.tokenizer)
+        # a prompt fed a token at a time (n_batch=1) is not a prefill: those peers sit this one out
+        others = [p for p in peers.values() if p.system != "peagle" and isinstance(p, Prefills)]
+        found["prefill"] = bench_prefill(args, ours, engine_peer.peer(whole, "none-whole", engine_threads),
+                                         [p for p in others if not p.note],
+                                         build_context(prompts_ids, outputs, args.prefill_tokens), bar)
+        found["prefill"]["left_out"] = "; ".join([f"{p.label} ({p.note})" for p in others if p.note]
+                                                 + ([skipped] if skipped else []))
     if "drafting" in sec:
         bar.set_postfix_str("drafting")
-        found["drafting"] = bench_drafting(args, engine.target, heads, build_context(prompts_ids, outputs, args.context),
+        found["drafting"] = bench_drafting(args, ours, heads, build_context(prompts_ids, outputs, args.context),
                                            found["target_passes"]["rows"][0]["ours_ms"], bar)
     bar.close()
 
@@ -692,7 +708,8 @@ def main(argv=None) -> dict:
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "env": {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
                 "transformers": transformers.__version__, "python": platform.python_version(),
-                "hf_torch_threads": args.hf_threads, "engine_torch_threads": engine_threads,
+                "llama_cpp": llamacpp_version(), "hf_torch_threads": args.hf_threads,
+                "engine_torch_threads": engine_threads,
                 "model": str(path), "device": str(engine.device), "dtype": dtype_name(engine.weight_dtype),
                 "compute_dtype": dtype_name(engine.dtype),
                 "loadavg_start": load0, "loadavg_end": os.getloadavg(),
@@ -702,8 +719,9 @@ def main(argv=None) -> dict:
     md = markdown(res)
     print(md)
     env = res["env"]
+    llama_v = f", llama-cpp-python {env['llama_cpp']}" if llama else ""
     print(f"_{env['cpu']}, {env['cpu_count']} CPUs, {env['device']} {env['dtype']}; torch {env['torch']}, "
-          f"transformers {env['transformers']}; load average {env['loadavg_start'][0]:.2f} at start, "
+          f"transformers {env['transformers']}{llama_v}; load average {env['loadavg_start'][0]:.2f} at start, "
           f"{env['loadavg_end'][0]:.2f} at end; {env['wall_s']:.0f} s in all._")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -712,5 +730,13 @@ def main(argv=None) -> dict:
     return res
 
 
+def llamacpp_version() -> str | None:
+    if not llamacpp.available():
+        return None
+    import llama_cpp
+
+    return llama_cpp.__version__
+
+
 if __name__ == "__main__":
-    main()
+    run(parse_args())

@@ -15,8 +15,8 @@ from torch import nn
 
 from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
-from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference, pack_weight,
-                                  packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
+from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, native_rows, pack_for_inference,
+                                  pack_weight, packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
 from peagle.models.quant import QuantTensor
 
 
@@ -283,15 +283,54 @@ class LlamaModel(nn.Module):
         meta.prepare(positions, caches[0].num_slots, self.windows)
         x = self.model.embed_tokens(ids)
         rope = self.rotary.table(positions, x.dtype)
-        taps: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.model.layers):
-            if i in self.aux_layers:
-                taps[i] = x
-            x = layer(x, rope, caches[i], meta)
-        taps[self.cfg.num_layers] = x
+        if self.stacks(x, caches, meta):
+            x, tapped = self.native_stack(x, rope, caches, meta)
+            taps = dict(zip(self.aux_layers, tapped))
+        else:
+            taps = {}
+            for i, layer in enumerate(self.model.layers):
+                if i in self.aux_layers:
+                    taps[i] = x
+                x = layer(x, rope, caches[i], meta)
+            taps[self.cfg.num_layers] = x
         if rows is not None:
             x = x[rows]
         return self.model.norm(x), torch.cat([taps[i] for i in self.aux_layers], dim=-1)
+
+    def stacks(self, x: torch.Tensor, caches: list, meta: AttnMeta) -> bool:
+        """Whether :meth:`native_stack` runs this pass: peagle's CPU kernels take every op of every layer
+        (plain Llama-style layers; rows the attention kernel takes whole, as in decoding and verification)."""
+        if getattr(self, "_stackable", None) is None:
+            self._stackable = all(type(layer) is DecoderLayer and type(layer.mlp) is MLP
+                                  and layer.self_attn.q_norm is None and layer.self_attn.sinks is None
+                                  and layer.self_attn.heads // layer.self_attn.kv_heads <= 16
+                                  and layer.self_attn.head_dim <= 256 for layer in self.model.layers)
+        return (self._stackable and native_rows(x) and x.dim() == 2 and meta.kernel_ok
+                and isinstance(caches[0], KVCache) and not meta.long_groups)
+
+    def native_stack(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], caches: list[KVCache],
+                     meta: AttnMeta) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Every layer in one call to ``peagle::decoder_layers``: the same kernels in the same order as
+        the layers' own forwards (the same bits), without a step's ~300 Python and dispatcher round
+        trips. Returns the last layer's output and the aux layers' inputs."""
+        layers = self.model.layers
+        key = (id(layers[0].self_attn.qkv_proj.weight), id(layers[-1].mlp.down_proj.weight),
+               id(layers[0].input_layernorm.weight))
+        if getattr(self, "_stack_key", None) != key:  # the weights were replaced (loaded, cast): list them again
+            self._stack_weights = [t for layer in layers for t in (
+                layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias,
+                layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias, layer.post_attention_layernorm.weight,
+                layer.mlp.gate_up_proj.weight, layer.mlp.gate_up_proj.bias, layer.mlp.down_proj.weight,
+                layer.mlp.down_proj.bias)]
+            self._stack_windows = [layer.self_attn.sliding_window or 0 for layer in layers]
+            self._stack_key = key
+        c = self.cfg
+        cos, sin = rope
+        return torch.ops.peagle.decoder_layers(
+            x.contiguous(), self._stack_weights, cos, sin, [k.k for k in caches], [k.v for k in caches],
+            meta.slot_mapping, meta.table, meta.seq_of_row, meta.positions, meta.short_rows, meta.block_size,
+            self._stack_windows, c.num_heads, c.head_dim, c.head_dim ** -0.5, c.rms_norm_eps,
+            list(self.aux_layers))
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         return linear(normed, self.head_weight())

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <tuple>
 
+#include "ops.h"
+
 namespace peagle {
 
 static constexpr int64_t ROW_GRAIN = 16;
@@ -33,7 +35,7 @@ static void check_weight(const at::Tensor& w, int64_t n) {
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == n, "peagle::rms_norm: weight must be float32 [n]");
 }
 
-static at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   check_rows(x, "rms_norm");
   const int64_t T = x.size(0), n = x.size(1);
   check_weight(w, n);
@@ -47,7 +49,7 @@ static at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps)
 }
 
 // h = x + residual, and rms_norm(h): the residual add before a layer's second norm, fused.
-static std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                        const at::Tensor& w, double eps) {
   check_rows(x, "add_rms_norm");
   check_rows(residual, "add_rms_norm");
@@ -67,7 +69,7 @@ static std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, cons
 }
 
 // [rows, 2n] (gate | up) -> [rows, n]: silu(gate) * up.
-static at::Tensor silu_mul(const at::Tensor& gu) {
+at::Tensor silu_mul(const at::Tensor& gu) {
   check_rows(gu, "silu_mul");
   const int64_t T = gu.size(0), n = gu.size(1) / 2;
   at::Tensor out = at::empty({T, n}, gu.options());
@@ -86,7 +88,7 @@ static at::Tensor silu_mul(const at::Tensor& gu) {
 // qkv [rows, H + 2 Hkv, d]: RoPE (HF's rotate-half: x * cos + rotate_half(x) * sin, as three rounded
 // operations like torch's eager ops) on the H query and Hkv key heads in place, then keys and values
 // into the pools [slots, Hkv, d] at ``slots[row]``.
-static void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H,
+void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H,
                        const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots) {
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 3 && qkv.is_contiguous(), "peagle::rope_write: qkv must be contiguous float32 [rows, heads, d]");
   const int64_t T = qkv.size(0), heads = qkv.size(1), d = qkv.size(2), Hkv = (heads - H) / 2, half = d / 2;

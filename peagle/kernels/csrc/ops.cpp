@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "ops.h"
 
 namespace peagle {
 
@@ -91,7 +92,7 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
   return out;
 }
 
-static at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                             const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows, int64_t block_size,
                             int64_t window, double scale, const c10::optional<at::Tensor>& sinks, c10::string_view isa) {
   static const AttnKernel best = attn_kernel_for(best_isa());
@@ -160,7 +161,7 @@ static at::Tensor run(const at::Tensor& x, const at::Tensor& weight, const c10::
   return y.view(shape);
 }
 
-static at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                          c10::string_view isa) {
   static const Kernel best = kernel_for(best_isa());
   return isa.empty() ? run(x, w, bias, best) : run(x, w, bias, kernel_for(std::string(isa)));

@@ -1,0 +1,24 @@
+// The operators' C++ entry points (the widest path this CPU has), for the operators built from them
+// (decoder_layers): each checks its arguments and splits its work over torch's threads, as when
+// called from Python.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
+
+#include <tuple>
+
+namespace peagle {
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, c10::string_view isa);
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                     const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows, int64_t block_size,
+                     int64_t window, double scale, const c10::optional<at::Tensor>& sinks, c10::string_view isa);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                                                double eps);
+at::Tensor silu_mul(const at::Tensor& gu);
+void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H,
+                const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots);
+
+}  // namespace peagle

@@ -1,0 +1,71 @@
+// decoder_layers: a stack of Llama-style layers (pre-norm attention, SwiGLU MLP) in one call, for the
+// steps whose rows the attention kernel takes whole (decoding, verification, short prompts). It runs the
+// same operators in the same order as the layer-by-layer path, so every row gets the same bits; what it
+// saves is the ~10 Python and dispatcher round trips a layer costs (about a third of a one-row step).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+#include "ops.h"
+
+namespace peagle {
+
+static constexpr int64_t PER_LAYER = 10;  // see decoder_layers
+
+// Weights per layer (PER_LAYER): input norm, qkv weight, qkv bias?, o weight, o bias?, post-attention norm,
+// gate_up weight, gate_up bias?, down weight, down bias? (the biases None where the model has none).
+// Returns the last layer's output (before the final norm) and the input of each layer in ``taps`` (the
+// layer count for the last output).
+static std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
+    const at::Tensor& x0, const c10::List<c10::optional<at::Tensor>>& weights, const at::Tensor& cos,
+    const at::Tensor& sin, at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots,
+    const at::Tensor& table, const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows,
+    int64_t block_size, at::IntArrayRef windows, int64_t heads, int64_t head_dim, double scale, double eps,
+    at::IntArrayRef taps) {
+  const int64_t L = int64_t(k_pools.size()), T = x0.size(0);
+  TORCH_CHECK(int64_t(weights.size()) == L * PER_LAYER && int64_t(v_pools.size()) == L && int64_t(windows.size()) == L,
+              "peagle::decoder_layers: ", PER_LAYER, " weights, one K pool, V pool and window per layer");
+  TORCH_CHECK(x0.dim() == 2 && x0.is_contiguous(), "peagle::decoder_layers: x must be contiguous [rows, hidden]");
+  const at::Tensor c = cos.reshape({T, -1}), s = sin.reshape({T, -1});
+  auto w = [&](int64_t l, int64_t i) -> c10::optional<at::Tensor> { return weights.get(l * PER_LAYER + i); };
+  std::vector<at::Tensor> tapped(taps.size());
+  auto tap = [&](int64_t l, const at::Tensor& x) {
+    for (size_t i = 0; i < taps.size(); ++i)
+      if (taps[i] == l) tapped[i] = x;
+  };
+  at::Tensor x = x0, normed, mlp_out;
+  for (int64_t l = 0; l < L; ++l) {
+    if (l == 0) {
+      normed = rms_norm(x, *w(l, 0), eps);
+    } else {  // the last layer's residual add, fused into this layer's norm
+      std::tie(normed, x) = add_rms_norm(mlp_out, x, *w(l, 0), eps);
+    }
+    tap(l, x);
+    at::Tensor qkv = linear(normed, *w(l, 1), w(l, 2), "");
+    qkv = qkv.view({T, -1, head_dim});
+    rope_write(qkv, c, s, heads, k_pools[l], v_pools[l], slots);
+    at::Tensor att = attention(qkv.narrow(1, 0, heads), k_pools[l], v_pools[l], table, seq, pos, rows, block_size,
+                               windows[l], scale, c10::nullopt, "");
+    at::Tensor o = linear(att, *w(l, 3), w(l, 4), "");
+    at::Tensor h;
+    std::tie(normed, h) = add_rms_norm(o, x, *w(l, 5), eps);
+    mlp_out = linear(silu_mul(linear(normed, *w(l, 6), w(l, 7), "")), *w(l, 8), w(l, 9), "");
+    x = h;
+  }
+  x = at::add(x, mlp_out);
+  tap(L, x);
+  return {x, tapped};
+}
+
+TORCH_LIBRARY_FRAGMENT(peagle, m) {
+  m.def("decoder_layers(Tensor x, Tensor?[] weights, Tensor cos, Tensor sin, Tensor(a!)[] k, Tensor(b!)[] v, "
+        "Tensor slots, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, int[] windows, int heads, "
+        "int head_dim, float scale, float eps, int[] taps) -> (Tensor, Tensor[])");
+  m.impl("decoder_layers", c10::DispatchKey::CPU, TORCH_FN(decoder_layers));
+}
+
+}  // namespace peagle
