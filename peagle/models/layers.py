@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from peagle import kernels
+from peagle.models.quant import QuantTensor
 
 
 def native_rows(x: torch.Tensor) -> bool:
@@ -29,8 +30,13 @@ def native(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T (+ bias)``: on peagle's CPU kernel where :func:`native` says so (any weight dtype,
-    float32 arithmetic, batch-invariant), else torch's, for either memory order of ``weight``
-    (:func:`set_fast_layout`) or a weight packed for oneDNN (:func:`pack_for_inference`)."""
+    GGUF blocks included, float32 arithmetic, batch-invariant), else torch's, for either memory order of
+    ``weight`` (:func:`set_fast_layout`), a weight packed for oneDNN (:func:`pack_for_inference`), or a
+    GGUF-quantized one (:class:`~peagle.models.quant.QuantTensor`, de-quantized per call off the kernels)."""
+    if isinstance(weight, QuantTensor):
+        if native_rows(x):
+            return torch.ops.peagle.linear(x, weight.blocks, bias)
+        weight = weight.dequantize(x.dtype)
     if native(x, weight):
         return torch.ops.peagle.linear(x, weight, bias)
     if weight.is_mkldnn:
@@ -75,7 +81,7 @@ def set_fast_layout(model: nn.Module) -> None:
     """Store every :class:`Linear` weight in its dtype's fast order, exposed as an ``[out, in]`` view
     either way (state dicts keep HF names and shapes). Call after loading or changing dtype."""
     for m in model.modules():
-        if isinstance(m, Linear) and not m.weight.is_mkldnn:
+        if isinstance(m, Linear) and not m.weight.is_mkldnn and not isinstance(m.weight, QuantTensor):
             w = m.weight.data
             m.weight.data = w.t().contiguous().t() if wants_in_out(w) else w.contiguous()
 

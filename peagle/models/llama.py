@@ -17,6 +17,7 @@ from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
 from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, native_rows, pack_for_inference,
                                   pack_weight, packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
+from peagle.models.quant import QuantTensor
 
 
 class Target(NamedTuple):
@@ -244,6 +245,8 @@ class LlamaModel(nn.Module):
         if self.lm_head is not None:
             return self.lm_head.weight
         w = self.model.embed_tokens.weight
+        if isinstance(w, QuantTensor):  # a GGUF embedding: the head multiplies by its blocks as they are
+            return w
         if self.weight_dtype != w.dtype:  # 16-bit layer weights: the head too (it is the largest matrix)
             make = lambda: w.detach().to(self.weight_dtype).contiguous()  # noqa: E731
         elif wants_in_out(w):

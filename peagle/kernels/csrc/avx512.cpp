@@ -20,20 +20,41 @@ struct Avx512 {
   static vec load_x(const float* p) { return _mm512_loadu_ps(p); }
   static vec load_x_tail(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p); }
   template <WType T>
-  static vec load_w(const void* w, int64_t i) {
+  static vec load_w(const uint8_t* row, int64_t k) {
     if constexpr (T == WType::f32) {
-      return _mm512_loadu_ps(static_cast<const float*>(w) + i);
+      return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
     } else {
-      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
+      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(row) + k));
       if constexpr (T == WType::f16) return _mm512_cvtph_ps(h);
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));  // bf16: a float's top half
     }
   }
+  // Block b of a packed row as two vectors (weights 0..15, 16..31), as kernels.h says.
   template <WType T>
-  static vec load_w_tail(const void* w, int64_t i, int64_t n) {
+  static void load_block(const uint8_t* row, int64_t b, vec* out) {
+    const QBlock p = qblock(row, T, b);
+    const vec d = _mm512_set1_ps(_cvtsh_ss(p.d));
+    if constexpr (T == WType::q8_0) {
+      for (int s = 0; s < 2; ++s) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.q + s * 16));
+        out[s] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+      }
+    } else {
+      const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.q)));
+      const __m512i nib[2] = {_mm512_and_si512(q, _mm512_set1_epi32(15)), _mm512_srli_epi32(q, 4)};
+      for (int s = 0; s < 2; ++s) {
+        if constexpr (T == WType::q4_0)
+          out[s] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(nib[s], _mm512_set1_epi32(8))), d);
+        else
+          out[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(nib[s]), d, _mm512_set1_ps(_cvtsh_ss(p.m)));
+      }
+    }
+  }
+  template <WType T>
+  static vec load_w_tail(const uint8_t* row, int64_t k, int64_t n) {
     constexpr int B = T == WType::f32 ? 4 : 2;
     alignas(64) uint8_t buf[64] = {0};
-    std::memcpy(buf, static_cast<const uint8_t*>(w) + i * B, n * B);
+    std::memcpy(buf, row + k * B, n * B);
     return load_w<T>(buf, 0);
   }
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -82,18 +103,9 @@ struct Avx512 {
   }
 };
 
-template <WType T>
-void run(const LinearArgs& a, int64_t n0, int64_t n1) { run_tiles<Avx512, T>(a, n0, n1); }
-
 }  // namespace
 
-void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1) {
-  switch (a.wtype) {
-    case WType::f32: return run<WType::f32>(a, n0, n1);
-    case WType::f16: return run<WType::f16>(a, n0, n1);
-    case WType::bf16: return run<WType::bf16>(a, n0, n1);
-  }
-}
+void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1) { dispatch_wtype<Avx512>(a, n0, n1); }
 
 void attention_avx512(const AttnArgs& a, int64_t i0, int64_t i1) { attention_items<Avx512>(a, i0, i1); }
 

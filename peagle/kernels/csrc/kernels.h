@@ -2,7 +2,9 @@
 // bits however many rows share the pass and wherever it sits in it.
 //
 // linear: y[M,N] = x[M,K] @ W[N,K]^T (+ bias), x and y float32, W float32, float16 or bfloat16
-// (row-major [N,K]). Every output y[m,n] is one dot product accumulated in the same
+// (row-major [N,K]) or GGUF blocks (q8_0, q4_0, q4_1: see QBLOCK), de-quantized in registers to the exact
+// float32 values gguf's dequantize gives, so a quantized weight's result is the bits of the same kernel
+// on the de-quantized float32 matrix. Every output y[m,n] is one dot product accumulated in the same
 // order whatever M is and whichever tile computes it: L lanes (the ISA's vector width: 8 for AVX2, 16
 // for AVX-512), lane l summing k = l, l+L, ... with FMA, then lane l+8 added to lane l (16 lanes) and the
 // eight lanes added as ((0+4)+(2+6)) + ((1+5)+(3+7)). So a row's result never depends on how many rows
@@ -10,18 +12,55 @@
 #pragma once
 #include <cstdint>
 
+namespace at {
+class Tensor;
+}
+
 namespace peagle {
 
-enum class WType { f32, f16, bf16 };
+enum class WType { f32, f16, bf16, q8_0, q4_0, q4_1 };
+
+// GGUF's block formats, as the file stores them: a row of K = 32 * nb weights is nb blocks of
+// block_bytes(t), each [d: fp16][m: fp16, q4_1 only][quants: 16 bytes (q4) or 32 int8 (q8_0)]; a q4
+// block's byte j holds weight j in its low nibble and weight j + 16 in its high one. Values: q8_0 q * d,
+// q4_0 (q - 8) * d, q4_1 q * d + m (one rounding: fma). The weight tensor is uint8 [N, nb, block_bytes]:
+// its last dimension names the format (weight_view), so every caller of linear passes it as it is.
+constexpr int64_t QBLOCK = 32;
+constexpr bool quantized(WType t) { return t == WType::q8_0 || t == WType::q4_0 || t == WType::q4_1; }
+constexpr int64_t block_bytes(WType t) { return t == WType::q8_0 ? 34 : t == WType::q4_0 ? 18 : 20; }
+// Bytes per row of a K-wide weight.
+constexpr int64_t row_bytes(WType t, int64_t K) {
+  return quantized(t) ? K / QBLOCK * block_bytes(t) : K * (t == WType::f32 ? 4 : 2);
+}
+// Block b of a row: its scale, min (q4_1) and quants.
+struct QBlock {
+  uint16_t d, m;
+  const uint8_t* q;
+};
+inline QBlock qblock(const uint8_t* row, WType t, int64_t b) {
+  const uint8_t* p = row + b * block_bytes(t);
+  uint16_t h[2];
+  __builtin_memcpy(h, p, t == WType::q4_1 ? 4 : 2);
+  return {h[0], t == WType::q4_1 ? h[1] : uint16_t(0), p + (t == WType::q4_1 ? 4 : 2)};
+}
 
 struct LinearArgs {
   const float* x;     // [M, K], row stride ldx
-  const void* w;      // [N, K], contiguous
+  const void* w;      // [N, row_bytes(wtype, K)] bytes, contiguous
   const float* bias;  // [N] or nullptr
   float* y;           // [M, N], row stride ldy
   int64_t M, N, K, ldx, ldy;
   WType wtype;
 };
+
+// A linear's weight as the kernels read it (ops.cpp): a float32/float16/bfloat16 [N, K] matrix, or GGUF
+// blocks, uint8 [N, K / 32, block_bytes]; checked.
+struct WeightView {
+  const void* w;
+  WType wtype;
+  int64_t N, K;
+};
+WeightView weight_view(const at::Tensor& w);
 
 // Columns [n0, n1) of every row.
 void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes);

@@ -109,20 +109,38 @@ static at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, 
                        [lanes](const AttnArgs& a, int64_t i0, int64_t i1) { attention_ref(a, i0, i1, int(lanes)); });
 }
 
-static at::Tensor run(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                      const Kernel& kernel) {
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "peagle::linear runs on the CPU");
-  TORCH_CHECK(x.scalar_type() == at::kFloat, "peagle::linear: x must be float32, got ", x.scalar_type());
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "peagle::linear: the weight must be a contiguous [N, K] matrix");
-  const int64_t N = w.size(0), K = w.size(1);
-  TORCH_CHECK(x.size(-1) == K, "peagle::linear: x has ", x.size(-1), " features, the weight ", K);
-  WType t;
-  switch (w.scalar_type()) {
-    case at::kFloat: t = WType::f32; break;
-    case at::kHalf: t = WType::f16; break;
-    case at::kBFloat16: t = WType::bf16; break;
-    default: TORCH_CHECK(false, "peagle::linear: weights must be float32, float16 or bfloat16, got ", w.scalar_type());
+WeightView weight_view(const at::Tensor& w) {
+  TORCH_CHECK(w.device().is_cpu(), "peagle::linear runs on the CPU");
+  TORCH_CHECK(w.is_contiguous(), "peagle::linear: the weight must be contiguous");
+  if (w.scalar_type() == at::kByte) {
+    TORCH_CHECK(w.dim() == 3, "peagle::linear: GGUF blocks are uint8 [N, K / 32, block bytes], got ", w.sizes());
+    WType t;
+    switch (w.size(2)) {
+      case 34: t = WType::q8_0; break;
+      case 18: t = WType::q4_0; break;
+      case 20: t = WType::q4_1; break;
+      default: TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know "
+                           "(34: q8_0, 18: q4_0, 20: q4_1)");
+    }
+    return {w.data_ptr(), t, w.size(0), w.size(1) * QBLOCK};
   }
+  TORCH_CHECK(w.dim() == 2, "peagle::linear: the weight must be an [N, K] matrix");
+  switch (w.scalar_type()) {
+    case at::kFloat: return {w.data_ptr(), WType::f32, w.size(0), w.size(1)};
+    case at::kHalf: return {w.data_ptr(), WType::f16, w.size(0), w.size(1)};
+    case at::kBFloat16: return {w.data_ptr(), WType::bf16, w.size(0), w.size(1)};
+    default: TORCH_CHECK(false, "peagle::linear: weights must be float32, float16, bfloat16 or GGUF blocks (uint8), got ",
+                         w.scalar_type());
+  }
+}
+
+static at::Tensor run(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                      const Kernel& kernel) {
+  TORCH_CHECK(x.device().is_cpu(), "peagle::linear runs on the CPU");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "peagle::linear: x must be float32, got ", x.scalar_type());
+  const WeightView w = weight_view(weight);
+  const int64_t N = w.N, K = w.K;
+  TORCH_CHECK(x.size(-1) == K, "peagle::linear: x has ", x.size(-1), " features, the weight ", K);
   const float* b = nullptr;
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {
@@ -136,8 +154,8 @@ static at::Tensor run(const at::Tensor& x, const at::Tensor& w, const c10::optio
   shape.back() = N;
   at::Tensor y = at::empty({M, N}, x.options());
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
-    LinearArgs a{x2.data_ptr<float>() + m0 * K, w.data_ptr(), b, y.data_ptr<float>() + m0 * N,
-                 std::min(ROW_CHUNK, M - m0), N, K, K, N, t};
+    LinearArgs a{x2.data_ptr<float>() + m0 * K, w.w, b, y.data_ptr<float>() + m0 * N,
+                 std::min(ROW_CHUNK, M - m0), N, K, K, N, w.wtype};
     at::parallel_for(0, N, COL_GRAIN, [&](int64_t n0, int64_t n1) { kernel(a, n0, n1); });
   }
   return y.view(shape);
@@ -156,6 +174,7 @@ static at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& w, con
 }
 
 TORCH_LIBRARY(peagle, m) {
+  // w: a float [N, K] matrix or GGUF blocks, uint8 [N, K / 32, block bytes] (kernels.h)
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str isa='') -> Tensor");
   m.def("linear_ref(Tensor x, Tensor w, Tensor? bias=None, int lanes=8) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, "

@@ -69,41 +69,56 @@ struct Lanes {
 
 }  // namespace
 
-static inline float load_w(const void* w, WType t, int64_t i) {
+static float half_to_float(uint16_t h) {  // IEEE half to float, subnormals included
+  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(float(man), -24);
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    b |= sign;
+    std::memcpy(&f, &b, 4);
+    return f;
+  }
+  uint32_t bits = sign | (exp == 31 ? (0xffu << 23) | (man << 13) : ((exp + 112) << 23) | (man << 13));
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Weight k of a row of row_bytes(t, K) bytes, as float32 (the SIMD paths' operations, one lane).
+static inline float load_w(const uint8_t* row, WType t, int64_t k) {
   switch (t) {
-    case WType::f32: return static_cast<const float*>(w)[i];
+    case WType::f32: return reinterpret_cast<const float*>(row)[k];
     case WType::bf16: {
-      uint32_t bits = uint32_t(static_cast<const uint16_t*>(w)[i]) << 16;
+      uint32_t bits = uint32_t(reinterpret_cast<const uint16_t*>(row)[k]) << 16;
       float f;
       std::memcpy(&f, &bits, 4);
       return f;
     }
-    case WType::f16: {  // IEEE half to float, subnormals included
-      uint16_t h = static_cast<const uint16_t*>(w)[i];
-      uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-      float f;
-      if (exp == 0) {
-        f = std::ldexp(float(man), -24);
-        uint32_t b;
-        std::memcpy(&b, &f, 4);
-        b |= sign;
-        std::memcpy(&f, &b, 4);
-        return f;
-      }
-      uint32_t bits = sign | (exp == 31 ? (0xffu << 23) | (man << 13) : ((exp + 112) << 23) | (man << 13));
-      std::memcpy(&f, &bits, 4);
-      return f;
+    case WType::f16: return half_to_float(reinterpret_cast<const uint16_t*>(row)[k]);
+    case WType::q8_0: {
+      const QBlock p = qblock(row, t, k / QBLOCK);
+      return float(int8_t(p.q[k % QBLOCK])) * half_to_float(p.d);
+    }
+    case WType::q4_0:
+    case WType::q4_1: {
+      const QBlock p = qblock(row, t, k / QBLOCK);
+      const int q = (p.q[k % 16] >> (k & 16) / 4) & 15;
+      if (t == WType::q4_0) return float(q - 8) * half_to_float(p.d);
+      return std::fma(float(q), half_to_float(p.d), half_to_float(p.m));
     }
   }
   return 0.f;
 }
 
 void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes) {
+  const uint8_t* w = static_cast<const uint8_t*>(a.w);
+  const int64_t RB = row_bytes(a.wtype, a.K);
   for (int64_t m = 0; m < a.M; ++m) {
     const float* x = a.x + m * a.ldx;
     for (int64_t n = n0; n < n1; ++n) {
       float lane[16] = {0};
-      for (int64_t k = 0; k < a.K; ++k) lane[k % lanes] = std::fmaf(load_w(a.w, a.wtype, n * a.K + k), x[k], lane[k % lanes]);
+      for (int64_t k = 0; k < a.K; ++k) lane[k % lanes] = std::fmaf(load_w(w + n * RB, a.wtype, k), x[k], lane[k % lanes]);
       if (lanes == 16)
         for (int l = 0; l < 8; ++l) lane[l] += lane[l + 8];
       float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));

@@ -1,0 +1,223 @@
+"""GGUF weights as they ship: Q8_0, Q4_0 and Q4_1 matrices kept in their 32-weight blocks, as the file
+stores them, for peagle's CPU kernels, read from the ``.gguf`` file without de-quantizing the model.
+
+A quantized matrix is a :class:`QuantTensor`: to the model it looks like the ``[out, in]`` weight it
+stands for (shape, a nominal dtype, a parameter of its module, concatenated like one when q/k/v and
+gate/up are fused), while peagle's operators get its blocks, uint8 ``[out, in / 32, block bytes]`` (the
+block size names the format: ``peagle/kernels/csrc/kernels.h``), and an embedding lookup de-quantizes
+only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+QBLOCK = 32  # weights per block
+DEQUANT_ROWS = 1024  # rows de-quantized at a time (QuantTensor.dequantize)
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """One GGUF block format: its name (the kernels' and GGUF's), block size in bytes, whether it
+    stores a min per block (q4_1), and whether its quants are nibbles (else int8)."""
+
+    name: str
+    block_bytes: int
+    has_min: bool
+    nibbles: bool
+
+    @property
+    def scale_bytes(self) -> int:
+        return 4 if self.has_min else 2
+
+
+FORMATS = {f.name: f for f in (BlockFormat("q8_0", 34, False, False), BlockFormat("q4_0", 18, False, True),
+                               BlockFormat("q4_1", 20, True, True))}
+BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
+
+
+def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
+    """A matrix's GGUF bytes (``[N, nb * block_bytes]``) as the kernels take them: a new CPU tensor,
+    uint8 ``[N, nb, block_bytes]``."""
+    f = FORMATS[fmt]
+    return torch.from_numpy(np.array(data, dtype=np.uint8).reshape(data.shape[0], -1, f.block_bytes))
+
+
+def dequantize(blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """GGUF blocks ``[N, nb, block_bytes]`` -> ``[N, nb * 32]`` in ``dtype``: the float32 values gguf's
+    ``dequantize`` gives (q * d exact, + m rounded once), then cast."""
+    f = BY_SIZE[blocks.shape[-1]]
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [N, nb, 1]
+    q = blocks[..., f.scale_bytes:]
+    if f.nibbles:
+        q = torch.cat([q & 15, q >> 4], dim=-1).to(torch.int32)  # low nibbles: weights 0..15
+        q = q if f.has_min else q - 8
+    else:
+        q = q.contiguous().view(torch.int8).to(torch.int32)
+    w = q.float() * d
+    if f.has_min:
+        w = w + blocks[..., 2:4].contiguous().view(torch.float16).float()
+    return w.reshape(blocks.shape[0], -1).to(dtype)
+
+
+class QuantTensor(torch.Tensor):
+    """A quantized ``[out, in]`` matrix standing for its de-quantized values in ``dtype`` (nominal: no
+    such copy exists), its GGUF blocks in ``blocks``. Supports what loading and running a model asks of a
+    weight: detach, concatenation along rows, embedding lookups and row indexing (those rows
+    de-quantized), ``.to`` (the whole matrix de-quantized, for callers that want a plain copy), and
+    peagle's operators (given the blocks); anything else is refused with a clear error."""
+
+    blocks: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, blocks: torch.Tensor, dtype: torch.dtype):
+        if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] not in BY_SIZE:
+            raise ValueError(f"GGUF blocks are uint8 [rows, blocks, one of {sorted(BY_SIZE)} bytes], got "
+                             f"{blocks.dtype} {tuple(blocks.shape)}")
+        shape = (blocks.shape[0], blocks.shape[1] * QBLOCK)
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=blocks.device)
+
+    def __init__(self, blocks: torch.Tensor, dtype: torch.dtype):
+        self.blocks = blocks.contiguous()
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def format(self) -> str:
+        return BY_SIZE[self.blocks.shape[2]].name
+
+    def __repr__(self) -> str:
+        return f"QuantTensor({self.format}, {tuple(self.shape)}, nominal {self.dtype})"
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The whole matrix in ``dtype`` (nominal by default), in slices of rows: the integer and float32
+        temporaries of :func:`dequantize` stay small beside the result."""
+        out = torch.empty(self.shape, dtype=dtype or self.dtype, device=self.blocks.device)
+        for i in range(0, self.shape[0], DEQUANT_ROWS):
+            out[i:i + DEQUANT_ROWS] = dequantize(self.blocks[i:i + DEQUANT_ROWS], out.dtype)
+        return out
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (any shape) de-quantized: ``[*ids.shape, in]``."""
+        flat = ids.reshape(-1).to(self.blocks.device)
+        return dequantize(self.blocks[flat], self.dtype).view(*ids.shape, self.shape[1])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        aten = torch.ops.aten
+        if func.namespace == "peagle":  # the kernels take the blocks (the last dimension names the format)
+            def unwrap(a):
+                return a.blocks if isinstance(a, QuantTensor) else [unwrap(t) for t in a] if isinstance(a, list) else a
+            return func(*[unwrap(a) for a in args], **kwargs)
+        if func is aten.detach.default:
+            s = args[0]
+            return QuantTensor(s.blocks, s.dtype)
+        if func is aten.cat.default and (args[1] if len(args) > 1 else kwargs.get("dim", 0)) == 0:
+            ts = args[0]
+            if all(isinstance(t, QuantTensor) and t.blocks.shape[1:] == ts[0].blocks.shape[1:] for t in ts):
+                return QuantTensor(torch.cat([t.blocks for t in ts]), ts[0].dtype)
+        if func is aten.embedding.default:
+            return args[0].rows(args[1])
+        if func is aten.index.Tensor and isinstance(args[0], QuantTensor) and len(args[1]) == 1:
+            return args[0].rows(args[1][0])
+        if func is aten._to_copy.default:
+            s = args[0]
+            return s.dequantize(kwargs.get("dtype") or s.dtype).to(kwargs.get("device") or s.device)
+        raise NotImplementedError(f"{func} is not supported on a GGUF-quantized weight; load the target with "
+                                  "--quantization none")
+
+
+def quantized(w: torch.Tensor) -> bool:
+    return isinstance(w, QuantTensor)
+
+
+def formats(model: torch.nn.Module) -> list[str]:
+    """The block formats ``model``'s weights are kept in (empty: none kept quantized)."""
+    return sorted({p.format for p in model.parameters() if quantized(p)})
+
+
+# ---------------------------------------------------------------------------------------- GGUF files
+class GGUFError(ValueError):
+    """A GGUF file that cannot be read as the target its metadata describes."""
+
+
+def _reverse_permute(rows: int, heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's RoPE permutation of attn_q/attn_k (as transformers does:
+    per head, the interleaved halves back to rotate-half order)."""
+    dim = rows // heads // 2
+    return torch.arange(rows, device="cpu").reshape(heads, dim, 2).transpose(1, 2).reshape(rows)
+
+
+def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype, compute: torch.dtype,
+              device: torch.device) -> dict[str, torch.Tensor]:
+    """The tensors of a GGUF file under the HF names ``names`` (the state dict the model expects). With
+    ``keep``, Q8_0/Q4_0/Q4_1 matrices stay quantized (:class:`QuantTensor`, nominally ``compute`` for
+    the embedding and ``dtype`` for the linear layers, as :func:`set_precision` would leave them); every
+    other tensor is de-quantized into ``dtype`` (floating point: the loader then casts what is not a
+    linear weight), one tensor at a time, with one notice naming the types peagle cannot keep."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+        field = reader.get_field("general.architecture")
+        arch_name = str(field.contents()) if field is not None else ""
+        # what the tensors are and where, then the reader dropped: its parsed metadata (the tokenizer's
+        # strings) and the pages it maps would add to the peak while the weights are read
+        tensors = [(t.name, t.tensor_type, [int(n) for n in t.shape], int(t.data_offset), int(t.n_bytes))
+                   for t in reader.tensors]
+        del reader, field
+    except Exception as e:  # a truncated or foreign file: numpy and struct errors of every kind
+        raise GGUFError(f"corrupt or unreadable GGUF file {path}: {type(e).__name__}: {e}") from None
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch_name)
+    if arch is None:
+        raise GGUFError(f"{path}: no or unknown general.architecture {arch_name!r} in the GGUF metadata")
+    tmap = gguf.get_tensor_name_map(arch, cfg.num_layers)
+    to_hf: dict[str, str] = {}
+    for hf in names:
+        base, _, suffix = hf.rpartition(".")
+        g = tmap.get_name(base)
+        if g is not None:
+            to_hf[f"{g}.{suffix}"] = hf
+    permute = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads} if cfg.model_type in ("llama", "mistral") else {}
+    kept = {getattr(gguf.GGMLQuantizationType, n.upper()): n for n in FORMATS} if keep else {}
+    out: dict[str, torch.Tensor] = {}
+    converted: set[str] = set()
+    with open(path, "rb") as fh:
+        for name, ttype, shape, offset, nbytes in tensors:
+            hf = to_hf.get(name)
+            if hf is None:
+                raise GGUFError(f"{path}: unexpected tensor {name!r} for a {cfg.model_type} model")
+            n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            data = np.empty(nbytes, dtype=np.uint8)  # one tensor's bytes at a time, read (not mapped)
+            fh.seek(offset)
+            if fh.readinto(data) != nbytes:
+                raise GGUFError(f"{path}: truncated: tensor {name} ends past the end of the file")
+            data = data.reshape(n_rows, -1)
+            order = next((_reverse_permute(n_rows, h).numpy() for k, h in permute.items() if f".{k}." in hf), None)
+            if ttype in kept and len(shape) == 2:
+                fmt = kept[ttype]
+                if data.shape[1] != shape[0] // QBLOCK * FORMATS[fmt].block_bytes:
+                    raise GGUFError(f"{path}: tensor {name} has {data.shape[1]} bytes a row for {fmt} {tuple(shape)}")
+                nominal = compute if hf.endswith("embed_tokens.weight") else dtype
+                out[hf] = QuantTensor(blocks_of(data if order is None else data[order], fmt), nominal)
+                continue
+            if ttype.name.lower() not in FORMATS and ttype not in (
+                    gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
+                converted.add(ttype.name)
+            try:
+                w = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(data, ttype)))
+            except (NotImplementedError, ValueError) as e:
+                raise GGUFError(f"{path}: cannot read tensor {name} ({ttype.name}): {e}") from None
+            w = w.reshape(list(reversed(shape))) if len(shape) > 1 else w.reshape(-1)
+            if order is not None:
+                w = w[torch.from_numpy(order)]
+            out[hf] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
+    if converted:
+        print(f"peagle: {path.name}: {', '.join(sorted(converted))} tensors de-quantized to {str(dtype).removeprefix('torch.')} (peagle keeps "
+              f"{', '.join(n.upper() for n in FORMATS)} quantized)", file=sys.stderr)
+    return out

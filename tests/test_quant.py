@@ -1,0 +1,251 @@
+"""GGUF weights as they ship (peagle/models/quant.py and the kernels' q8_0/q4_0/q4_1 paths): our
+de-quantization is gguf's bit for bit, the quantized linear is the same kernel on the de-quantized
+matrix bit for bit (each instruction set its scalar reference's bits, each row's result independent
+of the pass), and the default model kept quantized runs as its de-quantized copy does."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_full
+from test_kernels import LANES, isas
+
+from peagle import kernels
+from peagle.engine.llm_engine import LLMEngine
+from peagle.engine.sampling import SamplingParams
+from peagle.models.checkpoint import CheckpointError
+from peagle.models.loader import default_gguf, load_target, load_tokenizer, resolve_target
+from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, blocks_of, dequantize, formats
+
+native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
+                            reason="the native kernels are off")
+GGML = {name: getattr(gguf.GGMLQuantizationType, name.upper()) for name in FORMATS}
+
+
+def random_blocks(fmt: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """GGUF blocks ``[rows, k/32 * block bytes]``: random quants, random finite fp16 scales and mins
+    of either sign (subnormals among them)."""
+    f = FORMATS[fmt]
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, size=(rows, k // QBLOCK, f.block_bytes), dtype=np.uint8)
+    scales = (rng.standard_normal((rows, k // QBLOCK, f.scale_bytes // 2)) * 0.02).astype(np.float16)
+    scales.flat[::7] = np.float16(3e-6)  # a subnormal half
+    b[..., :f.scale_bytes] = scales.view(np.uint8).reshape(rows, k // QBLOCK, f.scale_bytes)
+    return b.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_is_ggufs_bit_for_bit(fmt):
+    blocks = random_blocks(fmt, 40, 256)
+    want = torch.from_numpy(gguf.quants.dequantize(blocks, GGML[fmt]))
+    assert torch.equal(dequantize(blocks_of(blocks, fmt)), want)
+
+
+def test_the_default_models_tensors_dequantize_as_gguf_does():
+    reader = gguf.GGUFReader(str(default_gguf()))
+    seen = set()
+    for t in reader.tensors:
+        fmt = t.tensor_type.name.lower()
+        if fmt in FORMATS and fmt not in seen:
+            seen.add(fmt)
+            rows = np.asarray(t.data)[:512]
+            want = torch.from_numpy(gguf.quants.dequantize(rows, t.tensor_type))
+            assert torch.equal(dequantize(blocks_of(rows, fmt)), want), t.name
+    assert seen == {"q4_1", "q8_0"}
+
+
+def test_quant_tensor_looks_up_rows_and_concatenates_rows():
+    blocks = random_blocks("q4_1", 12, 64, seed=3)
+    full = dequantize(blocks_of(blocks, "q4_1"))
+    w = QuantTensor(blocks_of(blocks, "q4_1"), torch.float32)
+    assert w.shape == (12, 64)
+    ids = torch.tensor([[3, 0], [11, 3]], device="cpu")
+    assert torch.equal(torch.nn.functional.embedding(ids, w), full[ids])
+    assert torch.equal(w[torch.tensor([5, 1], device="cpu")], full[[5, 1]])
+    both = torch.cat([w, w.detach()])
+    assert isinstance(both, QuantTensor) and torch.equal(both.dequantize(), torch.cat([full, full]))
+    with pytest.raises(NotImplementedError, match="--quantization none"):
+        w + 1
+
+
+def case(fmt: str, m: int, k: int, n: int, seed: int = 0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(m, k, generator=g, device="cpu")
+    return x, blocks_of(random_blocks(fmt, n, k, seed), fmt), torch.randn(n, generator=g, device="cpu")
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k,n", [(64, 40), (576, 96), (1536, 24)])
+def test_each_isa_gives_the_bits_of_its_reference_and_of_the_dequantized_matrix(fmt, k, n):
+    x, blocks, b = case(fmt, 70, k, n)  # 70 rows: full tiles, leftover rows, and a second row chunk
+    w = dequantize(blocks)
+    for isa in isas():
+        for bias in (None, b):
+            got = torch.ops.peagle.linear(x, blocks, bias, isa)
+            assert torch.equal(got, torch.ops.peagle.linear_ref(x, blocks, bias, LANES[isa])), (isa, fmt)
+            assert torch.equal(got, torch.ops.peagle.linear(x, w, bias, isa)), (isa, fmt)
+    exact = x.double() @ w.double().t()
+    got = torch.ops.peagle.linear(x, blocks)
+    assert (got.double() - exact).abs().max() < 1e-5 * exact.abs().max()
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_rows_result_does_not_depend_on_the_pass(fmt):
+    x, blocks, b = case(fmt, 40, 576, 72, seed=1)
+    for isa in isas():
+        alone = torch.cat([torch.ops.peagle.linear(x[i:i + 1], blocks, b, isa) for i in range(len(x))])
+        for m in range(1, len(x) + 1):
+            assert torch.equal(torch.ops.peagle.linear(x[:m], blocks, b, isa), alone[:m]), (isa, fmt, m)
+        assert torch.equal(torch.ops.peagle.linear(x[3:11], blocks, b, isa), alone[3:11])
+
+
+@native
+def test_bad_block_weights_are_refused():
+    x, blocks, _ = case("q4_1", 2, 64, 8)
+    with pytest.raises(RuntimeError, match="21-byte blocks are no format"):
+        torch.ops.peagle.linear(x, torch.zeros(8, 2, 21, dtype=torch.uint8, device="cpu"))
+    with pytest.raises(RuntimeError, match=r"uint8 \[N, K / 32, block bytes\]"):
+        torch.ops.peagle.linear(x, blocks.view(8, -1))
+    with pytest.raises(RuntimeError, match="features"):
+        torch.ops.peagle.linear(x[:, :32], blocks)
+
+
+@native
+def test_peagles_operators_take_a_quant_tensors_blocks():
+    """Any operator given a QuantTensor (the fused decoder layers too) gets its blocks."""
+    x, blocks, b = case("q4_0", 3, 64, 8)
+    w = QuantTensor(blocks, torch.bfloat16)
+    assert torch.equal(torch.ops.peagle.linear(x, w, b), torch.ops.peagle.linear(x, blocks, b))
+
+
+# ------------------------------------------------------------------------------ the default model
+TEXT = ("The ocean covers more than seventy percent of the surface of the Earth. It holds most of the planet's "
+        "water, shapes its climate and feeds billions of people. Sailors have crossed it for thousands of years, "
+        "first along the coasts and later across the open sea, guided by the stars, the winds and the currents.")
+
+
+@pytest.fixture(scope="module")
+def default_both():
+    """The default model kept quantized, and de-quantized through transformers (``--quantization none``)."""
+    quant, path = load_target(None, "float32")
+    plain, _ = load_target(None, "float32", quantization="none")
+    ids = torch.tensor(load_tokenizer(path)(TEXT + " " + TEXT)["input_ids"][:128], device="cpu")
+    return quant, plain, ids
+
+
+def test_the_quantized_default_model_holds_transformers_weights(default_both):
+    """Every tensor, de-quantized, is the bits of transformers' conversion: the q/k rows un-permuted as
+    its loader does, q/k/v and gate/up fused the same way."""
+    quant, plain, _ = default_both
+    want = plain.state_dict()
+    for name, w in quant.state_dict().items():
+        got = w.dequantize(torch.float32) if isinstance(w, QuantTensor) else w.float()
+        assert torch.equal(got, want[name].float()), name
+
+
+@native
+def test_the_default_model_kept_quantized_gives_its_dequantized_copys_logits(default_both):
+    quant, plain, ids = default_both
+    assert formats(quant) == ["q4_1", "q8_0"] and formats(plain) == []
+    assert quant.model.embed_tokens.weight is quant.head_weight()  # the LM head multiplies by the Q8_0 blocks
+    logits, aux = run_full(quant, ids)
+    ref_logits, ref_aux = run_full(plain, ids)
+    assert torch.equal(logits, ref_logits) and torch.equal(aux, ref_aux)
+
+
+@native
+def test_the_engine_says_it_runs_gguf_weights():
+    engine = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1, max_model_len=64)
+    assert engine.quantization == "gguf" and engine.precision == "GGUF Q4_1/Q8_0 weights, float32 compute"
+    out = engine.generate([engine.encode_prompt("Hi")], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+
+
+@native
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
+def test_logits_agree_with_llama_cpp_on_the_same_file(default_both):
+    """llama.cpp multiplies Q4_1 by activations it quantizes to 8 bits, we by float32 ones: the argmax
+    agrees almost everywhere and the logits (range about +-35) within a couple of units."""
+    import llama_cpp
+
+    quant, _, ids = default_both
+    llm = llama_cpp.Llama(model_path=str(default_gguf()), logits_all=True, n_ctx=256, n_threads=1, verbose=False)
+    llm.eval(ids.tolist())
+    ref = torch.from_numpy(np.array(llm.scores[:len(ids)], dtype=np.float32))
+    logits, _ = run_full(quant, ids)
+    assert (logits.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
+    assert (logits - ref).abs().max() < 3.0
+
+
+def test_bad_gguf_targets_and_quantizations_are_refused(tmp_path, default_both):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(default_gguf().read_bytes()[:4096])
+    with pytest.raises(CheckpointError, match="broken.gguf"):
+        load_target(bad, "float32", device="cpu")
+    with pytest.raises(ValueError, match="unknown quantization 'q4'"):
+        load_target(None, "float32", device="cpu", quantization="q4")
+    with pytest.raises(ValueError, match="needs a .gguf target"):
+        load_target(resolve_target(None), "float32", device="cpu", quantization="gguf")
+
+
+def tiny_gguf(path, types: dict[str, str]) -> dict[str, np.ndarray]:
+    """A one-layer Llama GGUF file (hidden 64, 4 heads, 2 KV heads), each matrix quantized by gguf
+    into the type ``types`` names (F32 else); returns the float32 values gguf de-quantizes them to."""
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (96, 64), "output_norm.weight": (64,), "blk.0.attn_norm.weight": (64,),
+              "blk.0.ffn_norm.weight": (64,), "blk.0.attn_q.weight": (64, 64), "blk.0.attn_k.weight": (32, 64),
+              "blk.0.attn_v.weight": (32, 64), "blk.0.attn_output.weight": (64, 64),
+              "blk.0.ffn_gate.weight": (128, 64), "blk.0.ffn_up.weight": (128, 64), "blk.0.ffn_down.weight": (64, 128)}
+    w = gguf.GGUFWriter(str(path), "llama")
+    values = {}
+    for name, shape in shapes.items():
+        t = getattr(gguf.GGMLQuantizationType, types.get(name, "F32"))
+        data = rng.standard_normal(shape).astype(np.float32) * 0.1
+        if t != gguf.GGMLQuantizationType.F32:
+            data = gguf.quants.quantize(data, t)
+        w.add_tensor(name, data, raw_dtype=t)
+        values[name] = gguf.quants.dequantize(data, t).reshape(shape)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return values
+
+
+def test_read_gguf_keeps_the_block_formats_and_de_quantizes_the_rest(tmp_path, capsys):
+    from peagle.models.checkpoint import split_checkpoint
+    from peagle.models.llama import ModelConfig, build_target
+    from peagle.models.quant import GGUFError, read_gguf
+
+    types = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_0", "blk.0.attn_k.weight": "Q4_1",
+             "blk.0.attn_v.weight": "Q5_0", "blk.0.ffn_down.weight": "Q4_0"}
+    values = tiny_gguf(tmp_path / "tiny.gguf", types)
+    cfg = ModelConfig(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=1,
+                      num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
+                      max_position_embeddings=64, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = build_target(cfg, (0, 1, 1))
+    names = list(split_checkpoint(model.state_dict(), model))
+    sd = read_gguf(tmp_path / "tiny.gguf", names, cfg, True, torch.bfloat16, torch.float32, torch.device("cpu"))
+    assert "Q5_0 tensors de-quantized to bfloat16" in capsys.readouterr().err
+    p = "model.layers.0."
+    assert {k: v.format for k, v in sd.items() if isinstance(v, QuantTensor)} == {
+        "model.embed_tokens.weight": "q8_0", p + "self_attn.q_proj.weight": "q4_0",
+        p + "self_attn.k_proj.weight": "q4_1", p + "mlp.down_proj.weight": "q4_0"}
+    assert sd[p + "self_attn.v_proj.weight"].dtype == torch.bfloat16  # Q5_0: de-quantized into the run's dtype
+    assert torch.equal(sd["model.embed_tokens.weight"].dequantize(), torch.from_numpy(values["token_embd.weight"]))
+    assert torch.equal(sd[p + "mlp.down_proj.weight"].dequantize(torch.float32), torch.from_numpy(values["blk.0.ffn_down.weight"]))
+    for name, heads in (("q", 4), ("k", 2)):  # llama.cpp's RoPE row order undone, as transformers does
+        want = torch.from_numpy(values[f"blk.0.attn_{name}.weight"])
+        want = want.reshape(heads, -1, 2, 64).transpose(1, 2).reshape(want.shape)
+        assert torch.equal(sd[p + f"self_attn.{name}_proj.weight"].dequantize(torch.float32), want), name
+    with pytest.raises(GGUFError, match="unexpected tensor 'blk.0.ffn_up.weight'"):
+        read_gguf(tmp_path / "tiny.gguf", [n for n in names if "up_proj" not in n], cfg, True, torch.float32,
+                  torch.float32, torch.device("cpu"))
