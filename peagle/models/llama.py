@@ -317,7 +317,8 @@ class LlamaModel(nn.Module):
         key = (id(layers[0].self_attn.qkv_proj.weight), id(layers[-1].mlp.down_proj.weight),
                id(layers[0].input_layernorm.weight))
         if getattr(self, "_stack_key", None) != key:  # the weights were replaced (loaded, cast): list them again
-            self._stack_weights = [t for layer in layers for t in (
+            # (a GGUF matrix as its blocks: the operator takes them as they are, no per-step unwrapping)
+            self._stack_weights = [t.blocks if isinstance(t, QuantTensor) else t for layer in layers for t in (
                 layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias,
                 layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias, layer.post_attention_layernorm.weight,
                 layer.mlp.gate_up_proj.weight, layer.mlp.gate_up_proj.bias, layer.mlp.down_proj.weight,

@@ -1,7 +1,7 @@
 """Decode speed of llama.cpp's engine in-process (llama-cpp-python; F32 / F16 / BF16 / Q4_1 files made
-from the shipped one), HF transformers (float32, bfloat16) and peagle's engine (`none` with float32,
-float16 and bfloat16 weights, and `generate`'s defaults: P-EAGLE, K chosen by the engine, auto dtype),
-on the same MT-Bench prompts (chat template, token ids from peagle's tokenizer), greedy, 128 new
+from the shipped one), HF transformers (float32, bfloat16) and peagle's engine (`none` on the GGUF as
+shipped, the default, and with float32, float16 and bfloat16 weights; `generate`'s defaults: P-EAGLE,
+K chosen by the engine; P-EAGLE with bfloat16 weights), on the same MT-Bench prompts (chat template, token ids from peagle's tokenizer), greedy, 128 new
 tokens, EOS ignored. Decode rate = (tokens - 1) / (time after the first token); rounds interleave the
 systems.
 
@@ -22,8 +22,9 @@ num_prompts = int(sys.argv[2]) if len(sys.argv) > 2 else 6
 prompts = read_prompt_file(dataset_path("mt-bench", None), "mt-bench")[:num_prompts]
 
 
-def peagle_system(method, dtype):
-    engine = LLMEngine.from_pretrained(None, method=method, k="auto", dtype=dtype, max_num_seqs=1)
+def peagle_system(method, dtype, quantization=None):
+    engine = LLMEngine.from_pretrained(None, method=method, k="auto", dtype=dtype, max_num_seqs=1,
+                                       quantization=quantization)
     ids = [engine.encode_prompt(p.text) for p in prompts]
 
     def run(i):
@@ -72,13 +73,15 @@ def llama_system(kind, ids):
 
 
 which = sys.argv[3].split(",") if len(sys.argv) > 3 else ["peagle", "llama", "hf"]
-ids, none16 = peagle_system("none", "auto")
+ids, none_q = peagle_system("none", "auto")
 systems = {}
 if "peagle" in which:
-    systems["peagle none, bfloat16 weights (auto)"] = none16
-    systems["peagle none, float16 weights"] = peagle_system("none", "float16")[1]
-    systems["peagle none, float32"] = peagle_system("none", "float32")[1]
-    systems["peagle generate defaults (P-EAGLE, auto K, auto dtype)"] = peagle_system("parallel", "auto")[1]
+    systems["peagle none, the GGUF as shipped (Q4_1, Q8_0 head; the default)"] = none_q
+    systems["peagle generate defaults (P-EAGLE, auto K, the GGUF as shipped)"] = peagle_system("parallel", "auto")[1]
+    systems["peagle none, bfloat16 weights"] = peagle_system("none", "bfloat16", "none")[1]
+    systems["peagle none, float16 weights"] = peagle_system("none", "float16", "none")[1]
+    systems["peagle none, float32"] = peagle_system("none", "float32", "none")[1]
+    systems["peagle P-EAGLE, bfloat16 weights"] = peagle_system("parallel", "bfloat16", "none")[1]
 if "llama" in which:
     for kind in ("F32", "F16", "BF16", "Q4_1"):
         systems[f"llama.cpp {kind}"] = llama_system(kind, ids)
