@@ -307,3 +307,24 @@ def test_speculative_config_parsing():
                      ("[1]", "JSON object")]:
         with pytest.raises(ValueError, match=msg):
             speculative_config(bad)
+
+
+@pytest.mark.parametrize("interval", [1, 4])
+def test_stream_interval_groups_a_streams_tokens(tiny_chat_dir, interval):
+    """``--stream-interval N``: a streamed request's first token goes at once, then a delta every N tokens,
+    the rest with its end; a request that is not streamed hears once. Same tokens either way."""
+    from peagle.serve.engine_core import EngineCore
+
+    engine = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32", max_num_seqs=2)
+    core = EngineCore(engine, outbox=None, stream_interval=interval)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    core._handle(("add", "s", [1, 2, 3], params, True))
+    core._handle(("add", "u", [1, 2, 3], params, False))
+    while engine.has_unfinished():
+        for seq in engine.step().updated:
+            core._post(seq)
+    deltas = {rid: [d for r, d, _ in core._out if r == rid] for rid in ("s", "u")}
+    assert [len(d.token_ids) for d in deltas["s"]] == ([1] * 10 if interval == 1 else [1, 4, 4, 1])
+    assert len(deltas["u"]) == 1
+    assert [t for d in deltas["s"] for t in d.token_ids] == deltas["u"][0].token_ids
+    assert "".join(d.text for d in deltas["s"]) == deltas["u"][0].text

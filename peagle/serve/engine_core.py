@@ -36,9 +36,11 @@ log = logging.getLogger("peagle.serve")
 @dataclass
 class EngineSpec:
     """How the engine process builds its engine: ``factory(**kwargs)`` (picklable: a module-level
-    function), by default :meth:`LLMEngine.from_pretrained`."""
+    function), by default :meth:`LLMEngine.from_pretrained`; ``stream_interval``: a streamed request hears
+    of its tokens every this many (its first and last at once), as SGLang's ``--stream-interval``."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     factory: Callable[..., LLMEngine] = LLMEngine.from_pretrained
+    stream_interval: int = 1
 
 
 @dataclass
@@ -121,7 +123,7 @@ def run_engine_core(inbox, outbox, spec: EngineSpec) -> None:
         outbox.send(("ready", EngineInfo(engine.tokenizer, str(engine.device), engine.precision, engine.kernels,
                                          engine.graphs is not None, engine.max_model_len,
                                          engine.target.cfg.vocab_size, engine.cfg.max_num_seqs, os.getpid())))
-        EngineCore(engine, outbox).serve(inbox)
+        EngineCore(engine, outbox, spec.stream_interval).serve(inbox)
     except (EOFError, OSError):  # the server has gone
         pass
 
@@ -131,8 +133,8 @@ class EngineCore:
 
     SNAPSHOT_EVERY_S = 1.0
 
-    def __init__(self, engine: LLMEngine, outbox):
-        self.engine, self.outbox = engine, outbox
+    def __init__(self, engine: LLMEngine, outbox, stream_interval: int = 1):
+        self.engine, self.outbox, self.stream_interval = engine, outbox, stream_interval
         self._sent: dict[str, tuple[int, int]] = {}   # request id -> (tokens sent, characters sent)
         self._streamed: dict[str, bool] = {}
         self._out: list[tuple[str, Delta | Failure, Finished | None]] = []
@@ -189,6 +191,8 @@ class EngineCore:
             return  # told once, at its end
         sent, chars = self._sent[seq.request_id]
         n = len(seq.output_ids)
+        if not seq.finished and 0 < sent and n - sent < self.stream_interval:
+            return  # streamed every stream_interval tokens (the first at once)
         text = seq.text if seq.finished else seq.detok.stable if seq.detok is not None else ""
         logprobs = seq.logprobs[sent:n]
         tok = self.engine.tokenizer
