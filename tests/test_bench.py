@@ -487,3 +487,21 @@ def test_llamacpp_peer_on_the_default_model():
     d = checked_decode(peer, ids, 8)
     assert d.tokens == list(plain) and checked_decode(peer, ids, 8).tokens == d.tokens
     assert isinstance(peer, Prefills) and peer.prefill_s(ids) > 0
+
+
+def test_every_command_that_loads_a_target_takes_quantization():
+    """``--quantization gguf|none`` on every command that loads a target, benchmarks included, and
+    ``bench serving`` hands it to the servers it starts."""
+    from peagle.bench.serving import server_command
+
+    parser = build_parser()
+    for argv in (["generate", "hi"], ["serve"], ["synth", "--prompts", "p", "--out", "o"], ["hidden", "--data", "d",
+                 "--out", "o"], ["bench", "offline", "--dataset-name", "mt-bench"], ["bench", "sweep"],
+                 ["bench", "serving", "--dataset-name", "mt-bench"], ["bench", "baseline"]):
+        assert parser.parse_args([*argv, "--quantization", "none"]).quantization == "none", argv
+        assert parser.parse_args(argv).quantization is None, argv  # the target's own default
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "offline", "--quantization", "q4"])
+    args = parser.parse_args(["bench", "serving", "--dataset-name", "mt-bench", "--quantization", "none"])
+    cmd = server_command("peagle-none", args, 4)
+    assert cmd[cmd.index("--quantization") + 1] == "none"

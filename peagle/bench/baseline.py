@@ -47,7 +47,7 @@ from peagle.bench.peers import Peer, Prefills, checked_decode, time_once
 from peagle.bench.peers.engine import EnginePeer
 from peagle.engine.auto_k import parse_k
 from peagle.prompts import MT_BENCH, read_prompt_file
-from peagle.runtime import add_runtime_args, configure_cpu
+from peagle.runtime import add_quantization_arg, add_runtime_args, configure_cpu
 
 # torch's default pool size, read before anything (the engine) changes it: HF runs with this.
 DEFAULT_TORCH_THREADS = torch.get_num_threads()
@@ -561,6 +561,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prefill-tokens", type=int, default=4000, help="prompt length for the prefill timing")
     ap.add_argument("--prefill-reps", type=int, default=3)
     add_runtime_args(ap)
+    add_quantization_arg(ap)
     ap.add_argument("--micro-reps", type=int, default=30)
     ap.add_argument("--micro-warmup", type=int, default=3)
     ap.add_argument("--hf-threads", type=int, default=DEFAULT_TORCH_THREADS,
@@ -648,7 +649,8 @@ def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     path = resolve_target(None)
     texts = load_prompts(args.questions, args.prompts)
-    engine = LLMEngine.from_pretrained(None, method="none", dtype=args.dtype, device=args.device)
+    engine = LLMEngine.from_pretrained(None, method="none", dtype=args.dtype, device=args.device,
+                                       quantization=args.quantization)
     engine_threads = torch.get_num_threads()
     log(f"default model: {path}; {engine.device} {engine.precision}; HF torch threads {args.hf_threads}")
     # HF in the weights' dtype (it has one dtype for weights and arithmetic): bf16 against bf16 weights

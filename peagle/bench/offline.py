@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
 from peagle.engine.auto_k import parse_k
 from peagle.prompts import encode
-from peagle.runtime import add_runtime_args, dtype_name
+from peagle.runtime import add_quantization_arg, add_runtime_args, dtype_name
 
 if TYPE_CHECKING:
     from peagle.engine.llm_engine import LLMEngine
@@ -39,12 +39,12 @@ class Models:
     @classmethod
     def load(cls, target: str | None, drafter: str | None, eagle3_drafter: str | None, methods: list[str],
              max_model_len: int | None = None, dtype: str = "auto", device: str = "auto",
-             enforce_eager: bool = False) -> "Models":
+             enforce_eager: bool = False, quantization: str | None = None) -> "Models":
         """``drafter`` serves both methods unless ``eagle3_drafter`` is given; with neither, each
         method takes the target's shipped head for it."""
         from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
 
-        model, path = load_target(target, dtype, device=device)
+        model, path = load_target(target, dtype, device=device, quantization=quantization)
         tok = load_tokenizer(path)
         heads = {m: load_drafter_for(model, path, (eagle3_drafter or drafter) if m == "eagle3" else drafter, tok, m)
                  for m in methods if m != "none"}
@@ -194,6 +194,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="head for the eagle3 method (default: --drafter, else the target's EAGLE-3 head)")
     p.add_argument("--max-model-len", type=int, default=None)
     add_runtime_args(p, engine=True)
+    add_quantization_arg(p)
     p.add_argument("--methods", default="parallel,eagle3,none", help="comma-separated: parallel, eagle3, none")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
 
@@ -215,7 +216,7 @@ def main(args: argparse.Namespace) -> int:
     check_grid(methods, ks, [args.max_concurrency])
     work = load_workload(args, args.dataset_name, args.dataset_path)
     models = Models.load(args.target, args.drafter, args.eagle3_drafter, methods, args.max_model_len,
-                         args.dtype, args.device, args.enforce_eager)
+                         args.dtype, args.device, args.enforce_eager, args.quantization)
     cells = grid_cells(models, methods, ks, [args.max_concurrency])
     bar = tqdm(total=len(cells) * work.num_requests, desc="bench offline", unit="req", file=sys.stderr,
                disable=args.disable_tqdm)

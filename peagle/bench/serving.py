@@ -26,7 +26,7 @@ from pathlib import Path
 
 from peagle.bench import llamacpp
 from peagle.bench.workload import add_dataset_args, load_workload
-from peagle.runtime import DTYPE_CHOICES
+from peagle.runtime import DTYPE_CHOICES, add_quantization_arg
 
 SYSTEMS = ("peagle-none", "peagle-parallel", "peagle-eagle3", *(f"llamacpp-{k}" for k in llamacpp.FTYPES))
 KEYS = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "acceptance_length", "completed", "failed")
@@ -41,6 +41,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated: peagle-none|parallel|eagle3, llamacpp-F32|F16|BF16|Q8_0|Q4_1")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated requests in flight")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="peagle's dtype (servers and offline engine)")
+    add_quantization_arg(p)
     p.add_argument("--repeats", type=int, default=1, help="rounds over every system (medians are reported)")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--json", default=None, help="also write every measurement to this JSON file")
@@ -62,7 +63,8 @@ def main(args: argparse.Namespace) -> int:
         llamacpp.require()
     work = load_workload(args, args.dataset_name, args.dataset_path)
     methods = [s.removeprefix("peagle-") for s in systems if s.startswith("peagle-")]
-    models = Models.load(args.target, args.drafter, None, methods, dtype=args.dtype) if methods else None
+    models = Models.load(args.target, args.drafter, None, methods, dtype=args.dtype,
+                         quantization=args.quantization) if methods else None
     runs: list[dict] = []
     for rep in range(args.repeats):
         for system in systems:
@@ -96,7 +98,8 @@ def server_command(system: str, args: argparse.Namespace, max_seqs: int) -> list
         **({"model": args.drafter} if args.drafter else {})}
     return [sys.executable, "-m", "peagle.cli", "serve", "--port", str(args.port), "--dtype", args.dtype,
             "--max-num-seqs", str(max_seqs), "--speculative-config", json.dumps(spec),
-            *(["--target", args.target] if args.target else [])]
+            *(["--target", args.target] if args.target else []),
+            *(["--quantization", args.quantization] if args.quantization else [])]
 
 
 @contextlib.contextmanager

@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
     workloads = [load_workload(args, name, path) for name, path in cfg.datasets]
     res = run_sweep(cfg, workloads, args.target, args.drafter, args.eagle3_drafter, args.max_model_len,
                     progress=not args.disable_tqdm, dtype=args.dtype, device=args.device,
-                    enforce_eager=args.enforce_eager)
+                    enforce_eager=args.enforce_eager, quantization=args.quantization)
     write_outputs(res, cfg.out)
     print(res["markdown"])
     print(f"peagle: wrote {cfg.out}/sweep.json, sweep.md, throughput.png, acceptance_length.png", file=sys.stderr)
@@ -79,14 +79,16 @@ def main(args: argparse.Namespace) -> int:
 
 def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = None, drafter: str | None = None,
               eagle3_drafter: str | None = None, max_model_len: int | None = None, progress: bool = True,
-              dtype: str = "auto", device: str = "auto", enforce_eager: bool = False) -> dict:
+              dtype: str = "auto", device: str = "auto", enforce_eager: bool = False,
+              quantization: str | None = None) -> dict:
     import torch
     from tqdm import tqdm
 
     from peagle.bench.baseline import DEFAULT_TORCH_THREADS, cpu_name
 
     hf_threads = cfg.hf_threads or DEFAULT_TORCH_THREADS
-    models = Models.load(target, drafter, eagle3_drafter, cfg.methods, max_model_len, dtype, device, enforce_eager)
+    models = Models.load(target, drafter, eagle3_drafter, cfg.methods, max_model_len, dtype, device, enforce_eager,
+                         quantization)
     cells = grid_cells(models, cfg.methods, cfg.ks, cfg.concurrencies)
     n_base = 2 if cfg.baselines else 0
     bar = tqdm(total=sum(w.num_requests for w in workloads) * (len(cells) + n_base), desc="bench sweep",
