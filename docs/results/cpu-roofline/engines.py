@@ -5,7 +5,7 @@ K chosen by the engine; P-EAGLE with bfloat16 weights), on the same MT-Bench pro
 tokens, EOS ignored. Decode rate = (tokens - 1) / (time after the first token); rounds interleave the
 systems.
 
-    python docs/results/cpu-roofline/engines.py [ROUNDS] [PROMPTS] [SYSTEMS]   # SYSTEMS: peagle,llama,hf
+    python docs/results/cpu-roofline/engines.py [ROUNDS] [PROMPTS] [SYSTEMS]   # SYSTEMS: peagle,llama,hf,q8
 """
 import statistics
 import sys
@@ -22,8 +22,8 @@ num_prompts = int(sys.argv[2]) if len(sys.argv) > 2 else 6
 prompts = read_prompt_file(dataset_path("mt-bench", None), "mt-bench")[:num_prompts]
 
 
-def peagle_system(method, dtype, quantization=None):
-    engine = LLMEngine.from_pretrained(None, method=method, k="auto", dtype=dtype, max_num_seqs=1,
+def peagle_system(method, dtype, quantization=None, target=None):
+    engine = LLMEngine.from_pretrained(target, method=method, k="auto", dtype=dtype, max_num_seqs=1,
                                        quantization=quantization)
     ids = [engine.encode_prompt(p.text) for p in prompts]
 
@@ -85,6 +85,9 @@ if "peagle" in which:
 if "llama" in which:
     for kind in ("F32", "F16", "BF16", "Q4_1"):
         systems[f"llama.cpp {kind}"] = llama_system(kind, ids)
+if "q8" in which:  # the Q8_0 file llama.cpp's quantizer makes from the shipped one, run by both
+    systems["peagle none, Q8_0 GGUF"] = peagle_system("none", "auto", target=str(llamacpp.gguf_file("Q8_0")))[1]
+    systems["llama.cpp Q8_0"] = llama_system("Q8_0", ids)
 if "hf" in which:
     for dtype in ("float32", "bfloat16"):
         systems[f"HF transformers {dtype}"] = hf_system(dtype, ids)
