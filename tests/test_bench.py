@@ -505,3 +505,21 @@ def test_every_command_that_loads_a_target_takes_quantization():
     args = parser.parse_args(["bench", "serving", "--dataset-name", "mt-bench", "--quantization", "none"])
     cmd = server_command("peagle-none", args, 4)
     assert cmd[cmd.index("--quantization") + 1] == "none"
+
+
+def test_a_quantized_engine_meets_the_llama_cpp_file_of_its_format():
+    """The baseline pairs each peagle row with llama.cpp at the same weight precision: a GGUF target
+    running Q4_1 blocks is Q4_1 (not the nominal bf16 of its weights), a bf16 one BF16."""
+    import torch
+
+    from peagle.bench.peers.engine import weight_precision
+    from peagle.models.layers import Linear
+    from peagle.models.quant import QuantTensor
+
+    layer = Linear(64, 8)
+    layer.weight = torch.nn.Parameter(QuantTensor(torch.zeros(8, 2, 20, dtype=torch.uint8), torch.bfloat16),
+                                      requires_grad=False)
+    assert weight_precision(SimpleNamespace(target=layer)) == "Q4_1"
+    plain = Linear(64, 8)
+    plain.weight = torch.nn.Parameter(torch.zeros(8, 64, dtype=torch.bfloat16), requires_grad=False)
+    assert weight_precision(SimpleNamespace(target=plain)) == "BF16"

@@ -61,5 +61,15 @@ def peer(engine, name: str, threads: int, k: int | str | None = None) -> EngineP
     """``engine`` as the peer ``name`` (its method; ``k`` shown for the speculative ones) on the
     ``threads`` torch threads ``configure_cpu`` gives it."""
     label = f"peagle `{name}`" + ("" if k is None else f" (K={k})")
-    return EnginePeer(name=name, system="peagle", label=label, precision=PRECISION[engine.weight_dtype],
+    return EnginePeer(name=name, system="peagle", label=label, precision=weight_precision(engine),
                       threads=f"torch {threads}", engine=engine)
+
+
+def weight_precision(engine) -> str:
+    """The engine's layer weights in llama.cpp's names: a GGUF block format as it runs (Q4_1, ...), else
+    the dtype (BF16, F16, F32), so that each peagle row meets the llama.cpp file of its own precision."""
+    from peagle.models.layers import Linear
+    from peagle.models.quant import QuantTensor
+
+    w = next(m.weight for m in engine.target.modules() if isinstance(m, Linear))
+    return w.format.upper() if isinstance(w, QuantTensor) else PRECISION[w.dtype]
