@@ -142,7 +142,8 @@ def test_baseline_runs_the_sections_asked_for(tmp_path):
     res = run(parse_args(["--questions", str(questions), "--sections", "prefill,drafting", "--prefill-tokens", "96",
                           "--prefill-reps", "1", "--micro-reps", "1", "--micro-warmup", "0", "--max-k", "2",
                           "--verify-sizes", "1,2", "--context", "64", "--prompts", "1", "--wait-idle", "0",
-                          "--settle", "0", "--no-hf-passes", "--dtype", "float32", "--json", str(tmp_path / "b.json")]))
+                          "--settle", "0", "--no-hf-passes", "--dtype", "float32", "--quantization", "none",
+                          "--json", str(tmp_path / "b.json")]))
     assert {"prefill", "target_passes", "drafting"} <= res.keys() and "end_to_end" not in res
     assert res["prefill"]["tokens"] == 96 and res["prefill"]["peers"]["hf"]["s"] > 0
     if llamacpp.available():   # --llamacpp auto: the file at the engine's precision times its prompt eval too
