@@ -141,13 +141,13 @@ def cmd_synth(args: argparse.Namespace) -> int:
                      args.seed, args.batch_size, args.shard_size, turns=args.turns, samples=args.samples,
                      sample_temperature=args.sample_temperature)
     print(f"wrote {run.responses} responses ({run.response_tokens} tokens, {run.tokens_per_s:.1f} tokens/s on "
-          f"{engine.device} in {dtype_name(engine.dtype)}) to {args.out}", file=sys.stderr)
+          f"{engine.device} in {engine.precision}) to {args.out}", file=sys.stderr)
     return 0
 
 
 def cmd_hidden(args: argparse.Namespace) -> int:
     from peagle.models.loader import load_target
-    from peagle.runtime import configure_cpu, dtype_name, resolve_device, resolve_dtype
+    from peagle.runtime import configure_cpu, resolve_device, resolve_dtype
     from peagle.train.data import load_records, write_hidden
 
     device = resolve_device(args.device)
@@ -157,7 +157,7 @@ def cmd_hidden(args: argparse.Namespace) -> int:
     target, _ = load_target(args.target, dtype, device=device, quantization=args.quantization)
     records = load_records(args.data, args.max_len)
     n = write_hidden(target, records, args.out, args.shard_docs)
-    print(f"wrote {n} hidden-state shards (bfloat16; target run in {dtype_name(dtype)} on {device}) for "
+    print(f"wrote {n} hidden-state shards (bfloat16; target run in {target.precision} on {device}) for "
           f"{len(records)} documents to {args.out}", file=sys.stderr)
     return 0
 

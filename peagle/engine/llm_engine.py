@@ -30,7 +30,7 @@ from peagle.models.drafter import Drafter
 from peagle.models.layers import pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
 from peagle.models.quant import formats
-from peagle.runtime import configure_cpu, dtype_name, native_cpu, precision_name, to_device
+from peagle.runtime import configure_cpu, native_cpu, precision_name, to_device
 
 METHODS = ("parallel", "eagle3", "none")
 
@@ -198,10 +198,7 @@ class LLMEngine:
     def precision(self) -> str:
         """What runs, as the CLI and the server's start line say it, e.g. ``float16 weights, float32 compute``
         or ``GGUF Q4_1/Q8_0 weights, float32 compute``."""
-        quant = formats(self.target)
-        if quant:
-            return f"GGUF {'/'.join(f.upper() for f in quant)} weights, {dtype_name(self.dtype)} compute"
-        return precision_name(self.weight_dtype, self.dtype)
+        return self.target.precision
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str | None = None, method: str = "parallel",

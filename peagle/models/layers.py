@@ -7,7 +7,6 @@ where their keys go in the paged KV cache and which cache slots make up their co
 from __future__ import annotations
 
 import math
-import os
 import torch
 import torch.nn.functional as F
 from torch import nn
