@@ -196,6 +196,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 TRAIN_HELP = {
     "data": "folder written by `peagle synth`", "out": "output: a vLLM-format head, checkpoint/ and train_log.jsonl",
     "method": "peagle (parallel drafting) or eagle3 (training-time test, the baseline)",
+    "quantization": "gguf (a .gguf target's default): its blocks run as stored; none: de-quantized",
     "layers": "decoder layers of the head", "k": "depths trained: parallel groups (peagle) or unrolled steps (eagle3)",
     "draft_vocab": "draft vocabulary size (the most frequent response tokens)",
     "labels": "soft: the target's distribution over the draft vocabulary; hard: its greedy token",
@@ -215,7 +216,7 @@ TRAIN_HELP = {
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     import dataclasses
 
-    from peagle.runtime import DTYPE_CHOICES
+    from peagle.runtime import DTYPE_CHOICES, QUANTIZATION_CHOICES
     from peagle.train.objective import LABELS
     from peagle.train.trainer import TrainConfig
 
@@ -230,7 +231,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         else:
             kind = {"int | None": int, "str | None": str, "float": float, "int": int, "str": str}[str(f.type)]
             p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_,
-                           choices={"dtype": DTYPE_CHOICES, "labels": LABELS}.get(f.name))
+                           choices={"dtype": DTYPE_CHOICES, "labels": LABELS, "quantization": QUANTIZATION_CHOICES}
+                           .get(f.name))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -496,7 +496,7 @@ def test_every_command_that_loads_a_target_takes_quantization():
 
     parser = build_parser()
     for argv in (["generate", "hi"], ["serve"], ["synth", "--prompts", "p", "--out", "o"], ["hidden", "--data", "d",
-                 "--out", "o"], ["bench", "offline", "--dataset-name", "mt-bench"], ["bench", "sweep"],
+                 "--out", "o"], ["train", "--data", "d", "--out", "o"], ["bench", "offline", "--dataset-name", "mt-bench"], ["bench", "sweep"],
                  ["bench", "serving", "--dataset-name", "mt-bench"], ["bench", "baseline"]):
         assert parser.parse_args([*argv, "--quantization", "none"]).quantization == "none", argv
         assert parser.parse_args(argv).quantization is None, argv  # the target's own default

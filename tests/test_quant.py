@@ -161,6 +161,18 @@ def test_the_default_model_kept_quantized_gives_its_dequantized_copys_logits(def
 
 
 @native
+def test_a_head_trains_against_the_quantized_default_model(default_both):
+    """``peagle train`` on a GGUF target: the head starts from the embedding's de-quantized rows, the
+    same as from the de-quantized model's (it used to fail on the quantized table)."""
+    from peagle.train.head import TrainHead
+
+    quant, plain, ids = default_both
+    draft = torch.arange(256, device="cpu")
+    heads = [TrainHead.for_target(t, 1, draft, 0, 3) for t in (quant, plain)]
+    for a, b in zip(*(h.state_dict().values() for h in heads)):
+        assert torch.equal(a, b)
+
+
 def test_the_engine_says_it_runs_gguf_weights():
     engine = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1, max_model_len=64)
     assert engine.quantization == "gguf" and engine.precision == "GGUF Q4_1/Q8_0 weights, float32 compute"

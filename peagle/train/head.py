@@ -10,6 +10,7 @@ from torch import nn
 
 from peagle.models.drafter import Drafter, DrafterConfig
 from peagle.models.llama import LlamaModel
+from peagle.models.quant import QuantTensor
 
 
 class TrainHead(Drafter):
@@ -31,6 +32,8 @@ class TrainHead(Drafter):
         head.init_weights(seed)
         with torch.no_grad():
             emb = target.model.embed_tokens.weight
+            if isinstance(emb, QuantTensor):  # a GGUF target's Q8_0 table: the head starts from its values
+                emb = emb.dequantize(head.embed_tokens.weight.dtype)
             head.embed_tokens.weight.copy_(emb)
             head.mask_embedding.copy_(emb[mask_token_id])
             head.lm_head.weight.copy_(target.lm_weight[draft_ids.to(emb.device)])

@@ -47,6 +47,7 @@ class TrainConfig:
     data: str
     out: str
     target: str | None = None
+    quantization: str | None = None  # a GGUF target's blocks kept (gguf, its default) or de-quantized (none)
     method: str = "peagle"
     layers: int = 1
     k: int = 8                       # depths trained (P-EAGLE: parallel groups; EAGLE-3: unrolled steps)
@@ -145,7 +146,8 @@ class Trainer:
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.out = Path(cfg.out)
-        self.target, path = load_target(cfg.target, "float32", device=self.device)  # online states: float32 KV
+        self.target, path = load_target(cfg.target, "float32", device=self.device,  # online states: float32 KV
+                                        quantization=cfg.quantization)
         self.target.requires_grad_(False)
         records = load_records(cfg.data, cfg.max_len)
         self.source = HiddenSource(self.target, cfg.hidden)
