@@ -1,9 +1,10 @@
-"""peagle's native CPU kernels: one linear layer for the few rows of decoding, verification and
-drafting, at the speed the machine reads memory, and batch-invariant (a row's result does not depend
-on how many rows share the pass; see ``csrc/linear.h``).
+"""peagle's native CPU kernels: the linear layer (float32/float16/bfloat16 weights and GGUF Q8_0/Q4_0/Q4_1
+blocks, float32 arithmetic) for the few rows of decoding, verification and drafting, paged attention for
+short spans, a layer's small ops fused, and every layer of such a pass in one call (``decoder_layers``);
+batch-invariant: a row's result does not depend on how many rows share the pass (``csrc/kernels.h``).
 
 Built on the user's machine by ``make setup`` (``python -m peagle.kernels``), the instruction set
-chosen at run time (AVX2 + FMA + F16C, else a scalar reference). Where the library is missing or
+chosen at run time (AVX-512, AVX2 + FMA + F16C, else a scalar reference). Where the library is missing or
 stale, :func:`available` says so once and the models keep torch's own matmul.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@
 // order whatever M is and whichever tile computes it: L lanes (the ISA's vector width: 8 for AVX2, 16
 // for AVX-512), lane l summing k = l, l+L, ... with FMA, then lane l+8 added to lane l (16 lanes) and the
 // eight lanes added as ((0+4)+(2+6)) + ((1+5)+(3+7)). So a row's result never depends on how many rows
-// share the pass, and the scalar reference (linear_ref.cpp) with the same L gives the same bits.
+// share the pass, and the scalar reference (reference.cpp) with the same L gives the same bits.
 #pragma once
 #include <cstdint>
 

@@ -4,7 +4,7 @@
 // R rows, within the registers), vec, zero(), load_x(p), load_x_tail(p, n),
 // load_w<T>(row, k) (weights k .. k+LANES-1 of a float row), load_w_tail<T>(row, k, n),
 // load_block<T>(row, b, out) (block b of a row of GGUF blocks: QBLOCK / LANES vectors, float32),
-// fma(a, b, c) and hsum(v) (lanes reduced as linear_ref.cpp).
+// fma(a, b, c) and hsum(v) (lanes reduced as reference.cpp).
 #pragma once
 #include "kernels.h"
 
