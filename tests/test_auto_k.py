@@ -76,7 +76,7 @@ def test_k_shrinks_as_the_batch_grows_and_follows_acceptance():
     assert auto.acceptance()[:6] == pytest.approx([1, 1, 1, 1, 1, 0], abs=1e-3)
     assert auto.choose(1) == 5   # the sixth draft would never pay
     auto.accepted, auto.tried = [70.0] * 8, [100.0] * 8   # 70% at every position
-    assert auto.choose(1) == 7 and 1 <= auto.choose(16) < 4   # the 8th: +1.8% tokens for +5.7% time
+    assert auto.choose(1) == 7 and auto.choose(16) < 4   # the 8th: +1.8% tokens for +5.7% time
     ks = []
     for _ in range(400):     # the text changed: nothing is accepted any more (one round a step)
         auto.record(ks[-1] if ks else 8, 0)
@@ -116,8 +116,8 @@ def test_probes_back_off_while_nothing_pays_and_return_when_drafting_does():
 def test_resuming_pays_for_the_drafters_catch_up():
     """A draft that just pays for itself (K=1 marginally faster than K=0 at 16 sequences) is not
     worth resuming for when the drafter must first read 64 missed steps of 16 sequences; a clear
-    gain still is."""
-    auto = AutoK(4, True, TARGET, DRAFTER, prior=1e-6)
+    gain still is. (No margin here: the catch-up's price alone is under test.)"""
+    auto = AutoK(4, True, TARGET, DRAFTER, prior=1e-6, margin=0.0)
     rate = lambda k: 16 * auto.expected_tokens(k) / auto.step_seconds(k, 16)   # noqa: E731
     auto.accepted, auto.tried = [65.0, 0, 0, 0], [100.0, 0, 0, 0]
     assert rate(0) < rate(1) < 1.05 * rate(0) and auto.choose(16) == 1 and auto.choose(16, missed_rows=16 * 64) == 0
@@ -163,3 +163,16 @@ def test_steps_at_k0_skip_the_drafter_and_leave_no_hole_in_its_kv(llama, method)
     n = min(kv[0][0].shape[0], kv[1][0].shape[0]) // 2
     for a, b in zip(*kv):
         torch.testing.assert_close(a[:n], b[:n], atol=1e-5, rtol=1e-5)
+
+
+def test_a_gain_inside_the_cost_models_error_is_not_drafted():
+    """Drafting must beat plain decoding by ``margin`` in the model: a modelled gain of 5% is within the
+    error measured on the quantized default model (where near break-even it drafted at 0.88x plain),
+    one of 15% is drafted."""
+    rows_free = CostCurve([1, 16], [1.0, 1.0])
+    drafter_free = CostCurve([1, 16], [0.0, 0.0])
+    auto = AutoK(1, True, rows_free, drafter_free, prior=1e-6, probe_every=10 ** 6)
+    auto.accepted, auto.tried = [5.0], [100.0]     # K=1: 1.05 tokens a step for the same time
+    assert auto.choose(1) == 0
+    auto.accepted, auto.tried = [15.0], [100.0]    # 1.15 tokens a step
+    assert auto.choose(1) == 1
