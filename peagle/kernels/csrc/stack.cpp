@@ -6,7 +6,6 @@
 #include <ATen/ops/add.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <tuple>
 #include <vector>
 
