@@ -59,7 +59,9 @@ static inline void weighted_sum_scalar(float (*acc)[MAX_HEAD_DIM], const float (
 // One work item: a tile of rows of one sequence (its verification or drafting rows: the same keys) and one
 // KV head. Every key is loaded once for the tile's R*g queries; each row still sees exactly the keys it
 // would alone, in the same blocks and lanes (its own range within each block), and the keys outside its
-// range add exact zeros: a row's bits do not depend on the tile it shares.
+// range add exact zeros: a row's bits do not depend on the tile it shares. A key block that reaches a
+// tree row's remapped keys is computed row by row instead (each row its own keys, the same steps in the
+// same order), which gives every row the same bits again.
 template <class V>
 static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
   constexpr int L = V::LANES;
@@ -68,16 +70,37 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
   float m[MAX_QUERIES], l[MAX_QUERIES];
   alignas(64) float acc[MAX_QUERIES][MAX_HEAD_DIM];
   const float* vrow[KEY_BLOCK];
+  // query qi's online-softmax step over its scores s[qi][o .. o+nr) of a block's n (nr > 0): the weights
+  // e^(s - mb) in place, zeros around them, their sum in L lanes from its first key (zero-padded)
+  auto softmax_step = [&](int64_t qi, int64_t o, int64_t nr, int64_t n) {
+    float* sq = s[qi];
+    float mb = m[qi];
+    for (int64_t j = 0; j < nr; ++j) mb = std::max(mb, sq[o + j]);
+    const float corr = V::exp1(m[qi] - mb);
+    typename V::vec sum = V::zero();
+    for (int64_t j = 0; j < nr; j += L) {
+      const int64_t c = std::min<int64_t>(L, nr - j);
+      typename V::vec e = V::exp(V::sub(V::load_x_tail(sq + o + j, c), V::set1(mb)));
+      V::store_n(sq + o + j, e, c);
+      sum = V::add(sum, V::mask_n(e, c));
+    }
+    std::fill(sq, sq + o, 0.f);
+    std::fill(sq + o + nr, sq + n, 0.f);
+    l[qi] = l[qi] * corr + V::hsum(sum);
+    V::scale(acc[qi], corr, d);
+    m[qi] = mb;
+  };
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t t = i / a.Hkv, h = i % a.Hkv, R = a.tiles[t + 1] - a.tiles[t], Q = R * g;
     const int64_t* rows = a.rows + a.tiles[t];
     const int64_t* blocks = a.table + a.seq[rows[0]] * a.table_stride;
-    int64_t lo[MAX_QUERIES], hi[MAX_QUERIES];  // per row: keys lo .. hi-1
+    int64_t lo[MAX_QUERIES], hi[MAX_QUERIES], base[MAX_QUERIES];  // per row: logical keys lo .. hi-1, remapped from base
     int64_t LO = INT64_MAX, HI = 0;
     for (int64_t r = 0; r < R; ++r) {
       const int64_t p = a.pos[rows[r]];
       lo[r] = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
       hi[r] = p + 1;
+      base[r] = a.tree_base != nullptr ? a.tree_base[rows[r]] : hi[r];
       LO = std::min(LO, lo[r]);
       HI = std::max(HI, hi[r]);
     }
@@ -88,6 +111,25 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
       std::fill(acc[qi], acc[qi] + d, 0.f);
     }
     for (int64_t j0 = LO - LO % KEY_BLOCK; j0 < HI; j0 += KEY_BLOCK) {
+      bool remapped = false;
+      for (int64_t r = 0; r < R; ++r) remapped |= base[r] < std::min(j0 + KEY_BLOCK, hi[r]);
+      if (remapped) {  // row by row: logical key j at KV index j below the row's base, else through its map
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t jb = std::max(j0, lo[r]), nr = std::min(j0 + KEY_BLOCK, hi[r]) - jb;
+          if (nr <= 0) continue;  // as a block of zero weights leaves the row's state
+          const int64_t* map = a.tree_map + rows[r] * a.tree_stride;
+          const float* q = a.q + rows[r] * a.q_stride + h * g * d;
+          for (int64_t j = 0; j < nr; ++j) {
+            const int64_t key = jb + j < base[r] ? jb + j : map[jb + j - base[r]];
+            const int64_t slot = (blocks[key / bs] * bs + key % bs) * a.Hkv + h;
+            vrow[j] = a.v + slot * d;
+            for (int64_t gi = 0; gi < g; ++gi) s[r * g + gi][j] = dot<V>(q + gi * d, a.k + slot * d, d) * a.scale;
+          }
+          for (int64_t gi = 0; gi < g; ++gi) softmax_step(r * g + gi, 0, nr, nr);
+          V::weighted_sum(acc + r * g, s + r * g, vrow, nr, g, d);
+        }
+        continue;
+      }
       const int64_t ju = std::max(j0, LO), n = std::min(j0 + KEY_BLOCK, HI) - ju;
       int64_t blk = ju / bs, off = ju % bs;  // walked, not divided, key by key
       for (int64_t j = 0; j < n; ++j, ++off) {
@@ -101,30 +143,12 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
         }
       }
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t jb = std::max(j0, lo[r]), je = std::min(j0 + KEY_BLOCK, hi[r]), o = jb - ju, nr = je - jb;
+        const int64_t jb = std::max(j0, lo[r]), nr = std::min(j0 + KEY_BLOCK, hi[r]) - jb;
         for (int64_t gi = 0; gi < g; ++gi) {
-          float* sq = s[r * g + gi];
-          if (nr <= 0) {  // none of this row's keys in the block
-            std::fill(sq, sq + n, 0.f);
-            continue;
-          }
-          const int64_t qi = r * g + gi;
-          float mb = m[qi];
-          for (int64_t j = 0; j < nr; ++j) mb = std::max(mb, sq[o + j]);
-          const float corr = V::exp1(m[qi] - mb);
-          // the row's weights e^(s - mb) in place, their sum in L lanes from its first key (zero-padded)
-          typename V::vec sum = V::zero();
-          for (int64_t j = 0; j < nr; j += L) {
-            const int64_t c = std::min<int64_t>(L, nr - j);
-            typename V::vec e = V::exp(V::sub(V::load_x_tail(sq + o + j, c), V::set1(mb)));
-            V::store_n(sq + o + j, e, c);
-            sum = V::add(sum, V::mask_n(e, c));
-          }
-          std::fill(sq, sq + o, 0.f);
-          std::fill(sq + o + nr, sq + n, 0.f);
-          l[qi] = l[qi] * corr + V::hsum(sum);
-          V::scale(acc[qi], corr, d);
-          m[qi] = mb;
+          if (nr > 0)
+            softmax_step(r * g + gi, jb - ju, nr, n);
+          else  // none of this row's keys in the block
+            std::fill(s[r * g + gi], s[r * g + gi] + n, 0.f);
         }
       }
       V::weighted_sum(acc, s, vrow, n, Q, d);

@@ -72,6 +72,9 @@ void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1);
 // aligned to absolute key positions, one online-softmax step per block; scores are the linear's lane-
 // order dot products times the scale, exponentials scalar (std::exp). A row's result depends on its
 // query, its keys and nothing else. Optional sinks (GPT-OSS) join every row's softmax denominator.
+// Token trees (tree speculative decoding): a row may read its keys from base on through a map of its own,
+// logical key i >= base at KV index map[i - base]; positions, windows and key blocks stay logical, so a
+// tree node gets the bits of its root-to-node path run alone as a chain.
 constexpr int64_t KEY_BLOCK = 64;
 constexpr int64_t MAX_GROUP = 16;   // query heads per KV head
 constexpr int64_t MAX_QUERIES = 32; // query vectors (rows x heads of a KV head) one work item attends
@@ -88,6 +91,9 @@ struct AttnArgs {
   const int64_t* tiles;    // [num_tiles + 1]: tile t is rows[tiles[t] .. tiles[t+1]), one sequence
   const int64_t* seq;      // each row's sequence (a row of table)
   const int64_t* pos;      // each row's position
+  const int64_t* tree_base;  // each row's first remapped key (pos + 1: none), or nullptr: no trees
+  const int64_t* tree_map;   // [*, tree_stride]: row r's logical key i >= tree_base[r] at KV index tree_map[r][i - base]
+  int64_t tree_stride;
   const float* sinks;      // [H] or nullptr
   float* out;              // [*, H * d]
   int64_t H, Hkv, d, block_size, window;

@@ -57,7 +57,8 @@ static AttnKernel attn_kernel_for(const std::string& isa) {
 static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                                 const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows,
                                 int64_t block_size, int64_t window, double scale,
-                                const c10::optional<at::Tensor>& sinks, const AttnKernel& kernel) {
+                                const c10::optional<at::Tensor>& sinks, const c10::optional<at::Tensor>& tree_base,
+                                const c10::optional<at::Tensor>& tree_map, const AttnKernel& kernel) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
               "peagle::attention: q and the KV pools must be float32");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2), "peagle::attention: q must be [T, H, d], rows strided");
@@ -74,10 +75,29 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
     sk = sinks->to(at::kFloat).contiguous();
     TORCH_CHECK(sk.numel() == H, "peagle::attention: one sink per query head");
   }
-  at::Tensor out = at::empty({q.size(0), H * d}, q.options());
-  // tiles: runs of rows of one sequence (a sequence's verification rows share every key load)
   const int64_t* rp = rows.data_ptr<int64_t>();
   const int64_t* sp = seq.data_ptr<int64_t>();
+  const bool tree = tree_base.has_value() && tree_base->defined();
+  TORCH_CHECK(tree == (tree_map.has_value() && tree_map->defined()), "peagle::attention: tree_base and tree_map go together");
+  const int64_t W = tree ? tree_map->size(-1) : 0;
+  if (tree) {
+    for (const at::Tensor* t : {&*tree_base, &*tree_map})
+      TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "peagle::attention: the tree must be contiguous int64");
+    TORCH_CHECK(tree_base->numel() == q.size(0) && tree_map->dim() == 2 && tree_map->size(0) == q.size(0) && W >= 1,
+                "peagle::attention: tree_base [T] and tree_map [T, W >= 1], one entry per row");
+    // every KV index a row reads through its map lies in its block table (the kernel reads it unchecked)
+    const int64_t *bp = tree_base->data_ptr<int64_t>(), *mp = tree_map->data_ptr<int64_t>(), *pp = pos.data_ptr<int64_t>();
+    const int64_t keys = table.size(1) * block_size;
+    for (int64_t i = 0; i < rows.numel(); ++i) {
+      const int64_t r = rp[i], n = pp[r] + 1 - bp[r];
+      TORCH_CHECK(bp[r] >= 0 && n <= W, "peagle::attention: row ", r, " reads ", n, " mapped keys, its map has ", W);
+      for (int64_t c = 0; c < n; ++c)
+        TORCH_CHECK(mp[r * W + c] >= 0 && mp[r * W + c] < keys, "peagle::attention: row ", r, " maps a key to KV index ",
+                    mp[r * W + c], ", outside its block table");
+    }
+  }
+  at::Tensor out = at::empty({q.size(0), H * d}, q.options());
+  // tiles: runs of rows of one sequence (a sequence's verification rows share every key load)
   const int64_t tile_rows = std::max<int64_t>(1, MAX_QUERIES / (H / Hkv));
   std::vector<int64_t> tiles{0};
   for (int64_t i = 1; i <= rows.numel(); ++i)
@@ -85,6 +105,7 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
   if (rows.numel() == 0) return out;
   AttnArgs a{q.data_ptr<float>(), q.stride(0), k.data_ptr<float>(), v.data_ptr<float>(), table.data_ptr<int64_t>(),
              table.size(1), rp, tiles.data(), sp, pos.data_ptr<int64_t>(),
+             tree ? tree_base->data_ptr<int64_t>() : nullptr, tree ? tree_map->data_ptr<int64_t>() : nullptr, W,
              sk.defined() ? sk.data_ptr<float>() : nullptr, out.data_ptr<float>(), H, Hkv, d, block_size, window,
              float(scale)};
   const int64_t items = int64_t(tiles.size() - 1) * Hkv;
@@ -94,18 +115,20 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                             const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows, int64_t block_size,
-                            int64_t window, double scale, const c10::optional<at::Tensor>& sinks, c10::string_view isa) {
+                            int64_t window, double scale, const c10::optional<at::Tensor>& sinks, c10::string_view isa,
+                            const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map) {
   static const AttnKernel best = attn_kernel_for(best_isa());
-  return run_attention(q, k, v, table, seq, pos, rows, block_size, window, scale, sinks,
+  return run_attention(q, k, v, table, seq, pos, rows, block_size, window, scale, sinks, tree_base, tree_map,
                        isa.empty() ? best : attn_kernel_for(std::string(isa)));
 }
 
 static at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& table, const at::Tensor& seq, const at::Tensor& pos,
                                       const at::Tensor& rows, int64_t block_size, int64_t window, double scale,
-                                      const c10::optional<at::Tensor>& sinks, int64_t lanes) {
+                                      const c10::optional<at::Tensor>& sinks, int64_t lanes,
+                                      const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map) {
   TORCH_CHECK(lanes == 8 || lanes == 16, "peagle::attention_ref: lanes must be 8 or 16");
-  return run_attention(q, k, v, table, seq, pos, rows, block_size, window, scale, sinks,
+  return run_attention(q, k, v, table, seq, pos, rows, block_size, window, scale, sinks, tree_base, tree_map,
                        [lanes](const AttnArgs& a, int64_t i0, int64_t i1) { attention_ref(a, i0, i1, int(lanes)); });
 }
 
@@ -178,9 +201,10 @@ TORCH_LIBRARY(peagle, m) {
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str isa='') -> Tensor");
   m.def("linear_ref(Tensor x, Tensor w, Tensor? bias=None, int lanes=8) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, "
-        "int window, float scale, Tensor? sinks=None, str isa='') -> Tensor");
+        "int window, float scale, Tensor? sinks=None, str isa='', Tensor? tree_base=None, Tensor? tree_map=None) -> Tensor");
   m.def("attention_ref(Tensor q, Tensor k, Tensor v, Tensor table, Tensor seq, Tensor pos, Tensor rows, "
-        "int block_size, int window, float scale, Tensor? sinks=None, int lanes=8) -> Tensor");
+        "int block_size, int window, float scale, Tensor? sinks=None, int lanes=8, Tensor? tree_base=None, "
+        "Tensor? tree_map=None) -> Tensor");
   m.def("isa() -> str", [] { return best_isa(); });
   m.impl("attention", c10::DispatchKey::CPU, TORCH_FN(attention));
   m.impl("attention_ref", c10::DispatchKey::CPU, TORCH_FN(attention_reference));

@@ -13,7 +13,8 @@ namespace peagle {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, c10::string_view isa);
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                      const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows, int64_t block_size,
-                     int64_t window, double scale, const c10::optional<at::Tensor>& sinks, c10::string_view isa);
+                     int64_t window, double scale, const c10::optional<at::Tensor>& sinks, c10::string_view isa,
+                     const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
                                                 double eps);

@@ -24,7 +24,7 @@ static std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
     const at::Tensor& sin, at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots,
     const at::Tensor& table, const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows,
     int64_t block_size, at::IntArrayRef windows, int64_t heads, int64_t head_dim, double scale, double eps,
-    at::IntArrayRef taps) {
+    at::IntArrayRef taps, const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map) {
   const int64_t L = int64_t(k_pools.size()), T = x0.size(0);
   TORCH_CHECK(int64_t(weights.size()) == L * PER_LAYER && int64_t(v_pools.size()) == L && int64_t(windows.size()) == L,
               "peagle::decoder_layers: ", PER_LAYER, " weights, one K pool, V pool and window per layer");
@@ -48,7 +48,7 @@ static std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
     qkv = qkv.view({T, -1, head_dim});
     rope_write(qkv, c, s, heads, k_pools[l], v_pools[l], slots);
     at::Tensor att = attention(qkv.narrow(1, 0, heads), k_pools[l], v_pools[l], table, seq, pos, rows, block_size,
-                               windows[l], scale, c10::nullopt, "");
+                               windows[l], scale, c10::nullopt, "", tree_base, tree_map);
     at::Tensor o = linear(att, *w(l, 3), w(l, 4), "");
     at::Tensor h;
     std::tie(normed, h) = add_rms_norm(o, x, *w(l, 5), eps);
@@ -63,7 +63,8 @@ static std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
 TORCH_LIBRARY_FRAGMENT(peagle, m) {
   m.def("decoder_layers(Tensor x, Tensor?[] weights, Tensor cos, Tensor sin, Tensor(a!)[] k, Tensor(b!)[] v, "
         "Tensor slots, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, int[] windows, int heads, "
-        "int head_dim, float scale, float eps, int[] taps) -> (Tensor, Tensor[])");
+        "int head_dim, float scale, float eps, int[] taps, Tensor? tree_base=None, Tensor? tree_map=None) "
+        "-> (Tensor, Tensor[])");
   m.impl("decoder_layers", c10::DispatchKey::CPU, TORCH_FN(decoder_layers));
 }
 
