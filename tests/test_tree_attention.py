@@ -144,3 +144,72 @@ def test_a_bad_tree_is_refused_clearly():
         torch.ops.peagle.attention(*args, tree_base=c["tree_base"], tree_map=bad)
     with pytest.raises(RuntimeError, match="its map has"):
         torch.ops.peagle.attention(*args, tree_base=c["tree_base"], tree_map=c["tree_map"][:, :2].contiguous())
+
+
+@pytest.fixture(params=["native", "torch"])
+def kernels_on(request, monkeypatch) -> bool:
+    """Each model test on peagle's kernels (bitwise) and on torch's path (``PEAGLE_NATIVE=0``: SDPA under masks)."""
+    if request.param == "native":
+        if NATIVE_OFF or not kernels.available():
+            pytest.skip("the native kernels are off")
+        return True
+    monkeypatch.setenv("PEAGLE_NATIVE", "0")
+    kernels.available.cache_clear()
+    request.addfinalizer(kernels.available.cache_clear)
+    return False
+
+
+@pytest.mark.parametrize("fam", ["llama", "mistral", "qwen2", "qwen3"])  # mistral: window 8; qwen3: q/k norm
+def test_a_tree_pass_gives_each_node_its_chain(fam, kernels_on):
+    """A prefilled context, then one pass of the root and the tree's nodes beside another sequence's decoding
+    row: each node's logits and written K/V are its path's run alone as a chain on a copy of the cache, and
+    the other row's are its own decoding step's."""
+    from conftest import native_from_hf, tiny_hf
+
+    from peagle.models.attention import AttnMeta, Span, TreeRows
+
+    model = native_from_hf(tiny_hf(fam))
+    bs, p0, n, V = 4, 21, len(PARENTS), model.cfg.vocab_size
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, V, (p0 + 1,), generator=gen)            # the context and the root's token
+    tokens = torch.cat([ids[p0:], torch.randint(0, V, (n - 1,), generator=gen)])
+    other = torch.randint(0, V, (26,), generator=gen)              # a sequence decoding its 26th token
+    order = torch.randperm(16, generator=gen).tolist()
+    table, table_o = order[:8], order[8:]                           # shuffled blocks of 4 slots
+    slot = lambda t, j: t[j // bs] * bs + j % bs  # noqa: E731
+    caches = model.make_caches(16 * bs)
+    with torch.inference_mode():
+        model(torch.cat([ids[:p0], other[:25]]), torch.cat([torch.arange(p0), torch.arange(25)]), caches,
+              AttnMeta([Span(p0, p0, table, 0), Span(25, 25, table_o, 0)], bs))
+    cached = [(c.k.clone(), c.v.clone()) for c in caches]
+
+    def run(ids, positions, spans, tree=None):
+        fresh = model.make_caches(16 * bs)
+        for c, (k, v) in zip(fresh, cached):
+            c.k.copy_(k), c.v.copy_(v)
+        with torch.inference_mode():
+            return model(ids, positions, fresh, AttnMeta(spans, bs, tree=tree))[0], fresh
+
+    positions, base, tree_map = tree_layout(p0, base_at_root=False)
+    tree = TreeRows(torch.tensor([p0 + i for i in range(n)] + [25]), torch.cat([base, torch.tensor([26])]),
+                    torch.cat([tree_map, torch.full((1, tree_map.shape[1]), -1)]))
+    logits, tree_caches = run(torch.cat([tokens, other[25:]]), torch.tensor(positions + [25]),
+                              [Span(n, p0 + n, table), Span(1, 26, table_o, 25)], tree)
+    same = torch.equal if kernels_on else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    for i in range(n):
+        p = path(i)
+        want, chain_caches = run(tokens[p], torch.arange(p0, p0 + len(p)), [Span(len(p), p0 + len(p), table, p0)])
+        assert same(logits[i], want[-1]), (fam, i)
+        for c, w in zip(tree_caches, chain_caches):
+            got, exp = slot(table, p0 + i), slot(table, p0 + len(p) - 1)
+            assert same(c.k[got], w.k[exp]) and same(c.v[got], w.v[exp]), (fam, i)
+    alone, _ = run(other[25:], torch.tensor([25]), [Span(1, 26, table_o, 25)])
+    assert same(logits[n], alone[0]), fam
+
+
+def test_cuda_graph_metas_refuse_trees():
+    from peagle.models.attention import PaddedMeta, TreeRows
+
+    one = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(ValueError, match="no token-tree layout"):
+        PaddedMeta(torch.zeros(1, 2, dtype=torch.long), 1, 4, tree=TreeRows(one, one + 1, one[None]))

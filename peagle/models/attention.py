@@ -4,7 +4,8 @@ A forward works on a flat batch of tokens (``[T, ...]``) from many sequences, as
 :class:`AttnMeta` says where each sequence's rows are and which KV blocks hold its context. It is
 described on the host with plain ints (:class:`Span`); :meth:`AttnMeta.prepare` turns that into a
 few tensors on the model's device once per forward (slot mapping, block tables, masks derived from
-the rows' positions), so the layers run without host work or per-sequence tensor ops.
+the rows' positions), so the layers run without host work or per-sequence tensor ops. Rows may be
+the nodes of token trees (:class:`TreeRows`): each sees its context and its own ancestors only.
 """
 from __future__ import annotations
 
@@ -26,14 +27,26 @@ MAX_PADDING = 1.25       # ... of sequences whose contexts, padded to the longes
 @dataclass(frozen=True)
 class Span:
     """One sequence's rows in a flat batch: ``num_rows`` consecutive rows whose keys, once this
-    pass has written its own, are positions ``0..ctx_len-1`` in the blocks of ``block_table``.
-    ``start`` is the first row's position when the rows are ``start, start+1, ...`` (None when the
-    positions are only known on the device, as for the drafter's expanded rows)."""
+    pass has written its own, are KV indices ``0..ctx_len-1`` (positions, outside a tree) in the blocks
+    of ``block_table``. ``start`` is the first row's position when the rows are ``start, start+1, ...``
+    (None when the positions are only known on the device, as for the drafter's expanded rows, or for
+    a tree's)."""
 
     num_rows: int
     ctx_len: int
     block_table: list[int]
     start: int | None = None
+
+
+@dataclass
+class TreeRows:
+    """Rows of a pass that are nodes of token trees (peagle/engine/tree.py). Row r writes its K/V at KV
+    index ``kv_index[r]`` (its position for rows outside a tree) and sees logical keys ``0 .. pos[r]``
+    (window aside), of which those at or past ``base[r]`` are read from KV index ``map[r, i - base[r]]``
+    (``base[r] = pos[r] + 1`` outside a tree: nothing remapped)."""
+    kv_index: torch.Tensor  # [T] long, on the model's device
+    base: torch.Tensor      # [T] long
+    map: torch.Tensor       # [T, W] long (W >= 1; the entries a row reads are 0 .. pos[r] - base[r])
 
 
 @dataclass
@@ -68,24 +81,38 @@ class Group:
         return self._folded[key]
 
 
-def key_mask(length: int, qpos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """``[..., length]``: key j is visible to a query at position p iff j <= p (and p - j < window)."""
+def key_mask(length: int, qpos: torch.Tensor, window: int | None, base: torch.Tensor | None = None,
+             kv: torch.Tensor | None = None) -> torch.Tensor:
+    """``[..., length]``: key j is visible to a query at position p iff j <= p (and p - j < window). Tree rows
+    (``base [...]``, ``kv [..., W]``: :class:`TreeRows`' ``base`` and ``map`` of the same queries) see KV index j
+    iff j < base by that rule, or j is the KV index of a logical key base + c <= p the window keeps."""
     keys = torch.arange(length, device=qpos.device)
     m = keys <= qpos[..., None]
     if window:
         m &= keys > qpos[..., None] - window
-    return m
+    if base is None:
+        return m
+    logical = base[..., None] + torch.arange(kv.shape[-1], device=kv.device)
+    seen = logical <= qpos[..., None]
+    if window:
+        seen &= logical > qpos[..., None] - window
+    m &= keys < base[..., None]
+    # each map entry marks its KV index where the row sees it, else a spare column past the end
+    spare = torch.cat([m, m.new_zeros(*m.shape[:-1], 1)], -1)
+    return spare.scatter_(-1, kv.where(seen, length), True)[..., :length]
 
 
 class AttnMeta:
     """Where one forward's rows sit in the paged KV cache (see the module docstring).
 
-    ``no_write`` (device bool ``[T]``) marks rows that write no KV (the drafter's rejected rows)."""
+    ``no_write`` (device bool ``[T]``) marks rows that write no KV (the drafter's rejected rows); ``tree`` says
+    where token-tree rows write and read their keys (the positions stay RoPE's and the window's)."""
 
     kernel_ok = True  # peagle's CPU attention kernel may attend its short spans (not PaddedMeta's layout)
 
-    def __init__(self, spans: list[Span], block_size: int, no_write: torch.Tensor | None = None):
-        self.spans, self.block_size, self.no_write = spans, block_size, no_write
+    def __init__(self, spans: list[Span], block_size: int, no_write: torch.Tensor | None = None,
+                 tree: TreeRows | None = None):
+        self.spans, self.block_size, self.no_write, self.tree = spans, block_size, no_write, tree
         self.slot_mapping: torch.Tensor | None = None
         self._groups: dict[bool, list[Group]] = {}
         self._short_rows: torch.Tensor | None = None
@@ -102,17 +129,23 @@ class AttnMeta:
         past it). Called by the model's forward, once; the SDPA groups are built when first asked for."""
         dev, bs = positions.device, self.block_size
         spans = self.spans
-        # slot of each row: its block table entry for its position (one gather over a padded table)
+        # slot of each row: its block table entry for its KV index (one gather over a padded table)
         nb = max(len(s.block_table) for s in spans)
         self.table = to_device([s.block_table + [0] * (nb - len(s.block_table)) for s in spans], dev)
         self.seq_of_row = to_device([i for i, s in enumerate(spans) for _ in range(s.num_rows)], dev)
-        slots = self.table[self.seq_of_row, positions // bs] * bs + positions % bs
+        index = positions if self.tree is None else self.tree.kv_index
+        slots = self.table[self.seq_of_row, index // bs] * bs + index % bs
         if self.no_write is not None:
             slots = torch.where(self.no_write, num_slots, slots)
         self.slot_mapping, self.positions, self.windows = slots, positions, windows
         self.firsts = list(accumulate((s.num_rows for s in spans), initial=0))
         self._groups, self._short_rows = {}, None
         return self
+
+    @property
+    def tree_args(self) -> dict[str, torch.Tensor]:
+        """The tree as peagle's attention operators take it (``tree_base``, ``tree_map``; none without one)."""
+        return {} if self.tree is None else {"tree_base": self.tree.base, "tree_map": self.tree.map}
 
     @property
     def groups(self) -> list[Group]:
@@ -163,12 +196,14 @@ class AttnMeta:
         g = Group(B, Q, L, bs)
         if all(s.num_rows == Q for s in spans) and all(firsts[i] == firsts[seqs[0]] + b * Q for b, i in enumerate(seqs)):
             g.first = firsts[seqs[0]]
-            qpos = positions[g.first:g.first + B * Q].view(B, Q)
+            take = lambda t: t[g.first:g.first + B * Q].view(B, Q, *t.shape[1:])  # noqa: E731
         else:
             rows = [[firsts[i] + min(j, s.num_rows - 1) for j in range(Q)] for i, s in zip(seqs, spans)]
             g.rows = to_device(rows, dev)
             g.valid = to_device([[j < s.num_rows for j in range(Q)] for s in spans], dev, torch.bool)
-            qpos = positions[g.rows]
+            take = lambda t: t[g.rows]  # noqa: E731
+        qpos = take(positions)
+        tree = () if self.tree is None else (take(self.tree.base), take(self.tree.map))
         s0 = spans[0]
         g.causal = B == 1 and Q > SHORT_ROWS and s0.start is not None and s0.start + s0.num_rows == s0.ctx_len
         if g.causal and s0.start == 0:
@@ -186,7 +221,7 @@ class AttnMeta:
             if (decoding and not (w and L > w)) or (g.causal and w is None):
                 g.masks[w] = None  # all keys (decoding), or causal: SDPA's kernel, no mask
                 continue
-            g.masks[w] = key_mask(g.length, qpos, w)
+            g.masks[w] = key_mask(g.length, qpos, w, *tree)
         return g
 
 
@@ -200,7 +235,10 @@ class PaddedMeta(AttnMeta):
 
     kernel_ok = False
 
-    def __init__(self, tables: torch.Tensor, rows: int, block_size: int, no_write: torch.Tensor | None = None):
+    def __init__(self, tables: torch.Tensor, rows: int, block_size: int, no_write: torch.Tensor | None = None,
+                 tree: TreeRows | None = None):
+        if tree is not None:
+            raise ValueError("PaddedMeta (CUDA graphs) has no token-tree layout: run tree steps eagerly (AttnMeta)")
         super().__init__([], block_size, no_write)
         self.tables, self.rows = tables, rows
 
@@ -396,7 +434,7 @@ class Attention(nn.Module):
         if native:  # peagle's kernel: short spans, any batch
             out = torch.ops.peagle.attention(q, cache.k, cache.v, meta.table, meta.seq_of_row, meta.positions,
                                              meta.short_rows, meta.block_size, w or 0, self.head_dim ** -0.5,
-                                             self.sinks)
+                                             self.sinks, **meta.tree_args)
             groups = meta.long_groups
         else:
             groups = meta.groups

@@ -341,7 +341,7 @@ class LlamaModel(nn.Module):
             x.contiguous(), self._stack_weights, cos, sin, [k.k for k in caches], [k.v for k in caches],
             meta.slot_mapping, meta.table, meta.seq_of_row, meta.positions, meta.short_rows, meta.block_size,
             self._stack_windows, c.num_heads, c.head_dim, c.head_dim ** -0.5, c.rms_norm_eps,
-            list(self.aux_layers))
+            list(self.aux_layers), **meta.tree_args)
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         return linear(normed, self.head_weight())
