@@ -28,8 +28,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                             max_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop or [])
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
                                        device=args.device, quantization=args.quantization, max_num_seqs=1,
-                                       max_model_len=args.max_model_len,
-                                       enforce_eager=args.enforce_eager)
+                                       max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
+                                       speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
+                                       else "chain", speculative_tree_budget=args.speculative_tree_budget)
     ids = engine.encode_prompt(args.prompt, chat=args.chat)
     t0 = time.perf_counter()
     out = engine.generate([ids], params)[0]
@@ -38,6 +39,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = {
         "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
         "method": args.method, "k": 0 if args.method == "none" else args.k,
+        "speculative_token_tree": str(engine.token_tree),
         "device": str(engine.device), "dtype": dtype_name(engine.weight_dtype), "compute_dtype": dtype_name(engine.dtype),
         "quantization": engine.quantization,
         "kernels": engine.kernels, "cuda_graphs": engine.graphs is not None,
@@ -45,7 +47,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "acceptance_length": round(s.acceptance_length, 4),
         "per_position_acceptance": [round(x, 4) for x in s.per_position_acceptance],
         "num_drafts": s.num_drafts, "num_draft_tokens": s.num_draft_tokens,
-        "num_accepted_tokens": s.num_accepted_tokens,
+        "num_accepted_tokens": s.num_accepted_tokens, "num_draft_tokens_per_pos": s.drafted_per_pos,
         "ttft_s": round(out.ttft_s or 0.0, 4), "elapsed_s": round(elapsed, 4),
         "output_tokens_per_s": round(len(out.token_ids) / elapsed, 2) if elapsed > 0 else None,
     }
@@ -54,7 +56,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         print(out.text)
         pos = ", ".join(f"{x:.2f}" for x in s.per_position_acceptance)
-        print(f"\n[{args.method}{'' if args.method == 'none' else f' K={args.k}'}, {engine.device} "
+        tree = "" if str(engine.token_tree) == "chain" else f", tree {engine.token_tree}"
+        print(f"\n[{args.method}{'' if args.method == 'none' else f' K={args.k}'}{tree}, {engine.device} "
               f"{engine.precision}, {engine.kernels} kernels] "
               f"{result['num_output_tokens']} tokens in {elapsed:.2f}s ({result['output_tokens_per_s']} tok/s), "
               f"acceptance length {s.acceptance_length:.2f}, per-position acceptance [{pos}]", file=sys.stderr)
@@ -97,7 +100,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        enable_chunked_prefill=args.enable_chunked_prefill, max_model_len=args.max_model_len,
                        long_prefill_token_threshold=args.long_prefill_token_threshold,
                        max_num_partial_prefills=args.max_num_partial_prefills,
-                       max_long_partial_prefills=args.max_long_partial_prefills, enforce_eager=args.enforce_eager)
+                       max_long_partial_prefills=args.max_long_partial_prefills, enforce_eager=args.enforce_eager,
+                       speculative_token_tree=spec["speculative_token_tree"],
+                       speculative_tree_budget=spec["speculative_tree_budget"])
     EngineConfig(method=spec["method"], num_speculative_tokens=spec["k"], **engine_args)  # refused here, before loading
     # the engine is built and run in a process of its own (peagle/serve/engine_core.py says why)
     async_engine = AsyncEngine(EngineSpec(dict(target=args.target, drafter=spec["drafter"], method=spec["method"],
@@ -108,6 +113,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     info = async_engine.info
     name = args.served_model_name or (args.target or "SmolLM2-135M-Instruct")
     how = spec["method"] if spec["method"] == "none" else f"{spec['method']}, K={spec['k']}"
+    if spec["speculative_token_tree"] != "chain":
+        how += f", token tree {spec['speculative_token_tree']}"
     how += ", CUDA graphs" if info.cuda_graphs else f", {info.kernels} kernels"
     print(f"peagle: serving {name} on {info.device} in {info.dtype} ({how}) at http://{args.host}:{args.port} "
           f"(engine process {info.pid})", file=sys.stderr, flush=True)
@@ -118,6 +125,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         async_engine.close()
     return 0
+
+
+def add_tree_args(p: argparse.ArgumentParser) -> None:
+    """``--speculative-token-tree`` and its budget (P-EAGLE; vLLM's ``speculative_token_tree``)."""
+    p.add_argument("--speculative-token-tree", default="chain",
+                   help="chain (default: the top draft of each position), auto (the engine chooses a tree of "
+                        "candidates each step, by measured acceptance and verify cost) or an explicit tree of rank "
+                        "paths as vLLM writes it, e.g. \"[(0,), (1,), (0, 0)]\"")
+    p.add_argument("--speculative-tree-budget", type=_at_least_one, default=16,
+                   help="the most nodes an auto tree verifies per sequence and step (default 16)")
 
 
 def _at_least_one(text: str) -> int:
@@ -252,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--method", choices=["parallel", "eagle3", "none"], default="parallel")
     g.add_argument("-k", "--num-speculative-tokens", dest="k", type=parse_k, default="auto",
                    help="draft tokens per round, or auto (default): the engine chooses K each step")
+    add_tree_args(g)
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--max-model-len", type=int, default=None)
     add_runtime_args(g, engine=True)

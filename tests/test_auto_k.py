@@ -11,6 +11,7 @@ from test_engine import MASK, OracleDrafter, make_engine, prompts
 from peagle.engine.auto_k import AutoK, CostCurve
 from peagle.engine.llm_engine import EngineConfig
 from peagle.engine.sampling import SamplingParams
+from peagle.engine.tree import Tree
 from peagle.models.loader import init_drafter
 
 # a CPU in bf16: 8 rows cost about one row, then rows get dearer; drafting a tenth of a target pass
@@ -33,8 +34,25 @@ def auto_engine(target, head, method, **kw):
 def chosen(engine, ps, params) -> tuple[list[list[int]], list[int]]:
     """Outputs, and the K of every step's drafts."""
     ks, choose = [], engine.auto.choose
-    engine.auto.choose = lambda *a: ks.append(choose(*a)) or ks[-1]
+
+    def spy(*a):
+        tree = choose(*a)
+        ks.append(len(tree))
+        return tree
+
+    engine.auto.choose = spy
     return [o.token_ids for o in engine.generate(ps, params)], ks
+
+
+def outcome(drafted: int, accepted: int) -> list[int | None]:
+    """What a chain's round tells :meth:`AutoK.record`: the top candidate accepted at each accepted
+    position, none at the one that was rejected (if drafted)."""
+    return [0] * accepted + ([None] if accepted < drafted else [])
+
+
+def set_counts(auto: AutoK, accepted: list[float], tried: list[float]) -> None:
+    """Acceptance counts of a chain (rank 0) at each position."""
+    auto.accepted, auto.tried = [[a] for a in accepted], list(tried)
 
 
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
@@ -72,15 +90,15 @@ def test_useless_head_drafts_nothing_and_perfect_head_the_maximum(llama, method)
 def test_k_shrinks_as_the_batch_grows_and_follows_acceptance():
     auto = AutoK(8, True, TARGET, DRAFTER, prior=1e-6)
     for _ in range(200):
-        auto.record(8, 5)    # the first 5 positions accepted, the sixth rejected
-    assert auto.acceptance()[:6] == pytest.approx([1, 1, 1, 1, 1, 0], abs=1e-3)
-    assert auto.choose(1) == 5   # the sixth draft would never pay
-    auto.accepted, auto.tried = [70.0] * 8, [100.0] * 8   # 70% at every position
-    assert auto.choose(1) == 7 and auto.choose(16) < 4   # the 8th: +1.8% tokens for +5.7% time
+        auto.record(outcome(8, 5))    # the first 5 positions accepted, the sixth rejected
+    assert [q[0] for q in auto.acceptance()[:6]] == pytest.approx([1, 1, 1, 1, 1, 0], abs=1e-3)
+    assert len(auto.choose(1)) == 5   # the sixth draft would never pay
+    set_counts(auto, [70.0] * 8, [100.0] * 8)   # 70% at every position
+    assert len(auto.choose(1)) == 7 and len(auto.choose(16)) < 4   # the 8th: +1.8% tokens for +5.7% time
     ks = []
     for _ in range(400):     # the text changed: nothing is accepted any more (one round a step)
-        auto.record(ks[-1] if ks else 8, 0)
-        ks.append(auto.choose(1))
+        auto.record(outcome(ks[-1] if ks else 8, 0))
+        ks.append(len(auto.choose(1)))
     assert ks[0] == 7 and ks[-1] == 0 and ks[300:].count(0) >= 90   # 100 rounds of old evidence fade
 
 
@@ -100,16 +118,16 @@ def test_probes_back_off_while_nothing_pays_and_return_when_drafting_does():
     auto = AutoK(8, True, TARGET, DRAFTER, prior=1e-6)
     ks = []
     for _ in range(700):     # nothing is ever accepted
-        ks.append(auto.choose(16))
-        auto.record(ks[-1], 0)
+        ks.append(len(auto.choose(16)))
+        auto.record(outcome(ks[-1], 0))
     probes = [i + 1 for i, k in enumerate(ks) if k]
     assert set(ks) == {0, 2} and probes[:5] == [16, 48, 112, 176, 240], probes   # 16, 32, 64, 64, 64 apart
-    auto.accepted, auto.tried = [90.0] * 8, [100.0] * 8   # the text turned predictable
-    assert auto.choose(1) > 0
+    set_counts(auto, [90.0] * 8, [100.0] * 8)   # the text turned predictable
+    assert len(auto.choose(1)) > 0
     start = auto.steps
     for _ in range(40):
-        k = auto.choose(1)
-        auto.record(k, k)
+        k = len(auto.choose(1))
+        auto.record(outcome(k, k))
     assert auto.next_probe - auto.steps <= auto.probe_every and auto.steps - start == 40   # back to every 16
 
 
@@ -118,23 +136,24 @@ def test_resuming_pays_for_the_drafters_catch_up():
     worth resuming for when the drafter must first read 64 missed steps of 16 sequences; a clear
     gain still is. (No margin here: the catch-up's price alone is under test.)"""
     auto = AutoK(4, True, TARGET, DRAFTER, prior=1e-6, margin=0.0)
-    rate = lambda k: 16 * auto.expected_tokens(k) / auto.step_seconds(k, 16)   # noqa: E731
-    auto.accepted, auto.tried = [65.0, 0, 0, 0], [100.0, 0, 0, 0]
-    assert rate(0) < rate(1) < 1.05 * rate(0) and auto.choose(16) == 1 and auto.choose(16, missed_rows=16 * 64) == 0
-    auto.accepted, auto.tried = [95.0] * 4, [100.0] * 4
-    assert auto.choose(16, missed_rows=16 * 64) > 0
+    rate = lambda k: 16 * auto.plan()[1][k] / auto.step_seconds(k, k, 16)   # noqa: E731
+    set_counts(auto, [65.0, 0, 0, 0], [100.0, 0, 0, 0])
+    assert rate(0) < rate(1) < 1.05 * rate(0)
+    assert len(auto.choose(16)) == 1 and len(auto.choose(16, missed_rows=16 * 64)) == 0
+    set_counts(auto, [95.0] * 4, [100.0] * 4)
+    assert len(auto.choose(16, missed_rows=16 * 64)) > 0
 
 
 def test_measured_step_times_correct_the_cost_model():
     """The start-up curves say one draft pays at 30% acceptance; steps at K=1 measured at 1.5x the
     modelled time (what bare passes leave out) say it does not, and K drops to 0."""
     auto = AutoK(4, True, TARGET, DRAFTER, prior=1e-6)
-    auto.accepted, auto.tried = [30.0, 0, 0, 0], [100.0, 0, 0, 0]
-    assert auto.choose(4) >= 1
+    set_counts(auto, [30.0, 0, 0, 0], [100.0, 0, 0, 0])
+    assert len(auto.choose(4)) >= 1
     for _ in range(20):
-        auto.observe(1, 4, 1.5 * auto.step_seconds(1, 4))
-        auto.observe(0, 4, auto.step_seconds(0, 4))
-    assert auto.scale[1] == pytest.approx(1.5) and auto.choose(4) == 0
+        auto.observe(Tree.chain(1), 4, 1.5 * auto.step_seconds(1, 1, 4))
+        auto.observe(Tree.chain(0), 4, auto.step_seconds(0, 0, 4))
+    assert auto.scale[1] == pytest.approx(1.5) and len(auto.choose(4)) == 0
 
 
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
@@ -147,7 +166,7 @@ def test_steps_at_k0_skip_the_drafter_and_leave_no_hole_in_its_kv(llama, method)
     for plan in ([3] * 20, [3, 0, 0, 0, 2, 0, 0, 3, 0, 3, 3, 0, 0, 0, 0, 0, 3, 3, 3, 3]):
         engine = auto_engine(llama, head, method)
         ks = iter(plan)
-        engine.auto.choose = lambda *a: next(ks)
+        engine.auto.choose = lambda *a: Tree.chain(next(ks))
         calls, propose = [], engine._propose
         engine._propose = lambda *a: calls.append(1) or propose(*a)
         seq = engine.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True))
@@ -172,7 +191,7 @@ def test_a_gain_inside_the_cost_models_error_is_not_drafted():
     rows_free = CostCurve([1, 16], [1.0, 1.0])
     drafter_free = CostCurve([1, 16], [0.0, 0.0])
     auto = AutoK(1, True, rows_free, drafter_free, prior=1e-6, probe_every=10 ** 6)
-    auto.accepted, auto.tried = [5.0], [100.0]     # K=1: 1.05 tokens a step for the same time
-    assert auto.choose(1) == 0
-    auto.accepted, auto.tried = [15.0], [100.0]    # 1.15 tokens a step
-    assert auto.choose(1) == 1
+    set_counts(auto, [5.0], [100.0])     # K=1: 1.05 tokens a step for the same time
+    assert len(auto.choose(1)) == 0
+    set_counts(auto, [15.0], [100.0])    # 1.15 tokens a step
+    assert len(auto.choose(1)) == 1

@@ -12,7 +12,8 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
 from peagle.engine.llm_engine import EngineConfig, LLMEngine, RequestError
-from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, probs_from_logits, verify
+from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, probs_from_logits, sample_tokens
+from peagle.engine.tree import Tree, TreeBatch, accept_paths
 from peagle.models.drafter import Drafter
 from peagle.models.llama import LlamaModel, ModelConfig
 from peagle.models.layers import set_precision
@@ -254,6 +255,16 @@ def test_max_model_len_ends_with_length(llama):
 
 
 # --------------------------------------------------------------------------- sampling
+
+def verify(logits: torch.Tensor, drafts: list[int], params: SamplingParams, seed: int, position: int,
+           tree: Tree | None = None) -> tuple[int, int]:
+    """The engine's verification of one sequence's drafts (a chain unless ``tree``), its rows
+    ``logits``: (accepted drafts, emitted token)."""
+    tree = tree or Tree.chain(len(drafts))
+    y = sample_tokens(logits, params, seed, [position + d for d in tree.depths])
+    a, tok, _ = accept_paths(y[None], TreeBatch.of([tree], [drafts], [0], logits.device))
+    return int(a), int(tok)
+
 
 SAMPLERS = [SamplingParams(temperature=0.9, top_k=8, top_p=0.95), SamplingParams(temperature=1.3),
             SamplingParams(temperature=0.6, top_p=0.8), SamplingParams(temperature=1.0, top_k=3)]

@@ -296,15 +296,21 @@ def test_full_queue_answers_503(server):
 
 
 def test_speculative_config_parsing():
-    assert speculative_config(None) == {"method": "none", "k": 1, "drafter": None}
+    chain = {"speculative_token_tree": "chain", "speculative_tree_budget": 16}
+    assert speculative_config(None) == {"method": "none", "k": 1, "drafter": None, **chain}
     assert speculative_config('{"method": "eagle3", "model": "h", "num_speculative_tokens": 5, '
-                              '"parallel_drafting": true}') == {"method": "parallel", "k": 5, "drafter": "h"}
-    assert speculative_config({"method": "eagle3"}) == {"method": "eagle3", "k": "auto", "drafter": None}
+                              '"parallel_drafting": true}') == {"method": "parallel", "k": 5, "drafter": "h", **chain}
+    assert speculative_config({"method": "eagle3"}) == {"method": "eagle3", "k": "auto", "drafter": None, **chain}
     assert speculative_config({"num_speculative_tokens": "auto", "parallel_drafting": True})["k"] == "auto"
     assert speculative_config({"method": "none"})["method"] == "none"
+    tree = speculative_config({"parallel_drafting": True, "speculative_token_tree": "auto", "speculative_tree_budget": 8})
+    assert (tree["speculative_token_tree"], tree["speculative_tree_budget"]) == ("auto", 8)
+    explicit = speculative_config('{"parallel_drafting": true, "speculative_token_tree": [[0], [1], [0, 0]]}')
+    assert explicit["speculative_token_tree"] == "[(0,), (1,), (0, 0)]"
     for bad, msg in [("{", "not valid JSON"), ('{"methd": "eagle3"}', "unknown"), ('{"method": "medusa"}', "not supported"),
                      ('{"num_speculative_tokens": 0}', ">= 1"), ('{"num_speculative_tokens": "max"}', "auto"), ('{"parallel_drafting": "yes"}', "true or false"),
-                     ("[1]", "JSON object")]:
+                     ("[1]", "JSON object"), ('{"speculative_token_tree": 3}', "rank paths"),
+                     ('{"speculative_tree_budget": "big"}', "integer")]:
         with pytest.raises(ValueError, match=msg):
             speculative_config(bad)
 

@@ -89,35 +89,39 @@ def summarize(records: list[RequestRecord], duration: float, percentiles: tuple[
 
 
 _SPEC = re.compile(r'^(?:vllm|peagle):spec_decode_(num_drafts|num_draft_tokens|num_accepted_tokens|'
-                   r'num_accepted_tokens_per_pos)_total(?:\{[^}]*?position="(\d+)"[^}]*\}|\{[^}]*\})?\s+(\S+)')
+                   r'num_accepted_tokens_per_pos|num_draft_tokens_per_pos)_total(?:\{[^}]*?position="(\d+)"[^}]*\}|\{[^}]*\})?\s+(\S+)')
 
 
 def parse_spec_counters(prometheus_text: str) -> SpecStats | None:
     """The speculation counters in a Prometheus exposition (``vllm:`` or ``peagle:`` names; samples
     of several engines are summed), or None when the server exposes none."""
-    stats, per_pos, found = SpecStats(), {}, False
+    stats, found = SpecStats(), False
+    per_pos: dict[str, dict[int, int]] = {"num_accepted_tokens_per_pos": {}, "num_draft_tokens_per_pos": {}}
     for line in prometheus_text.splitlines():
         m = _SPEC.match(line.strip())
         if not m:
             continue
         found = True
         name, pos, value = m.group(1), m.group(2), int(float(m.group(3)))
-        if name == "num_accepted_tokens_per_pos":
+        if name in per_pos:
             if pos is not None:
-                per_pos[int(pos)] = per_pos.get(int(pos), 0) + value
+                per_pos[name][int(pos)] = per_pos[name].get(int(pos), 0) + value
         else:
             setattr(stats, name, getattr(stats, name) + value)
-    stats.accepted_per_pos = [per_pos.get(i, 0) for i in range(max(per_pos) + 1)] if per_pos else []
+    stats.accepted_per_pos, stats.drafted_per_pos = (
+        [p.get(i, 0) for i in range(max(p) + 1)] if p else [] for p in per_pos.values())
     return stats if found else None
 
 
 def spec_delta(after: SpecStats, before: SpecStats) -> SpecStats:
     """What happened between two readings of cumulative counters."""
-    n = max(len(after.accepted_per_pos), len(before.accepted_per_pos))
-    pos = [(after.accepted_per_pos[i] if i < len(after.accepted_per_pos) else 0)
-           - (before.accepted_per_pos[i] if i < len(before.accepted_per_pos) else 0) for i in range(n)]
+    def minus(a: list[int], b: list[int]) -> list[int]:
+        return [(a[i] if i < len(a) else 0) - (b[i] if i < len(b) else 0) for i in range(max(len(a), len(b)))]
+
     return SpecStats(after.num_drafts - before.num_drafts, after.num_draft_tokens - before.num_draft_tokens,
-                     after.num_accepted_tokens - before.num_accepted_tokens, pos)
+                     after.num_accepted_tokens - before.num_accepted_tokens,
+                     minus(after.accepted_per_pos, before.accepted_per_pos),
+                     minus(after.drafted_per_pos, before.drafted_per_pos))
 
 
 def spec_summary(stats: SpecStats | None) -> dict:

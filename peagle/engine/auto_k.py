@@ -1,26 +1,34 @@
-"""K chosen by the engine (``num_speculative_tokens="auto"``).
+"""K, or the whole draft tree, chosen by the engine (``num_speculative_tokens="auto"``,
+``speculative_token_tree="auto"``).
 
-Each step the engine drafts the K (0..K_max) that maximises expected tokens per second for the
-batch: ``B * E[tokens | K] / (verify(B*(K+1) rows) + drafting(K, B))``. ``E`` comes from the
-measured per-position acceptance (decayed counts, so it follows the text being generated); the
-costs come from the engine's own target and drafter passes, timed over a range of row counts when
-the engine starts, corrected by the step times measured since (per K, a running ratio). K = 0 is
-plain decoding: the drafter is skipped, and the rows it missed are read in its next pass when
-drafting resumes (the engine keeps their target taps), so its KV has no holes. That catch-up pass
-is a cost of resuming: spread over a probe interval, it is added to every K > 0 while rows are
-missed, so K leaves 0 only for a gain that pays it back (near break-even the choice would otherwise
-flip every few steps and pay it each time). Every probe interval a step drafts two positions
-deeper than pays now, so acceptance there stays measured (a deeper position seldom tried leans on
-the one before it) and K can climb again; while probes find that nothing pays, the interval
-doubles (up to ``probe_max`` steps), so a useless head costs next to nothing. And K leaves 0 only
-for a modelled gain beyond ``margin`` (10%): near break-even the model's own error decides, and on the
-quantized default model, where a round costs 3x a step, it drafted at 0.88x plain decoding. No anchor does this
-online: vLLM's dynamic speculation reads a fixed table by batch size.
+Each step the engine drafts the tree (with one candidate per position: the chain of K = 0..K_max)
+that maximises expected tokens per second for the batch: ``B * E[tokens | tree] /
+(verify(B*(nodes+1) rows) + drafting(depth, B))``. ``E`` comes from the measured acceptance of each
+(position, rank) (decayed counts, so it follows the text being generated): a node's chance is the
+product along its path, and the best tree of n nodes is the n best nodes (:func:`best_first`), so
+one ordering prices every size from 0 (no drafting) to the budget. The costs come from the engine's
+own target and drafter passes, timed over a range of row counts when the engine starts, corrected
+by the step times measured since (per tree size, a running ratio): as the batch grows, rows get
+dearer and the tree shrinks. An empty tree is plain decoding: the drafter is skipped, and the rows it
+missed are read in its next pass when drafting resumes (the engine keeps their target taps), so its
+KV has no holes. That catch-up pass is a cost of resuming: spread over a probe interval, it is added
+to every non-empty tree while rows are missed, so drafting resumes only for a gain that pays it back
+(near break-even the choice would otherwise flip every few steps and pay it each time). Every probe
+interval a step drafts two positions deeper than pays now, so acceptance there stays measured (a
+deeper position seldom tried leans on the one before it) and the tree can grow again; while probes
+find that nothing pays, the interval doubles (up to ``probe_max`` steps), so a useless head costs
+next to nothing. And drafting starts only for a modelled gain beyond ``margin`` (10%): near
+break-even the model's own error decides, and on the quantized default model, where a round costs 3x
+a step, it drafted at 0.88x plain decoding. No anchor does this online: vLLM's dynamic speculation
+reads a fixed table by batch size.
 """
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from itertools import accumulate
+
+from peagle.engine.tree import Tree, best_first
 
 
 def parse_k(text: str) -> int | str:
@@ -48,81 +56,92 @@ class AutoK:
     parallel: bool              # P-EAGLE: one drafter pass; EAGLE-3: K passes
     target: CostCurve           # a target pass (and verification) over n rows
     drafter: CostCurve          # a drafter pass over n rows (with its LM head)
+    ranks: int = 1              # candidates per position a tree may use (1: a chain)
+    budget: int | None = None   # nodes a tree may have (None: k_max, a chain's most)
     probe_every: int = 16       # steps between probes two positions deeper (doubling while none pays)
     probe_max: int = 64         # ... up to this many (the drafter's catch-up then reads at most 64 steps' rows)
     decay: float = 0.98         # per step: about the last 50 steps count
     margin: float = 0.1         # drafting must beat plain decoding by this much by the model (its error, measured)
-    prior: float = 1.0          # pseudo-rounds of each position's prior (0.5 at first, then the one before)
-    accepted: list[float] = field(default_factory=list)
-    tried: list[float] = field(default_factory=list)
+    prior: float = 1.0          # pseudo-rounds of each position's prior (see __post_init__, then the one before)
+    accepted: list[list[float]] = field(default_factory=list)   # [position][rank]
+    tried: list[float] = field(default_factory=list)            # [position]
     steps: int = 0
-    scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per K
+    scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per tree size
     interval: int = 0           # steps from one probe to the next (set from probe_every)
     next_probe: int = 0
 
     def __post_init__(self):
         self.interval = self.next_probe = self.probe_every
-        self.accepted = [0.5 * self.prior] + [0.0] * (self.k_max - 1)   # the first position's prior fades
-        self.tried = [self.prior] + [0.0] * (self.k_max - 1)            # with the counts, as evidence comes
+        self.budget = self.budget or self.k_max
+        # the first position's prior (0.5 for the top candidate, a quarter of that for each next rank) fades
+        self.accepted = [[0.5 * 0.25 ** r * self.prior for r in range(self.ranks)]] + [
+            [0.0] * self.ranks for _ in range(self.k_max - 1)]
+        self.tried = [self.prior] + [0.0] * (self.k_max - 1)
 
-    def record(self, drafted: int, accepted: int) -> None:
-        """One verified round: positions up to the first rejection were tried."""
-        for i in range(min(accepted + 1, drafted)):
+    def record(self, ranks: list[int | None]) -> None:
+        """One verified round: at each position its path reached (each accepted one, then the first
+        rejected if drafted), the rank of the candidate that was the target's token, or None."""
+        for i, r in enumerate(ranks):
             self.tried[i] += 1.0
-            self.accepted[i] += float(i < accepted)
+            if r is not None and r < self.ranks:
+                self.accepted[i][r] += 1.0
 
-    def acceptance(self) -> list[float]:
-        """Per position: the chance it is accepted when every earlier one was. A position seldom
-        tried (deep ones, while a small K is chosen) leans on the one before it."""
-        out = [self.accepted[0] / self.tried[0] if self.tried[0] > 0 else 0.5]
-        for a, t in zip(self.accepted[1:], self.tried[1:]):
-            out.append((a + self.prior * out[-1]) / (t + self.prior))
+    def acceptance(self) -> list[list[float]]:
+        """Per position and rank: the chance the candidate is accepted when its parent was. A position
+        seldom tried (deep ones, while a small tree is chosen) leans on the one before it."""
+        first = [a / self.tried[0] if self.tried[0] > 0 else 0.5 * 0.25 ** r for r, a in enumerate(self.accepted[0])]
+        out = [first]
+        for acc, t in zip(self.accepted[1:], self.tried[1:]):
+            out.append([(a + self.prior * q) / (t + self.prior) for a, q in zip(acc, out[-1])])
         return out
 
-    def expected_tokens(self, k: int) -> float:
-        e, run = 1.0, 1.0
-        for a in self.acceptance()[:k]:
-            run *= a
-            e += run
-        return e
+    def plan(self) -> tuple[list[tuple[int, ...]], list[float]]:
+        """The nodes best first (:func:`best_first`) and ``E[tokens]`` of the tree of the first n, n = 0..budget."""
+        nodes, probs = best_first(self.acceptance(), self.budget, self.k_max)
+        return nodes, [1.0 + s for s in accumulate(probs, initial=0.0)]
 
-    def step_seconds(self, k: int, batch: int) -> float:
-        """A steady-state step at K: verify B*(K+1) rows, then draft for the next one."""
-        rows = batch * (k + 1)
-        if k == 0:
-            drafting = 0.0   # the drafter catches up on these rows when drafting resumes
-        elif self.parallel:
-            drafting = self.drafter(rows + batch * (k - 1))
+    def step_seconds(self, nodes: int, depth: int, batch: int) -> float:
+        """A steady-state step: verify B*(nodes+1) rows, then draft ``depth`` positions for the next one."""
+        if depth == 0:
+            return self.target(batch)   # the drafter catches up on these rows when drafting resumes
+        rows = batch * (depth + 1)
+        if self.parallel:
+            drafting = self.drafter(rows + batch * (depth - 1))
         else:
-            drafting = self.drafter(rows) + (k - 1) * self.drafter(batch)
-        return self.target(rows) + drafting
+            drafting = self.drafter(rows) + (depth - 1) * self.drafter(batch)
+        return self.target(batch * (nodes + 1)) + drafting
 
-    def observe(self, k: int, batch: int, seconds: float) -> None:
-        """A steady decode step at K (verified K drafts, drafted K) took ``seconds``: keep the
-        model's error at this K as a running ratio. It covers what timing bare passes at start-up
+    def observe(self, tree: Tree, batch: int, seconds: float) -> None:
+        """A steady decode step that verified ``tree`` and drafted it again took ``seconds``: keep the
+        model's error at this size as a running ratio. It covers what timing bare passes at start-up
         leaves out (many sequences' attention, the host's per-sequence work, a busy machine)."""
-        r = seconds / self.step_seconds(k, batch)
-        self.scale[k] = r if k not in self.scale else 0.9 * self.scale[k] + 0.1 * r
+        n, r = len(tree), seconds / self.step_seconds(len(tree), tree.depth, batch)
+        self.scale[n] = r if n not in self.scale else 0.9 * self.scale[n] + 0.1 * r
 
-    def corrected_seconds(self, k: int, batch: int) -> float:
-        """The modelled step time, scaled by the error measured at K (or at the nearest K measured)."""
-        near = min(self.scale, key=lambda j: (abs(j - k), j), default=None)
-        return self.step_seconds(k, batch) * (self.scale[near] if near is not None else 1.0)
+    def corrected_seconds(self, nodes: int, depth: int, batch: int) -> float:
+        """The modelled step time, scaled by the error measured at this size (or the nearest size measured)."""
+        near = min(self.scale, key=lambda j: (abs(j - nodes), j), default=None)
+        return self.step_seconds(nodes, depth, batch) * (self.scale[near] if near is not None else 1.0)
 
-    def choose(self, batch: int, missed_rows: int = 0) -> int:
-        """K for the drafts proposed now (verified next step), with ``missed_rows`` rows the drafter
-        must catch up on before it drafts (steps at K = 0); decays the acceptance counts."""
+    def choose(self, batch: int, missed_rows: int = 0) -> Tree:
+        """The tree drafted now (verified next step; a chain when ``ranks`` is 1, empty for no drafting),
+        with ``missed_rows`` rows the drafter must catch up on before it drafts (steps without drafts);
+        decays the acceptance counts."""
         self.steps += 1
-        self.accepted = [a * self.decay for a in self.accepted]
+        self.accepted = [[a * self.decay for a in acc] for acc in self.accepted]
         self.tried = [t * self.decay for t in self.tried]
+        nodes, expected = self.plan()
+        depths = list(accumulate((len(p) for p in nodes), max, initial=0))
         catch_up = self.drafter(missed_rows) / self.probe_every if missed_rows else 0.0
-        rate = [batch * self.expected_tokens(k) / (self.corrected_seconds(k, batch) + (catch_up if k else 0.0))
-                for k in range(self.k_max + 1)]
-        best = max(range(self.k_max + 1), key=rate.__getitem__)
+        rate = [batch * expected[n] / (self.corrected_seconds(n, depths[n], batch) + (catch_up if n else 0.0))
+                for n in range(len(expected))]
+        best = max(range(len(rate)), key=rate.__getitem__)
         if rate[best] < rate[0] * (1 + self.margin):
             best = 0   # a gain inside the cost model's error is no gain
+        chosen = nodes[:best]
         if self.steps >= self.next_probe:   # look two positions deeper than pays now
             self.interval = min(2 * self.interval, self.probe_max) if best == 0 else self.probe_every
             self.next_probe = self.steps + self.interval
-            return min(best + 2, self.k_max)
-        return best
+            deepest = max(chosen, key=len, default=())
+            chosen = chosen + [deepest + (0,) * i for i in (1, 2) if len(deepest) + i <= self.k_max]
+        return Tree(tuple(chosen))

@@ -23,9 +23,10 @@ from peagle.engine.block_manager import BlockManager
 from peagle.engine.expansion import expand
 from peagle.engine.graphs import StepGraphs, bucket
 from peagle.engine.detokenizer import Detokenizer
-from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, verify, verify_greedy
+from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, sample_tokens
 from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
-from peagle.models.attention import AttnMeta, Span
+from peagle.engine.tree import MAX_NODES, MAX_RANK, Tree, TreeBatch, accept_paths
+from peagle.models.attention import AttnMeta, Span, TreeRows
 from peagle.models.drafter import Drafter
 from peagle.models.layers import pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
@@ -33,6 +34,7 @@ from peagle.models.quant import formats
 from peagle.runtime import configure_cpu, native_cpu, precision_name, to_device
 
 METHODS = ("parallel", "eagle3", "none")
+AUTO_RANKS = 8   # candidates a position the engine weighs for a tree of its own choosing
 
 
 class RequestError(ValueError):
@@ -44,6 +46,11 @@ class EngineConfig:
     method: str = "parallel"
     num_speculative_tokens: int | str = 7   # or "auto": chosen each step up to max_speculative_tokens
     max_speculative_tokens: int | None = None  # K_max for "auto" (default: the head's trained K, else 10)
+    # what the drafts form (vLLM's key): "chain" (one candidate a position), "auto" (the engine chooses a
+    # tree of at most speculative_tree_budget nodes each step, P-EAGLE only), or an explicit tree drafted
+    # every step, vLLM's list of rank paths such as "[(0,), (1,), (0, 0)]" (its depth at most K)
+    speculative_token_tree: str = "chain"
+    speculative_tree_budget: int = 16
     max_num_seqs: int = 8
     max_model_len: int | None = None        # default: the target's max_position_embeddings, capped at 8192
     max_num_batched_tokens: int = 2048      # tokens per step: decode and verify rows first, then prefill chunks
@@ -65,6 +72,14 @@ class EngineConfig:
         k = self.num_speculative_tokens
         if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or (k <= 0 and self.method != "none")):
             raise ValueError(f"the number of speculative tokens K must be an integer >= 1 or 'auto', got {k!r}")
+        tree = self.token_tree   # parsed: a bad tree is refused here
+        if tree != "chain" and self.method != "parallel":
+            raise ValueError(f"speculative_token_tree {self.speculative_token_tree!r} needs parallel drafting "
+                             f"(P-EAGLE): a {self.method} draft is one token a position")
+        if isinstance(tree, Tree) and isinstance(k, int) and tree.depth > k:
+            raise ValueError(f"the token tree is {tree.depth} deep, more than num_speculative_tokens={k}")
+        if not 1 <= self.speculative_tree_budget <= MAX_NODES - 2:
+            raise ValueError(f"speculative_tree_budget must be in 1..{MAX_NODES - 2}, got {self.speculative_tree_budget}")
         m = self.max_speculative_tokens
         if m is not None and (not isinstance(m, int) or m < 1):
             raise ValueError(f"max_speculative_tokens must be an integer >= 1, got {m!r}")
@@ -81,8 +96,16 @@ class EngineConfig:
                              f"({self.max_num_batched_tokens}; 0: the default), got {t}")
 
     @property
+    def token_tree(self) -> str | Tree:
+        """``chain``, ``auto`` or the explicit :class:`Tree`."""
+        t = self.speculative_token_tree
+        return t if t in ("chain", "auto") else Tree.parse(t)
+
+    @property
     def auto(self) -> bool:
-        return self.method != "none" and self.num_speculative_tokens == "auto"
+        """The engine chooses the drafts' shape each step (K, or the whole tree)."""
+        return self.method != "none" and (self.speculative_token_tree == "auto" or (
+            self.num_speculative_tokens == "auto" and self.speculative_token_tree == "chain"))
 
     @property
     def long_prefill(self) -> int:
@@ -117,17 +140,23 @@ class LLMEngine:
                                  f"{precision_name(self.weight_dtype, self.dtype)} on {self.device}: "
                                  "load both with the same dtype and device")
         tk = drafter.cfg.trained_k if drafter is not None else None
-        # the most drafts a step proposes: K, or K_max when the engine chooses K
-        self.k_max = 0 if config.method == "none" else (
-            (config.max_speculative_tokens or tk or 10) if config.auto else config.num_speculative_tokens)
+        # the most positions a step drafts (K, K_max when the engine chooses, an explicit tree's depth), the
+        # candidates of each it keeps (ranks) and the most nodes a step verifies per sequence
+        tree = self.token_tree = config.token_tree if config.method != "none" else "chain"
+        k = config.num_speculative_tokens
+        self.k_max = (0 if config.method == "none" else tree.depth if isinstance(tree, Tree)
+                      else (config.max_speculative_tokens or tk or 10) if k == "auto" else k)
         if config.method == "parallel" and tk is not None and self.k_max > tk:
             raise ValueError(f"K={self.k_max} exceeds the K={tk} this head was trained for")
+        self.ranks = tree.ranks if isinstance(tree, Tree) else AUTO_RANKS if tree == "auto" else 1
+        self.max_nodes = (len(tree) if isinstance(tree, Tree) else config.speculative_tree_budget + 2 if tree == "auto"
+                          else self.k_max)   # (+2: auto's probes)
         tmax = target.cfg.max_position_embeddings
         self.max_model_len = config.max_model_len or min(tmax, 8192)
         if self.max_model_len > tmax:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the target's {tmax} positions")
-        # a sequence at max_model_len still verifies and drafts K tokens past it: K + 1 more positions
-        self.max_positions = self.max_model_len + self.k_max + 1
+        # a sequence at max_model_len still verifies its nodes and drafts K tokens past it
+        self.max_positions = self.max_model_len + max(self.k_max, self.max_nodes) + 1
         slots = config.kv_cache_tokens or max(min(config.max_num_seqs * self.max_positions, 16384), self.max_positions)
         self.blocks = BlockManager(-(-slots // config.block_size), config.block_size)
         self.pad_block = self.blocks.num_blocks  # one more block, never handed out: padding sequences write there
@@ -143,8 +172,9 @@ class LLMEngine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # engine-wide totals, for metrics
-        self.auto = AutoK(self.k_max, config.method == "parallel", *self._measure_costs()) if config.auto else None
-        self._last_k = -1   # the K of the drafts the next step verifies
+        self.auto = AutoK(self.k_max, config.method == "parallel", *self._measure_costs(), ranks=self.ranks,
+                          budget=config.speculative_tree_budget if tree == "auto" else None) if config.auto else None
+        self._last_tree: Tree | None = None   # the tree of the drafts the next step verifies
 
     def make_graphs(self, capture: bool) -> StepGraphs:
         """The padded decode passes (:mod:`peagle.engine.graphs`); ``capture=False`` runs them eagerly
@@ -158,7 +188,7 @@ class LLMEngine:
         1, 2, 4, ... rows at a 128-token context, timed on the empty KV pool's first blocks (median
         of 3 after a warm-up): what :class:`AutoK` weighs K by."""
         bs, dev = self.cfg.block_size, self.device
-        most = min(self.cfg.max_num_seqs * (self.k_max + 1) * 2, 512, self.blocks.num_blocks * bs // 2)
+        most = min(self.cfg.max_num_seqs * (max(self.k_max, self.max_nodes) + 1) * 2, 512, self.blocks.num_blocks * bs // 2)
         rows = sorted({r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if r < most} | {max(most, 2)})
         ctx = min(128, self.blocks.num_blocks * bs - rows[-1])
         d = self.drafter
@@ -237,7 +267,7 @@ class LLMEngine:
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise RequestError(f"prompt token ids must be in 0..{vocab - 1}")
         # the most KV positions it can need (see _positions_needed); admitted, it always fits alone
-        need = min(len(prompt_ids) + params.max_tokens + self.k_max, self.max_positions)
+        need = min(len(prompt_ids) + params.max_tokens + max(self.k_max, self.max_nodes), self.max_positions)
         if -(-need // self.cfg.block_size) > self.blocks.num_blocks:
             raise RequestError(f"the prompt ({len(prompt_ids)} tokens) with max_tokens {params.max_tokens} needs "
                                f"{need} KV positions, more than the {self.blocks.num_blocks * self.cfg.block_size} "
@@ -265,7 +295,7 @@ class LLMEngine:
     # ------------------------------------------------------------------ scheduling
     def _positions_needed(self, seq: Sequence) -> int:
         """KV positions this step may write: the verify pass plus the drafting after it."""
-        return min(seq.num_tokens + len(seq.drafts) + self.k_max + 1, self.max_model_len + self.k_max + 1)
+        return min(seq.num_tokens + len(seq.drafts) + self.k_max + 1, self.max_positions)
 
     def _schedule(self) -> list[tuple[Sequence, int]]:
         """This step's work: ``(sequence, new tokens to feed)`` for each sequence, within
@@ -342,7 +372,7 @@ class LLMEngine:
             raise RuntimeError(f"request {seq.request_id} does not fit the KV cache alone")
         self.running.remove(seq)
         self.blocks.release(seq)
-        seq.drafts, seq.draft_lag = [], []   # recomputed from its first token
+        seq.drafts, seq.tree, seq.candidates, seq.draft_lag = [], Tree(()), [], []   # recomputed from its first token
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
@@ -350,31 +380,35 @@ class LLMEngine:
     @torch.inference_mode()
     def step(self) -> StepResult:
         """One target pass, verification and drafting, all on the model's device; one host sync
-        at the end reads every sequence's accepted count, emitted token and next drafts."""
+        at the end reads every sequence's accepted count, emitted token, accepted path and next drafts."""
         t0 = time.perf_counter()
         work = self._schedule()
         result = StepResult()
         if not work:
             return result
         batch = [seq for seq, _ in work]
+        trees = [seq.tree for seq in batch]
+        branched = [not t.is_chain for t in trees]   # sequences verifying a tree (not a chain): rows remapped
         # a decode step runs the padded layout under CUDA graphs: every sequence feeds `width` rows
         # (filler rows after its drafts), padding sequences fill the batch to a bucket
-        padded = self.graphs is not None and all(n == 1 for _, n in work) and not any(s.draft_lag for s in batch)
+        padded = (self.graphs is not None and all(n == 1 for _, n in work) and not any(s.draft_lag for s in batch)
+                  and not any(branched))
         kmax = max(len(seq.drafts) for seq in batch)
         width = kmax + 1 if padded else 0
         num_pad = bucket(len(batch), self.cfg.max_num_seqs) - len(batch) if padded else 0  # padding sequences
-        # 1. one target pass: prompts (or chunks of them), and [last token, drafts...] of decoding sequences
-        ids, positions, spans, verify_rows, drafts, partial = [], [], [], [], [], []
-        for seq, n in work:
+        # 1. one target pass: prompts (or chunks of them), and [last token, drafts...] of decoding sequences;
+        # a tree's node i sits at position start + its depth and keeps its KV at index start + i
+        ids, positions, spans, verify_rows, partial, tree_rows = [], [], [], [], [], []
+        for (seq, n), tree, b in zip(work, trees, branched):
             start = seq.num_cached
             inp = seq.tokens[start:start + n] + seq.drafts   # drafts only when decoding
             inp += [0] * (width - len(inp))                  # filler rows: verified by no one, rejected
             ids += inp
-            positions += range(start, start + len(inp))
-            spans.append(Span(len(inp), start + len(inp), seq.block_table, start))
+            positions += [start + d for d in tree.depths] if b else range(start, start + len(inp))
+            spans.append(Span(len(inp), start + len(inp), seq.block_table, None if b else start))
             verify_rows.append(len(seq.drafts) + 1)
-            drafts.append(seq.drafts + [-1] * (kmax - len(seq.drafts)))
             partial.append(start + n < seq.num_tokens)       # a prompt chunk before the last: nothing emitted
+            tree_rows.append((start, tree.lineage) if b else None)
         dev = self.device
         tables = None
         if padded:
@@ -387,72 +421,153 @@ class LLMEngine:
         cu = list(accumulate((s.num_rows for s in spans), initial=0))     # each sequence's first input row
         # the verified rows: each sequence's last new token and its drafts
         logit_rows = to_device([c + n - 1 + j for c, (_, n), v in zip(cu, work, verify_rows) for j in range(v)], dev)
+        meta = None
         if padded:
             logits, taps = self.graphs.target(ids_t, pos_t, tables)
             logits = logits[logit_rows]
         else:
-            logits, taps = self.target(ids_t, pos_t, self.target_caches, AttnMeta(spans, self.cfg.block_size),
-                                       logit_rows)
+            meta = AttnMeta(spans, self.cfg.block_size, tree=self._tree_rows(tree_rows, spans, positions) if any(branched) else None)
+            logits, taps = self.target(ids_t, pos_t, self.target_caches, meta, logit_rows)
 
-        # 2. verify on the device
+        # 2. verify on the device: the target's token y at every node (argmax, or sampled keyed by position)
         first = list(accumulate(verify_rows, initial=0))                   # each sequence's first logit row
-        rows = to_device([[f + min(j, n - 1) for j in range(kmax + 1)] for f, n in zip(first, verify_rows)], dev)
-        accepted, tokens = verify_greedy(logits, rows, to_device(drafts, dev))
+        y = logits.argmax(-1)
         for i, seq in enumerate(batch):
             if not seq.params.greedy and not partial[i]:
-                a, t = verify(logits[first[i]:first[i + 1]], drafts[i][:verify_rows[i] - 1], seq.params, seq.seed,
-                              len(seq.output_ids))
-                accepted[i], tokens[i] = a, t
+                out_pos = len(seq.output_ids)
+                y[first[i]:first[i + 1]] = sample_tokens(logits[first[i]:first[i + 1]], seq.params, seq.seed,
+                                                         [out_pos + d for d in trees[i].depths])
+        tb = TreeBatch.of(trees, [seq.drafts for seq in batch], first[:-1], dev)
+        accepted, tokens, path = accept_paths(y[tb.rows], tb)
         if any(partial):  # the drafter reads the prompt's next token where a chunk stops short
             nxt = [seq.tokens[seq.num_cached + n] if p else 0 for (seq, n), p in zip(work, partial)]
             tokens = torch.where(to_device(partial, dev, torch.bool), to_device(nxt, dev), tokens)
+        ids_v, pos_v, taps_v, spans_v, cu_v = ids_t, pos_t, taps, spans, cu   # the rows as the drafter reads them
+        if any(branched):  # the accepted paths' KV where a chain's would be; the drafter reads the paths
+            self._keep_paths(work, branched, trees, path, meta)
+            ids_v, pos_v, taps_v, spans_v, cu_v = self._path_rows(work, branched, trees, path, ids_t, pos_t, taps,
+                                                                  spans, cu)
 
         # 3. propose the next drafts, then the one host sync
-        finite = logits.isfinite().all(-1)[rows].all(1)   # a NaN or inf in any verified row
-        out = [finite[:, None].long(), accepted[:, None], tokens[:, None]]
-        k = self.auto.choose(len(batch), sum(s.draft_lag_rows for s in batch)) if self.auto else self.k_max
+        finite = logits.isfinite().all(-1)[tb.rows].all(1)   # a NaN or inf in any verified row
+        out = [finite[:, None].long(), accepted[:, None], tokens[:, None], path]
+        tree = self._next_tree(batch)
+        k = tree.depth
         if k:  # rows whose KV stays valid: the new tokens and the accepted drafts
             num_valid = to_device([n for _, n in work], dev) + accepted
             bonus = tokens
             if num_pad:  # padding sequences keep one row and read token 0
                 num_valid, bonus = F.pad(num_valid, (0, num_pad), value=1), F.pad(tokens, (0, num_pad))
-            drafter_in = (spans, ids_t, pos_t, cu, num_valid, taps)
+            drafter_in = (spans_v, ids_v, pos_v, cu_v, num_valid, taps_v)
             if any(seq.draft_lag for seq in batch):
                 drafter_in = self._with_lag(batch, *drafter_in)
-            out.append(self._propose(*drafter_in, bonus, k, tables)[:len(batch)])
+            out.append(self._propose(*drafter_in, bonus, k, tables)[:len(batch)].flatten(1))
         packed = torch.cat(out, dim=1).tolist()
         if not all(row[0] for row in packed):  # before any state changes: the caller fails these requests
             raise SamplingError("the model produced non-finite logits")
 
         # 4. on the host: emit tokens, keep the drafts, retire finished sequences
+        depth1 = path.shape[1]
         for i, ((seq, n), row) in enumerate(zip(work, packed)):
-            a, token, proposed = row[1], row[2], row[3:]
+            a, token, nodes, cands = row[1], row[2], row[3:3 + depth1], row[3 + depth1:]
             seq.num_cached += n + a      # the new tokens and the accepted drafts have KV now
             if self.k_max and not k:     # the drafter skipped these rows: keep what it will read
-                rows = slice(cu[i], cu[i] + n + a)   # (taps may be a graph's output: copied)
-                seq.draft_lag.append((ids_t[rows], pos_t[rows], taps[rows].clone()))
+                rows = slice(cu_v[i], cu_v[i] + n + a)   # (taps may be a graph's output: copied)
+                seq.draft_lag.append((ids_v[rows], pos_v[rows], taps_v[rows].clone()))
             if partial[i]:
                 continue
-            verified = seq.drafts
-            seq.stats.record(len(verified), a)
-            self.stats.record(len(verified), a)
-            if self.auto:
-                self.auto.record(len(verified), a)
+            verified, vtree = seq.drafts, trees[i]
+            kept = [verified[j - 1] for j in nodes[1:a + 1]]
+            ranks = [vtree.paths[j - 1][-1] for j in nodes[1:a + 1]]
+            if a < len(seq.candidates):   # where the path stopped: the rank of the target's token, if drafted
+                ranks.append(seq.candidates[a].index(token) if token in seq.candidates[a] else None)
+            per_depth = vtree.nodes_per_depth
+            seq.stats.record(per_depth, a)
+            self.stats.record(per_depth, a)
+            if self.auto and per_depth:
+                self.auto.record(ranks)
             if seq.params.logprobs is not None:  # the target's, at each emitted position (a sync when asked)
-                seq.logprobs += logprobs_of(logits[first[i]:first[i] + a + 1], verified[:a] + [token],
+                seq.logprobs += logprobs_of(logits[[first[i] + j for j in nodes[:a + 1]]], kept + [token],
                                             seq.params.logprobs)
-            self._append(seq, verified[:a] + [token])
-            seq.drafts = [] if seq.finished else proposed[:self._num_drafts(seq, k)]
+            self._append(seq, kept + [token])
+            if seq.finished:
+                seq.drafts, seq.tree, seq.candidates = [], Tree(()), []
+            else:
+                seq.tree = tree.cut(self._num_drafts(seq, k))
+                r = self.ranks
+                seq.candidates = [cands[d * r:(d + 1) * r] for d in range(seq.tree.depth)]
+                seq.drafts = seq.tree.tokens(seq.candidates)
             result.updated.append(seq)
         for seq in batch:
             if seq.finished:
                 self.running.remove(seq)
                 self.blocks.release(seq)
                 result.finished.append(seq)
-        if self.auto and k == self._last_k and all(n == 1 for _, n in work):  # a steady decode step
-            self.auto.observe(k, len(batch), time.perf_counter() - t0)
-        self._last_k = k
+        if self.auto and tree == self._last_tree and all(n == 1 for _, n in work):  # a steady decode step
+            self.auto.observe(tree, len(batch), time.perf_counter() - t0)
+        self._last_tree = tree
         return result
+
+    def _next_tree(self, batch: list[Sequence]) -> Tree:
+        """What this step drafts: the tree ``auto`` chooses, the explicit one, or the chain of K."""
+        if self.auto:
+            return self.auto.choose(len(batch), sum(s.draft_lag_rows for s in batch))
+        return self.token_tree if isinstance(self.token_tree, Tree) else Tree.chain(self.k_max)
+
+    def _tree_rows(self, tree_rows: list, spans: list[Span], positions: list[int]) -> TreeRows:
+        """Where the rows of the trees in this pass write and read their KV (:class:`TreeRows`): node i of a
+        tree at ``start`` writes index ``start + i`` and reads its ancestors there, the root in place; other
+        rows as usual."""
+        kv, base, maps = [], [], []
+        width = max(len(t[1][-1]) - 1 for t in tree_rows if t is not None)   # the deepest node's depth
+        rows = iter(positions)
+        for span, t in zip(spans, tree_rows):
+            if t is None:
+                for _ in range(span.num_rows):
+                    p = next(rows)
+                    kv.append(p), base.append(p + 1), maps.append([0] * width)
+                continue
+            start, lineage = t
+            for i, line in enumerate(lineage):
+                next(rows)
+                kv.append(start + i), base.append(start + 1)
+                maps.append([start + j for j in line[1:]] + [start] * (width + 1 - len(line)))
+        dev = self.device
+        return TreeRows(to_device(kv, dev), to_device(base, dev), to_device(maps, dev))
+
+    def _keep_paths(self, work: list, branched: list[bool], trees: list[Tree], path: torch.Tensor,
+                    meta: AttnMeta) -> None:
+        """Copy the target KV of each tree's accepted path (index start + node) to index start + depth,
+        where the next steps read it as a chain's (past the path's end: dead slots, overwritten later)."""
+        bs, dev = self.cfg.block_size, self.device
+        pairs = [(i, seq.num_cached, j) for i, ((seq, _), b, t) in enumerate(zip(work, branched, trees)) if b
+                 for j in range(1, t.depth + 1)]
+        seq_i, start, depth = (to_device(list(x), dev) for x in zip(*pairs))
+        src_idx, dst_idx = start + path[seq_i, depth], start + depth
+        src = meta.table[seq_i, src_idx // bs] * bs + src_idx % bs
+        dst = meta.table[seq_i, dst_idx // bs] * bs + dst_idx % bs
+        for c in self.target_caches:
+            c.k.index_copy_(0, dst, c.k.index_select(0, src))
+            c.v.index_copy_(0, dst, c.v.index_select(0, src))
+
+    def _path_rows(self, work: list, branched: list[bool], trees: list[Tree], path: torch.Tensor, ids: torch.Tensor,
+                   positions: torch.Tensor, taps: torch.Tensor, spans: list[Span], cu: list[int]) -> tuple:
+        """The target pass's rows as the drafter reads them: a tree's root and the nodes of its accepted path
+        by depth (then, past the path's end, rows the expansion marks rejected), other sequences' rows as
+        they are."""
+        T, depth1 = ids.shape[0], path.shape[1]
+        on_path = torch.cat([torch.arange(T, device=self.device), (to_device(cu[:-1], self.device)[:, None] + path).flatten()])
+        index, new_spans = [], []
+        for i, ((seq, _), b, t, s) in enumerate(zip(work, branched, trees, spans)):
+            if b:
+                index += range(T + i * depth1, T + i * depth1 + t.depth + 1)
+                new_spans.append(Span(t.depth + 1, seq.num_cached + t.depth + 1, s.block_table, seq.num_cached))
+            else:
+                index += range(cu[i], cu[i + 1])
+                new_spans.append(s)
+        rows = on_path[to_device(index, self.device)]
+        return (ids[rows], positions[rows], taps[rows], new_spans,
+                list(accumulate((s.num_rows for s in new_spans), initial=0)))
 
     def _with_lag(self, batch: list[Sequence], spans: list[Span], ids: torch.Tensor, positions: torch.Tensor,
                   cu: list[int], num_valid: torch.Tensor, taps: torch.Tensor) -> tuple:
@@ -479,7 +594,8 @@ class LLMEngine:
     def _propose(self, spans: list[Span], ids: torch.Tensor, positions: torch.Tensor, cu: list[int],
                  num_valid: torch.Tensor, taps: torch.Tensor, bonus: torch.Tensor, k: int,
                  tables: torch.Tensor | None = None) -> torch.Tensor:
-        """``k`` drafts ``[B, k]`` for each sequence of the target pass (``spans``; ``cu`` its row
+        """``k`` drafts ``[B, k, ranks]`` (the top ``ranks`` candidates of each position, best first: one
+        for a chain) for each sequence of the target pass (``spans``; ``cu`` its row
         offsets; ``num_valid`` rows kept, ``taps`` the target's aux hidden states, ``bonus`` the
         emitted token): the verified batch is expanded as vLLM does (:mod:`peagle.engine.expansion`),
         one drafter pass reads the drafts at the bonus and mask rows, and EAGLE-3 then continues one
@@ -500,10 +616,12 @@ class LLMEngine:
                             no_write=b.is_rejected)
             normed, prenorm = d(b.input_ids, hidden, b.positions, self.drafter_caches, meta)
         rows = b.sample_idx.flatten()
-        drafts = d.to_target_ids(d.logits(normed[rows]).argmax(-1)).view(len(spans), -1)
+        logits = d.logits(normed[rows])
+        best = logits.argmax(-1, keepdim=True) if self.ranks == 1 else logits.topk(self.ranks, -1).indices
+        drafts = d.to_target_ids(best).view(len(spans), -1, self.ranks)
         if parallel:
             return drafts
-        h, pos, out = prenorm[rows], b.positions[rows], [drafts[:, 0]]
+        h, pos, out = prenorm[rows], b.positions[rows], [drafts[:, 0, 0]]
         every_row_writes = torch.zeros(len(spans), dtype=torch.bool, device=dev) if tables is not None else None
         for step in range(1, k):
             if tables is not None:
@@ -512,7 +630,7 @@ class LLMEngine:
                 meta = AttnMeta([Span(1, s.ctx_len + step, s.block_table) for s in spans], bs)
                 normed, h = d(out[-1], h, pos + step, self.drafter_caches, meta)
             out.append(d.to_target_ids(d.logits(normed).argmax(-1)))
-        return torch.stack(out, dim=1)
+        return torch.stack(out, dim=1)[..., None]
 
     # ------------------------------------------------------------------ finishing
     def _append(self, seq: Sequence, tokens: list[int]) -> None:

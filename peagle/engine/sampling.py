@@ -3,9 +3,9 @@
 Sampling is keyed by position: the token at output position ``t`` of a request is
 ``y_t = F_t^-1(u(seed, t))``, the inverse CDF of the target's distribution ``p_t`` (after
 temperature, top-k and top-p) at one uniform number that depends on the request's seed and ``t``
-only. Plain decoding emits ``y_t``; verification computes ``y_t`` at every drafted position,
-accepts a draft iff it equals ``y_t`` and emits ``y_t`` at the first mismatch (the bonus after the
-last). Drafts are the drafter's argmax (a point mass), so a draft ``d`` is accepted with probability
+only. Plain decoding emits ``y_t``; verification computes ``y`` at every node of the drafts (a chain,
+or a tree: a node at depth j decides position ``t + j``), accepts a draft iff it equals its parent's
+``y`` and emits ``y`` where the accepted path ends (the bonus after a whole path). Drafts are the drafter's argmax (a point mass), so a draft ``d`` is accepted with probability
 ``p(d)``, as under the standard rejection sampler, and every emitted token is ``y_t``, which follows
 ``p_t`` exactly: sampled output is the same token for token whatever the method, K, batch,
 chunking or preemption, given the same seed. (Gumbel-max keyed the same way would need a hash for
@@ -83,15 +83,6 @@ def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return probs
 
 
-def verify_greedy(logits: torch.Tensor, rows: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy verification of a batch on the device: ``rows[b, j]`` is the logit row of sequence b's
-    j-th verified position (padding repeats its last), ``drafts[b]`` its drafts (-1 pads). Returns
-    (accepted drafts ``[B]``, emitted token ``[B]``: the target's argmax after the accepted drafts)."""
-    best = logits.argmax(-1)[rows]                                        # [B, K+1]
-    accepted = (drafts == best[:, :-1]).int().cumprod(1).sum(1)
-    return accepted, best.gather(1, accepted[:, None])[:, 0]
-
-
 _MASK64 = (1 << 64) - 1
 
 
@@ -108,11 +99,11 @@ def draw_seed() -> int:
     return secrets.randbits(63)
 
 
-def position_uniforms(seed: int, start: int, n: int) -> list[float]:
-    """``u(seed, t)`` for output positions ``t = start .. start + n - 1``: 53 bits of a counter-based
-    hash of (seed, t), as floats in (0, 1)."""
+def position_uniforms(seed: int, positions: list[int]) -> list[float]:
+    """``u(seed, t)`` for output positions ``t``: 53 bits of a counter-based hash of (seed, t), as
+    floats in (0, 1)."""
     key = _splitmix64(seed & _MASK64)
-    return [((_splitmix64(key ^ t) >> 11) + 0.5) * 2.0 ** -53 for t in range(start, start + n)]
+    return [((_splitmix64(key ^ t) >> 11) + 0.5) * 2.0 ** -53 for t in positions]
 
 
 def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -124,21 +115,15 @@ def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return hit.clamp_(max=probs.shape[-1] - 1)
 
 
-def verify(logits: torch.Tensor, drafts: torch.Tensor | list[int], p: SamplingParams, seed: int,
-           position: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position-keyed verification of one sequence's ``drafts`` against the target's ``logits``
-    (``[len(drafts)+1, vocab]``; row j decides output position ``position + j``), on the device
-    without a host sync. Returns (number of accepted drafts, the token emitted after them) as 0-d
-    tensors: ``y`` at the first mismatch, else the bonus token ``y`` of the last row."""
-    dev = logits.device
-    drafts = torch.as_tensor(drafts, dtype=torch.long, device=dev)
-    k = drafts.shape[0]
+def sample_tokens(logits: torch.Tensor, p: SamplingParams, seed: int, positions: list[int]) -> torch.Tensor:
+    """``y`` at each row of ``logits``: the inverse-CDF sample of the target's distribution (after
+    temperature, top-k and top-p) at ``u(seed, t)``, ``t`` the row's output position; on the device,
+    without a host sync. Verification (:func:`peagle.engine.tree.accept_paths`) accepts a draft iff it is
+    its parent's ``y``, so every emitted token is the ``y`` of its position."""
     probs = probs_from_logits(logits, p)
     valid = probs.isfinite().all(-1, keepdim=True) & (probs.sum(-1, keepdim=True) > 0)
     probs = torch.where(valid, probs, 1.0 / probs.shape[-1])  # non-finite logits: the engine's check refuses them
-    y = sample_rows(probs, to_device(position_uniforms(seed, position, k + 1), dev, torch.float64))
-    accepted = (drafts == y[:k]).int().cumprod(0).sum()
-    return accepted, y[accepted]
+    return sample_rows(probs, to_device(position_uniforms(seed, positions), logits.device, torch.float64))
 
 
 @dataclass

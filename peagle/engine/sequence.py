@@ -10,6 +10,7 @@ import torch
 
 from peagle.engine.detokenizer import Detokenizer
 from peagle.engine.sampling import SamplingParams, TokenLogprob, draw_seed
+from peagle.engine.tree import Tree
 
 _ids = itertools.count()
 
@@ -22,32 +23,31 @@ class Status(Enum):
 
 @dataclass
 class SpecStats:
-    """Speculation counters, named after vLLM's ``spec_decode`` metrics."""
+    """Speculation counters, named after vLLM's ``spec_decode`` metrics. A draft token is a verified node
+    (a chain's K, a tree's every node); ``drafted_per_pos`` counts them by depth, ``accepted_per_pos`` the
+    accepted ones (at most one a depth)."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    drafted_per_pos: list[int] = field(default_factory=list)
 
-    def record(self, drafted: int, accepted: int) -> None:
-        if drafted == 0:
+    def record(self, nodes_per_depth: list[int], accepted: int) -> None:
+        if not nodes_per_depth:
             return
         self.num_drafts += 1
-        self.num_draft_tokens += drafted
+        self.num_draft_tokens += sum(nodes_per_depth)
         self.num_accepted_tokens += accepted
-        if len(self.accepted_per_pos) < drafted:
-            self.accepted_per_pos += [0] * (drafted - len(self.accepted_per_pos))
-        for i in range(accepted):
-            self.accepted_per_pos[i] += 1
+        _add(self.drafted_per_pos, nodes_per_depth)
+        _add(self.accepted_per_pos, [1] * accepted + [0] * (len(nodes_per_depth) - accepted))
 
     def merge(self, other: "SpecStats") -> None:
         self.num_drafts += other.num_drafts
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
-        n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
-        self.accepted_per_pos = [(self.accepted_per_pos[i] if i < len(self.accepted_per_pos) else 0)
-                                 + (other.accepted_per_pos[i] if i < len(other.accepted_per_pos) else 0)
-                                 for i in range(n)]
+        _add(self.accepted_per_pos, other.accepted_per_pos)
+        _add(self.drafted_per_pos, other.drafted_per_pos)
 
     @property
     def acceptance_length(self) -> float:
@@ -59,6 +59,13 @@ class SpecStats:
         return [a / self.num_drafts for a in self.accepted_per_pos] if self.num_drafts else []
 
 
+def _add(into: list[int], counts: list[int]) -> None:
+    """``into += counts`` element by element, ``into`` grown as needed."""
+    into += [0] * (len(counts) - len(into))
+    for i, c in enumerate(counts):
+        into[i] += c
+
+
 class Sequence:
     def __init__(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None):
         self.request_id = request_id if request_id is not None else str(next(_ids))
@@ -68,7 +75,9 @@ class Sequence:
         self.status = Status.WAITING
         self.block_table: list[int] = []
         self.num_cached = 0           # tokens whose target (and drafter) KV is valid
-        self.drafts: list[int] = []   # proposed tokens, verified by the next target pass
+        self.drafts: list[int] = []   # proposed tokens, verified by the next target pass: the nodes of
+        self.tree = Tree(())          # this tree, in its order (a chain: K nodes, one a depth)
+        self.candidates: list[list[int]] = []   # the drafter's [position][rank] candidates they came from
         # rows the drafter has not read (steps at K = 0): (ids, positions, target taps), read when
         # drafting resumes so its KV has no holes
         self.draft_lag: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []

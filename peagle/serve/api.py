@@ -388,27 +388,31 @@ async def _unless_disconnected(request: Request, work):
 
 
 def speculative_config(raw: str | dict | None) -> dict[str, Any]:
-    """vLLM's ``--speculative-config`` -> ``method``, ``k`` and ``drafter`` for the engine.
+    """vLLM's ``--speculative-config`` -> ``method``, ``k``, ``drafter`` and the tree's settings for the engine.
 
     ``{"method": "eagle3", "model": DIR, "num_speculative_tokens": K, "parallel_drafting": true}`` is
     P-EAGLE; without ``parallel_drafting`` it is EAGLE-3; K may be ``"auto"`` (the default: the
     engine chooses it each step); ``method: "none"`` or no config serves the
-    target alone. A missing ``model`` means the target's default head."""
+    target alone. A missing ``model`` means the target's default head. ``speculative_token_tree``
+    (vLLM's key: ``"chain"``, ``"auto"`` or an explicit list of rank paths) and peagle's
+    ``speculative_tree_budget`` shape P-EAGLE's drafts (:class:`peagle.engine.llm_engine.EngineConfig`)."""
+    none = {"method": "none", "k": 1, "drafter": None, "speculative_token_tree": "chain", "speculative_tree_budget": 16}
     if raw is None or raw == "":
-        return {"method": "none", "k": 1, "drafter": None}
+        return none
     try:
         cfg = json.loads(raw) if isinstance(raw, str) else dict(raw)
     except json.JSONDecodeError as e:
         raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
     if not isinstance(cfg, dict):
         raise ValueError("--speculative-config must be a JSON object")
-    allowed = {"method", "model", "num_speculative_tokens", "parallel_drafting"}
+    allowed = {"method", "model", "num_speculative_tokens", "parallel_drafting", "speculative_token_tree",
+               "speculative_tree_budget"}
     unknown = sorted(set(cfg) - allowed)
     if unknown:
         raise ValueError(f"unknown --speculative-config keys {unknown}; allowed: {sorted(allowed)}")
     method = cfg.get("method", "eagle3")
     if method == "none":
-        return {"method": "none", "k": 1, "drafter": None}
+        return none
     if method != "eagle3":
         raise ValueError(f"speculative method {method!r} is not supported; use 'eagle3' (with "
                          "parallel_drafting for P-EAGLE) or 'none'")
@@ -421,4 +425,12 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     model = cfg.get("model")
     if model is not None and not isinstance(model, str):
         raise ValueError("model must be a path or hub id")
-    return {"method": "parallel" if parallel else "eagle3", "k": k, "drafter": model}
+    tree = cfg.get("speculative_token_tree", "chain")
+    if not isinstance(tree, (str, list)):
+        raise ValueError(f"speculative_token_tree must be \"chain\", \"auto\" or a list of rank paths, got {tree!r}")
+    budget = cfg.get("speculative_tree_budget", 16)
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        raise ValueError(f"speculative_tree_budget must be an integer, got {budget!r}")
+    return {"method": "parallel" if parallel else "eagle3", "k": k, "drafter": model,
+            "speculative_token_tree": tree if isinstance(tree, str) else str([tuple(p) for p in tree]),
+            "speculative_tree_budget": budget}

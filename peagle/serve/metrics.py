@@ -27,20 +27,26 @@ class Metrics:
         self.num_accepted = Counter("peagle:spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
         self.accepted_per_pos = Counter("peagle:spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted at each position", ["position"], registry=r)
-        self._seen = (0, 0, 0, [])
+        self.drafted_per_pos = Counter("peagle:spec_decode_num_draft_tokens_per_pos",
+                                       "Draft tokens (tree nodes) verified at each position (depth)", ["position"],
+                                       registry=r)
+        self._seen = (0, 0, 0, [], [])
 
     def observe_step(self, snap: Snapshot) -> None:
         """Move the engine's cumulative speculation counters and its gauges into Prometheus."""
         s = snap.spec
-        d0, t0, a0, p0 = self._seen
+        d0, t0, a0, p0, q0 = self._seen
         self.num_drafts.inc(s.num_drafts - d0)
         self.num_draft_tokens.inc(s.num_draft_tokens - t0)
         self.num_accepted.inc(s.num_accepted_tokens - a0)
-        for i, n in enumerate(s.accepted_per_pos):
-            before = p0[i] if i < len(p0) else 0
-            if n > before or i >= len(p0):
-                self.accepted_per_pos.labels(position=str(i)).inc(n - before)
-        self._seen = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_pos))
+        for counter, now, seen in ((self.accepted_per_pos, s.accepted_per_pos, p0),
+                                   (self.drafted_per_pos, s.drafted_per_pos, q0)):
+            for i, n in enumerate(now):
+                before = seen[i] if i < len(seen) else 0
+                if n > before or i >= len(seen):
+                    counter.labels(position=str(i)).inc(n - before)
+        self._seen = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_pos),
+                      list(s.drafted_per_pos))
         self.running.set(snap.running)
         self.waiting.set(snap.waiting)
         self.kv_usage.set(snap.kv_cache_usage)

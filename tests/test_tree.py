@@ -1,0 +1,176 @@
+"""Token trees from one drafting pass (peagle/engine/tree.py): the tree's shape, verification on the
+device against a plain walk, and the engine's output with trees equal to plain decoding, greedy and
+seeded, with the trees' near misses accepted."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import native_from_hf, tiny_hf
+from test_engine import MASK, OracleDrafter, assert_has_power, assert_matches, make_engine, prompts
+
+from peagle.engine.llm_engine import EngineConfig
+from peagle.engine.sampling import SamplingParams, probs_from_logits, sample_tokens
+from peagle.engine.tree import Tree, TreeBatch, accept_paths, best_first
+from peagle.models.loader import init_drafter
+
+
+class RunnerUpOracle(OracleDrafter):
+    """The oracle's continuation, but where it is corrupted the right token is its second choice: what a
+    tree's second rank is for."""
+
+    def logits(self, normed):
+        out = super().logits(normed)
+        for r, p in enumerate(normed[:, 0].round().long().tolist()):
+            i = p + 2
+            if i % self.wrong_every == 0:
+                out[r, self._draft_id.get(self.reference[i] if i < len(self.reference) else 0, 0)] = 0.5
+        return out
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return native_from_hf(tiny_hf("llama"))
+
+
+# --------------------------------------------------------------------------- the tree's shape
+
+def test_trees_parse_sort_and_refuse_bad_shapes():
+    t = Tree.parse("[(0, 1), (1,), (0,), (0, 0)]")
+    assert t.paths == ((0,), (1,), (0, 0), (0, 1)) and t.depth == 2 and t.ranks == 2 and len(t) == 4
+    assert t.parents == [0, 0, 0, 1, 1] and t.depths == [0, 1, 1, 2, 2] and t.lineage[4] == [0, 1, 4]
+    assert t.nodes_per_depth == [2, 2] and t.cut(1).paths == ((0,), (1,)) and not t.is_chain
+    assert Tree.chain(3).is_chain and str(Tree.chain(3)) == "chain" and Tree.chain(0).depth == 0
+    assert t.tokens([[10, 11], [20, 21]]) == [10, 11, 20, 21]
+    for bad, msg in [("[(0, 0)]", "no parent"), ("[(0,), (0,)]", "twice"), ("[()]", "non-empty"), ("[(-1,)]", "ranks"),
+                     ("[(99,)]", "ranks"), ("(0,", "list of tuples"), ("[]", "at least one"), ("5", "list of tuples")]:
+        with pytest.raises(ValueError, match=msg):
+            Tree.parse(bad)
+
+
+def test_best_first_orders_nodes_by_path_acceptance():
+    accept = [[0.6, 0.3, 0.05], [0.5, 0.2, 0.1], [0.4, 0.1, 0.0]]
+    nodes, probs = best_first(accept, 10, 3)
+    assert nodes[:4] == [(0,), (0, 0), (1,), (1, 0)] and probs == sorted(probs, reverse=True)
+    for n in range(len(nodes) + 1):   # every prefix is a tree
+        Tree(tuple(nodes[:n]))
+    assert all(len(p) <= 2 for p in best_first(accept, 10, 2)[0]) and best_first(accept, 5, 0) == ([], [])
+
+
+def walk(y: list[int], tree: Tree, tokens: list[int]) -> tuple[int, int, list[int]]:
+    """Verification as a plain walk from the root: follow the child whose token is the node's y."""
+    node, path = 0, [0]
+    while True:
+        child = next((i for i in range(1, len(tree) + 1) if tree.parents[i] == node and tokens[i - 1] == y[node]), None)
+        if child is None:
+            return len(path) - 1, y[node], path
+        node = child
+        path.append(node)
+
+
+def random_tree(rng: random.Random, nodes: int, ranks: int, depth: int) -> Tree:
+    paths = set()
+    nodes = min(nodes, sum(ranks ** d for d in range(1, depth + 1)))   # what fits
+    while len(paths) < nodes:
+        parent = rng.choice([()] + [p for p in paths if len(p) < depth])
+        paths.add(parent + (rng.randrange(ranks),))
+    return Tree(tuple(paths))
+
+
+def test_verification_on_the_device_is_the_walk_over_random_trees():
+    """Property test over 300 random trees in batches: the accepted count, the emitted token and the path
+    equal a plain walk's, whatever the shapes padded together (y drawn so that deep paths happen)."""
+    rng = random.Random(0)
+    for _ in range(60):
+        trees = [random_tree(rng, rng.randint(0, 12), rng.randint(1, 4), rng.randint(1, 5)) for _ in range(5)]
+        # distinct candidates per position (as top-k gives)
+        cands = [[rng.sample(range(8), 4) for _ in range(5)] for _ in trees]
+        toks = [t.tokens(c) for t, c in zip(trees, cands)]
+        ys = [[rng.choice(c[min(t.depths[i], 4)][:2] + [7]) for i in range(len(t) + 1)] for t, c in zip(trees, cands)]
+        first = [0, 20, 40, 60, 80]
+        logits_rows = torch.zeros(100, dtype=torch.long)
+        for f, y in zip(first, ys):
+            logits_rows[f:f + len(y)] = torch.tensor(y)
+        tb = TreeBatch.of(trees, toks, first, torch.device("cpu"))
+        a, tok, path = accept_paths(logits_rows[tb.rows], tb)
+        for b, (t, tk, y) in enumerate(zip(trees, toks, ys)):
+            na, ntok, npath = walk(y, t, tk)
+            assert (int(a[b]), int(tok[b]), path[b, :na + 1].tolist()) == (na, ntok, npath)
+
+
+# --------------------------------------------------------------------------- the engine with trees
+
+TREES = ["[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0)]", "[(0,), (1,), (2,)]", "auto"]
+
+
+@pytest.mark.parametrize("tree,wrong_every", list(zip(TREES, (2, 3, 2))), ids=["explicit", "wide", "auto"])
+def test_greedy_trees_are_plain_decoding_token_for_token(llama, tree, wrong_every):
+    """Random heads and a runner-up oracle, trees explicit and chosen, 4 prompts batched: the output is
+    plain decoding's token for token, and the oracle's right second choices are accepted (AL above the
+    chain's with the same head)."""
+    ps = prompts(4, seed=7)
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
+    k = 3 if tree != "auto" else 4
+    got = [o.token_ids for o in make_engine(llama, init_drafter(llama, 2, MASK, seed=5), "parallel", k,
+                                            speculative_token_tree=tree).generate(ps, params)]
+    assert got == ref
+    oracle = RunnerUpOracle.of(llama, ps[0] + ref[0], wrong_every)
+    outs = {}
+    depth = k if tree == "auto" else Tree.parse(tree).depth   # against the chain as deep as the tree
+    for shape in ("chain", tree):
+        engine = make_engine(llama, oracle, "parallel", depth if shape == "chain" else k, speculative_token_tree=shape)
+        if shape == "auto":   # fixed costs: rows nearly free, so the tree pays
+            from test_auto_k import DRAFTER, TARGET
+            engine.auto.target, engine.auto.drafter, engine.auto.observe = TARGET, DRAFTER, lambda *a: None
+        outs[shape] = engine.generate(ps[:1], params)[0]
+        assert outs[shape].token_ids == ref[0], shape
+    assert outs[tree].stats.acceptance_length > 1.3 * outs["chain"].stats.acceptance_length
+    assert sum(outs[tree].stats.drafted_per_pos) == outs[tree].stats.num_draft_tokens
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.9, top_k=20, max_tokens=30, seed=11),
+                                    SamplingParams(temperature=1.2, top_p=0.9, max_tokens=30, seed=3)],
+                         ids=["t.9-k20", "t1.2-p.9"])
+def test_seeded_trees_are_plain_sampling_token_for_token(llama, params):
+    """Position-keyed sampling: with a seed, the tree's output is plain decoding's, whatever the tree."""
+    ps = prompts(3, seed=9)
+    ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
+    head = init_drafter(llama, 2, MASK, seed=6)
+    for tree in TREES[:2]:
+        got = [o.token_ids for o in make_engine(llama, head, "parallel", 3, speculative_token_tree=tree)
+               .generate(ps, params)]
+        assert got == ref, tree
+
+
+def test_tree_sampling_keeps_the_target_distribution():
+    """The first emitted token follows p whatever the tree drafts at depth 1 (its likeliest tokens, a
+    zero-probability one among them), with temperature and top-k: 12,000 seeds, chi-square at p = 0.001."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(6, 12, generator=g) * 2
+    params = SamplingParams(temperature=0.9, top_k=8)
+    p = probs_from_logits(logits, params)
+    order = p[0].argsort(descending=True).tolist()
+    tree = Tree.parse("[(0,), (1,), (2,), (0, 0), (1, 0)]")
+    drafts = [order[0], order[1], order[-1], int(p[1].argmax()), int(p[2].argmax())]
+    tb = TreeBatch.of([tree], [drafts], [0], torch.device("cpu"))
+    n = 12000
+    assert_has_power(p[0], n)
+    counts = torch.zeros(12)
+    for seed in range(n):
+        y = sample_tokens(logits, params, seed, [5 + d for d in tree.depths])
+        a, tok, path = accept_paths(y[None], tb)
+        counts[drafts[int(path[0, 1]) - 1] if int(a) >= 1 else int(tok)] += 1
+    assert_matches(counts, p[0], n)
+
+
+def test_tree_config_is_checked():
+    with pytest.raises(ValueError, match="parallel drafting"):
+        EngineConfig(method="eagle3", speculative_token_tree="auto")
+    with pytest.raises(ValueError, match="deep"):
+        EngineConfig(num_speculative_tokens=1, speculative_token_tree="[(0,), (0, 0)]")
+    with pytest.raises(ValueError, match="no parent"):
+        EngineConfig(speculative_token_tree="[(1, 0)]")
+    with pytest.raises(ValueError, match="budget"):
+        EngineConfig(speculative_token_tree="auto", speculative_tree_budget=0)
