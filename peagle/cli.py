@@ -9,7 +9,7 @@ import sys
 import time
 
 from peagle.engine.auto_k import parse_k
-from peagle.runtime import add_quantization_arg, add_runtime_args, dtype_name
+from peagle.runtime import add_quantization_arg, add_runtime_args, add_tree_args, dtype_name
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -125,16 +125,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         async_engine.close()
     return 0
-
-
-def add_tree_args(p: argparse.ArgumentParser) -> None:
-    """``--speculative-token-tree`` and its budget (P-EAGLE; vLLM's ``speculative_token_tree``)."""
-    p.add_argument("--speculative-token-tree", default="chain",
-                   help="chain (default: the top draft of each position), auto (the engine chooses a tree of "
-                        "candidates each step, by measured acceptance and verify cost) or an explicit tree of rank "
-                        "paths as vLLM writes it, e.g. \"[(0,), (1,), (0, 0)]\"")
-    p.add_argument("--speculative-tree-budget", type=_at_least_one, default=16,
-                   help="the most nodes an auto tree verifies per sequence and step (default 16)")
 
 
 def _at_least_one(text: str) -> int:

@@ -131,3 +131,13 @@ def to_device(data: list, device: torch.device, dtype: torch.dtype = torch.long)
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t if device.type == "cpu" else t.to(device)
+
+
+def add_tree_args(p) -> None:
+    """``--speculative-token-tree`` and its budget (P-EAGLE; vLLM's ``speculative_token_tree``)."""
+    p.add_argument("--speculative-token-tree", default="chain",
+                   help="chain (default: the top draft of each position), auto (the engine chooses a tree of "
+                        "candidates each step, by measured acceptance and verify cost) or an explicit tree of rank "
+                        "paths as vLLM writes it, e.g. \"[(0,), (1,), (0, 0)]\"")
+    p.add_argument("--speculative-tree-budget", type=int, default=16,
+                   help="the most nodes an auto tree verifies per sequence and step (default 16)")

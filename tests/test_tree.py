@@ -174,3 +174,39 @@ def test_tree_config_is_checked():
         EngineConfig(speculative_token_tree="[(1, 0)]")
     with pytest.raises(ValueError, match="budget"):
         EngineConfig(speculative_token_tree="auto", speculative_tree_budget=0)
+
+
+def test_only_the_accepted_paths_kv_stays_where_a_chain_keeps_it(llama):
+    """After tree steps, the target's KV of every cached position equals plain decoding's (the accepted
+    nodes' KV moved from their tree slots to their depths; rejected branches left nothing behind)."""
+    p = prompts(1, seed=12)[0]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    ref = make_engine(llama, None, "none").generate([p], params)[0].token_ids
+    kv = []
+    for engine in (make_engine(llama, None, "none"),
+                   make_engine(llama, RunnerUpOracle.of(llama, p + ref, 2), "parallel", 3, speculative_token_tree=TREES[0])):
+        seq = engine.add_request(p, params)
+        while seq.num_cached < len(p) + 30:
+            engine.step()
+        n = len(p) + 30
+        slots = torch.tensor([seq.block_table[q // 16] * 16 + q % 16 for q in range(n)])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.target_caches])
+    assert seq.stats.accepted_per_pos[1] > 0   # paths two deep were accepted
+    for a, b in zip(*kv):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_move_rows_reads_every_source_before_writing():
+    """The native op that moves the accepted path's KV in every layer equals torch's gather-then-scatter,
+    a destination that is also a source included."""
+    from peagle import kernels
+
+    if not kernels.available():
+        pytest.skip("native kernels not built")
+    pools = [torch.randn(40, 3, 8) for _ in range(4)]
+    src, dst = torch.tensor([5, 9, 2, 7]), torch.tensor([1, 2, 3, 4])
+    want = [p.clone() for p in pools]
+    for w in want:
+        w[dst] = w[src].clone()
+    torch.ops.peagle.move_rows(pools, src, dst)
+    assert all(torch.equal(a, b) for a, b in zip(pools, want))

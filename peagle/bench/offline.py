@@ -56,11 +56,12 @@ class Models:
         head = self.heads.get("parallel")
         return head.cfg.trained_k if head is not None else None
 
-    def engine(self, method: str, k: int, concurrency: int) -> LLMEngine:
+    def engine(self, method: str, k: int, concurrency: int, tree: str = "chain", budget: int = 16) -> LLMEngine:
         from peagle.engine.llm_engine import EngineConfig, LLMEngine
 
         cfg = EngineConfig(method=method, num_speculative_tokens=k or 1, max_num_seqs=concurrency,
-                           max_model_len=self.max_model_len, enforce_eager=self.enforce_eager)
+                           max_model_len=self.max_model_len, enforce_eager=self.enforce_eager,
+                           speculative_token_tree=tree, speculative_tree_budget=budget)
         return LLMEngine(self.target, self.heads.get(method), cfg, self.tokenizer)
 
 
@@ -117,16 +118,17 @@ def run_closed_loop(engine: LLMEngine, work: Workload, temperature: float = 0.0,
 
 
 def run_cell(models: Models, work: Workload, method: str, k: int, concurrency: int, temperature: float = 0.0,
-             seed: int = 0, bar=None) -> dict:
-    """One (method, K, concurrency) measurement on a fresh engine, after a short warm-up request."""
+             seed: int = 0, bar=None, tree: str = "chain", budget: int = 16) -> dict:
+    """One (method, K, token tree, concurrency) measurement on a fresh engine, after a short warm-up request."""
     from peagle.bench.metrics import spec_summary, summarize
     from peagle.engine.sampling import SamplingParams
 
-    engine = models.engine(method, k, concurrency)
+    engine = models.engine(method, k, concurrency, tree, budget)
     warm = encode(models.tokenizer, messages(work.prompts[0].turns[:1], []), work.chat)
     engine.generate([warm[:engine.max_model_len - 8]], SamplingParams(max_tokens=4))
     records, stats, duration = run_closed_loop(engine, work, temperature, seed, bar)
-    cell = {"dataset": work.name, "method": method, "k": 0 if method == "none" else k, "concurrency": concurrency}
+    cell = {"dataset": work.name, "method": method, "k": 0 if method == "none" else k, "concurrency": concurrency,
+            "tree": tree, "tree_budget": budget if tree == "auto" else None}
     cell.update(summarize(records, duration))
     cell.update(spec_summary(stats))
     cell["outputs"] = [r.token_ids for r in records]   # for agreement(); dropped before reporting
@@ -150,17 +152,19 @@ def agreement(cells: list[dict]) -> None:
         c.pop("outputs", None)
 
 
-def grid_cells(models: Models, methods: list[str], ks: list[int],
-               concurrencies: list[int]) -> list[tuple[str, int, int]]:
-    """(method, K, concurrency) to run: ``none`` once per concurrency; P-EAGLE only up to the K its
-    head was trained for (the engine refuses more)."""
+def grid_cells(models: Models, methods: list[str], ks: list[int], concurrencies: list[int],
+               trees: list[str] = ("chain",), budgets: list[int] = (16,)) -> list[tuple[str, int, int, str, int]]:
+    """(method, K, concurrency, token tree, tree budget) to run: ``none`` once per concurrency; P-EAGLE
+    only up to the K its head was trained for (the engine refuses more), with each tree (an ``auto``
+    tree at each budget); EAGLE-3 chains only."""
     trained = models.trained_k
     cells = []
     for c in concurrencies:
         for m in methods:
             for k in ([0] if m == "none" else ks):
                 if k == "auto" or not (m == "parallel" and trained is not None and k > trained):
-                    cells.append((m, k, c))
+                    for t in (trees if m == "parallel" else ["chain"]):
+                        cells += [(m, k, c, t, b) for b in (budgets if t == "auto" else [16])]
     return cells
 
 
@@ -177,6 +181,18 @@ def parse_list(text: str, kind=int) -> list:
     if not values:
         raise ValueError(f"expected a comma-separated list, got {text!r}")
     return values
+
+
+def tree_grid(args: argparse.Namespace) -> tuple[list[str], list[int]]:
+    """The trees and auto-tree budgets asked for (each tree checked by the engine's own config)."""
+    from peagle.engine.llm_engine import EngineConfig
+
+    trees = [t.strip() for t in args.speculative_token_tree.split(";") if t.strip()] or ["chain"]
+    budgets = parse_list(args.speculative_tree_budget)
+    for t in trees:
+        for b in budgets:
+            EngineConfig(speculative_token_tree=t, speculative_tree_budget=b)
+    return trees, budgets
 
 
 def check_grid(methods: list[str], ks: list[int], concurrencies: list[int]) -> None:
@@ -199,10 +215,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
 
 
+def add_tree_grid_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative-token-tree", default="chain",
+                   help="P-EAGLE's token trees to run, separated by ';': chain, auto (the engine chooses one each "
+                        "step) or explicit rank paths such as \"[(0,), (1,), (0, 0)]\"")
+    p.add_argument("--speculative-tree-budget", default="16", help="comma-separated node budgets of the auto tree")
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("-k", "--num-speculative-tokens", default="3,7,auto",
                    help="comma-separated K values; auto: the engine chooses K each step")
+    add_tree_grid_args(p)
     p.add_argument("--max-concurrency", type=int, default=1, help="requests in flight (= the engine's max_num_seqs)")
     add_dataset_args(p, num_prompts=20, output_len=128)
     p.add_argument("--json", action="store_true", help="print one JSON object with every cell")
@@ -217,10 +241,10 @@ def main(args: argparse.Namespace) -> int:
     work = load_workload(args, args.dataset_name, args.dataset_path)
     models = Models.load(args.target, args.drafter, args.eagle3_drafter, methods, args.max_model_len,
                          args.dtype, args.device, args.enforce_eager, args.quantization)
-    cells = grid_cells(models, methods, ks, [args.max_concurrency])
+    cells = grid_cells(models, methods, ks, [args.max_concurrency], *tree_grid(args))
     bar = tqdm(total=len(cells) * work.num_requests, desc="bench offline", unit="req", file=sys.stderr,
                disable=args.disable_tqdm)
-    results = [run_cell(models, work, m, k, c, args.temperature, args.seed, bar) for m, k, c in cells]
+    results = [run_cell(models, work, m, k, c, args.temperature, args.seed, bar, t, b) for m, k, c, t, b in cells]
     bar.close()
     agreement(results)
     if args.json:
@@ -234,16 +258,24 @@ def main(args: argparse.Namespace) -> int:
 
 def table(cells: list[dict]) -> str:
     """One Markdown row per cell: AL, acceptance, per-position acceptance, throughput, latencies."""
-    out = ["| method | K | C | AL | acceptance rate | per-position acceptance | output tok/s | mean TTFT ms "
-           "| mean TPOT ms | completed | = none |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| method | K | tree | C | AL | nodes / round | acceptance rate | per-position acceptance | output tok/s "
+           "| mean TTFT ms | mean TPOT ms | completed | = none |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
+        nodes = c.get("spec_decode_num_drafts") and c["spec_decode_draft_tokens"] / c["spec_decode_num_drafts"]
         al = "-" if c["acceptance_length"] is None else f"{c['acceptance_length']:.2f}"
         rate = "-" if c["acceptance_rate"] is None else f"{c['acceptance_rate']:.2f}"
         pos = " ".join(f"{x:.2f}" for x in c.get("spec_decode_per_position_acceptance_rates", [])) or "-"
-        out.append(f"| {c['method']} | {c['k'] or '-'} | {c['concurrency']} | {al} | {rate} | {pos} | "
+        out.append(f"| {c['method']} | {c['k'] or '-'} | {tree_label(c)} | {c['concurrency']} | {al} | "
+                   f"{f'{nodes:.2f}' if nodes else '-'} | {rate} | {pos} | "
                    f"{c['output_throughput']:.1f} | {c['mean_ttft_ms']:.1f} | {c['mean_tpot_ms']:.1f} | "
                    f"{c['completed']}/{c['completed'] + c['failed']} | {agrees(c)} |")
     return "\n".join(out)
+
+
+def tree_label(c: dict) -> str:
+    """``chain``, ``auto/16`` (the auto tree and its budget) or the explicit tree; ``-`` without drafts."""
+    t = c.get("tree", "chain")
+    return "-" if c["method"] == "none" else f"auto/{c['tree_budget']}" if t == "auto" else t
 
 
 def agrees(c: dict) -> str:

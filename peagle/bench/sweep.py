@@ -21,8 +21,10 @@ from pathlib import Path
 from peagle.bench.offline import (Models, add_model_args, agreement, check_grid, grid_cells, k_order, parse_list,
                                   run_cell)
 from peagle.engine.auto_k import parse_k
+from peagle.engine.llm_engine import EngineConfig
 from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
 from peagle.prompts import encode
+from peagle.runtime import add_tree_args
 
 LABELS = {"parallel": "P-EAGLE", "eagle3": "EAGLE-3", "none": "no speculation"}
 
@@ -39,14 +41,18 @@ class SweepConfig:
     baselines: bool = True
     prompt_lookup_num_tokens: int = 10
     hf_threads: int | None = None            # None: torch's default pool
+    tree: str = "chain"                      # every P-EAGLE cell's token tree (EngineConfig.speculative_token_tree)
+    tree_budget: int = 16
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "SweepConfig":
         datasets = [(d.split("=", 1)[0], d.split("=", 1)[1] if "=" in d else None) for d in args.datasets]
         cfg = cls(parse_list(args.methods, str), parse_list(args.num_speculative_tokens, parse_k),
                   parse_list(args.concurrency), datasets, Path(args.out), args.temperature, args.seed,
-                  not args.no_baselines, args.prompt_lookup_num_tokens, args.hf_threads)
+                  not args.no_baselines, args.prompt_lookup_num_tokens, args.hf_threads,
+                  args.speculative_token_tree, args.speculative_tree_budget)
         check_grid(cfg.methods, cfg.ks, cfg.concurrencies)
+        EngineConfig(speculative_token_tree=cfg.tree, speculative_tree_budget=cfg.tree_budget)   # refused here if bad
         return cfg
 
 
@@ -54,6 +60,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("-k", "--num-speculative-tokens", default="1,3,5,7,10,auto",
                    help="comma-separated K values; auto: the engine chooses K each step")
+    add_tree_args(p)
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated requests in flight")
     p.add_argument("--datasets", nargs="+", default=["mt-bench", "humaneval"], metavar="NAME[=PATH]",
                    help="datasets to sweep (mt-bench and humaneval default to the shared copies)")
@@ -89,7 +96,7 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
     hf_threads = cfg.hf_threads or DEFAULT_TORCH_THREADS
     models = Models.load(target, drafter, eagle3_drafter, cfg.methods, max_model_len, dtype, device, enforce_eager,
                          quantization)
-    cells = grid_cells(models, cfg.methods, cfg.ks, cfg.concurrencies)
+    cells = grid_cells(models, cfg.methods, cfg.ks, cfg.concurrencies, [cfg.tree], [cfg.tree_budget])
     n_base = 2 if cfg.baselines else 0
     bar = tqdm(total=sum(w.num_requests for w in workloads) * (len(cells) + n_base), desc="bench sweep",
                unit="req", file=sys.stderr, disable=not progress)
@@ -97,9 +104,9 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
     results, baselines = [], []
     hf = load_hf(models.path, models.target.lm_weight) if cfg.baselines else None
     for work in workloads:
-        for m, k, c in cells:
+        for m, k, c, t, b in cells:
             bar.set_postfix_str(f"{work.name} {m} K={k} C={c}")
-            results.append(run_cell(models, work, m, k, c, cfg.temperature, cfg.seed, bar))
+            results.append(run_cell(models, work, m, k, c, cfg.temperature, cfg.seed, bar, t, b))
         if hf is not None:
             for lookup in (None, cfg.prompt_lookup_num_tokens):
                 bar.set_postfix_str(f"{work.name} HF {'prompt lookup' if lookup else 'generate'}")

@@ -25,7 +25,7 @@ from peagle.engine.graphs import StepGraphs, bucket
 from peagle.engine.detokenizer import Detokenizer
 from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, sample_tokens
 from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
-from peagle.engine.tree import MAX_NODES, MAX_RANK, Tree, TreeBatch, accept_paths
+from peagle.engine.tree import MAX_NODES, Tree, TreeBatch, accept_paths
 from peagle.models.attention import AttnMeta, Span, TreeRows
 from peagle.models.drafter import Drafter
 from peagle.models.layers import pack_for_inference, weight_dtype
@@ -546,6 +546,9 @@ class LLMEngine:
         src_idx, dst_idx = start + path[seq_i, depth], start + depth
         src = meta.table[seq_i, src_idx // bs] * bs + src_idx % bs
         dst = meta.table[seq_i, dst_idx // bs] * bs + dst_idx % bs
+        if native_cpu(dev):   # one call for every layer (0.18 ms of torch ops a step on the default model)
+            torch.ops.peagle.move_rows([c.k for c in self.target_caches] + [c.v for c in self.target_caches], src, dst)
+            return
         for c in self.target_caches:
             c.k.index_copy_(0, dst, c.k.index_select(0, src))
             c.v.index_copy_(0, dst, c.v.index_select(0, src))

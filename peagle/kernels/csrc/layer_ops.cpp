@@ -1,6 +1,6 @@
 // The small operations of a decoder layer, one pass over the data each instead of torch's five to ten
 // eager ops: rms_norm (optionally fused with the residual add), silu_mul (SwiGLU), rope_write (RoPE on q
-// and k in place, k and v into the paged cache). Elementwise arithmetic is the same IEEE operations on
+// and k in place, k and v into the paged cache), move_rows (KV rows between slots of every layer). Elementwise arithmetic is the same IEEE operations on
 // every CPU; rms_norm's sum of squares goes in eight fixed lanes. Each row on its own: batch-invariant.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -8,8 +8,11 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <tuple>
+#include <vector>
 
 #include "ops.h"
 
@@ -124,7 +127,32 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   });
 }
 
+// Rows src[i] -> dst[i] of every pool (a tree's accepted path moved to where a chain's KV sits, in all the
+// layers' K and V pools in one call): each pool's rows are all read before any is written, so a
+// destination that is also a source is read first.
+static void move_rows(at::TensorList pools, const at::Tensor& src, const at::Tensor& dst) {
+  TORCH_CHECK(src.scalar_type() == at::kLong && dst.scalar_type() == at::kLong && src.is_contiguous() &&
+                  dst.is_contiguous() && src.numel() == dst.numel(),
+              "peagle::move_rows: src and dst must be contiguous int64 of one length");
+  const int64_t n = src.numel();
+  const int64_t* s = src.data_ptr<int64_t>();
+  const int64_t* d = dst.data_ptr<int64_t>();
+  std::vector<char> tmp;
+  for (const at::Tensor& p : pools) {
+    TORCH_CHECK(p.device().is_cpu() && p.is_contiguous() && p.dim() >= 1, "peagle::move_rows: pools must be contiguous CPU tensors");
+    const int64_t rows = p.size(0), row_bytes = p.numel() / std::max<int64_t>(rows, 1) * int64_t(p.element_size());
+    for (int64_t i = 0; i < n; ++i)
+      TORCH_CHECK(0 <= s[i] && s[i] < rows && 0 <= d[i] && d[i] < rows, "peagle::move_rows: row out of range");
+    char* base = static_cast<char*>(p.data_ptr());
+    tmp.resize(size_t(n * row_bytes));
+    for (int64_t i = 0; i < n; ++i) std::memcpy(tmp.data() + i * row_bytes, base + s[i] * row_bytes, size_t(row_bytes));
+    for (int64_t i = 0; i < n; ++i) std::memcpy(base + d[i] * row_bytes, tmp.data() + i * row_bytes, size_t(row_bytes));
+  }
+}
+
 TORCH_LIBRARY_FRAGMENT(peagle, m) {
+  m.def("move_rows(Tensor(a!)[] pools, Tensor src, Tensor dst) -> ()");
+  m.impl("move_rows", c10::DispatchKey::CPU, TORCH_FN(move_rows));
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor w, float eps) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
