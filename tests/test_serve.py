@@ -42,7 +42,9 @@ def wait_healthy(port: int, timeout: float = 120) -> bool:
 def server(tiny_chat_dir, tmp_path_factory):
     port = free_port()
     env = {**os.environ, "PEAGLE_CACHE": str(tmp_path_factory.mktemp("cache"))}
-    spec = json.dumps({"method": "eagle3", "num_speculative_tokens": 3, "parallel_drafting": True})
+    # P-EAGLE verifying a token tree every step: every test below runs through trees
+    spec = json.dumps({"method": "eagle3", "num_speculative_tokens": 3, "parallel_drafting": True,
+                       "speculative_token_tree": "[(0,), (1,), (0, 0), (1, 0), (0, 1), (0, 0, 0)]"})
     proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", "--target", str(tiny_chat_dir),
                              "--speculative-config", spec, "--port", str(port), "--api-key", KEY,
                              "--max-num-seqs", "2", "--max-model-len", "128", "--max-queue", "2",
@@ -110,6 +112,8 @@ def test_completion_is_the_targets_greedy_output(server, tiny_chat_dir):
     ref = plain.generate([ids], SamplingParams(max_tokens=12, ignore_eos=True))[0]
     assert body["choices"][0]["text"] == ref.text
     assert metric(server, "peagle:spec_decode_num_drafts_total") > 0
+    nodes = metric(server, "peagle:spec_decode_num_draft_tokens_per_pos_total")
+    assert nodes == metric(server, "peagle:spec_decode_num_draft_tokens_total") > 0
 
 
 def test_a_seed_gives_the_same_completion_alone_and_among_others(server, tiny_chat_dir):

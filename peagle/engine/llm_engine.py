@@ -503,7 +503,11 @@ class LLMEngine:
                 self.running.remove(seq)
                 self.blocks.release(seq)
                 result.finished.append(seq)
-        if self.auto and tree == self._last_tree and all(n == 1 for _, n in work):  # a steady decode step
+        # a steady decode step: it verified a tree of the size and depth it drafted (what a step costs by),
+        # so `auto` corrects its model with it (trees change shape from step to step; their sizes repeat)
+        last = self._last_tree
+        if self.auto and last is not None and (len(tree), tree.depth) == (len(last), last.depth) \
+                and all(n == 1 for _, n in work):
             self.auto.observe(tree, len(batch), time.perf_counter() - t0)
         self._last_tree = tree
         return result
