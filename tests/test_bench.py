@@ -173,11 +173,20 @@ def test_workload_selection_and_rendering(tmp_path, tiny_chat_dir):
 
 def test_grid_skips_k_beyond_the_trained_k():
     models = SimpleNamespace(trained_k=3)
-    cells = grid_cells(models, ["parallel", "eagle3", "none"], [1, 5], [1, 4])
+    cells = [c[:3] for c in grid_cells(models, ["parallel", "eagle3", "none"], [1, 5], [1, 4])]
     assert cells == [("parallel", 1, 1), ("eagle3", 1, 1), ("eagle3", 5, 1), ("none", 0, 1),
                      ("parallel", 1, 4), ("eagle3", 1, 4), ("eagle3", 5, 4), ("none", 0, 4)]
-    cells = grid_cells(models, ["parallel", "none"], [parse_k("5"), parse_k("auto")], [1])
+    cells = [c[:3] for c in grid_cells(models, ["parallel", "none"], [parse_k("5"), parse_k("auto")], [1])]
     assert cells == [("parallel", "auto", 1), ("none", 0, 1)] and sorted([7, "auto", 1], key=k_order) == [1, 7, "auto"]
+
+
+def test_grid_crosses_p_eagle_with_each_tree_and_budget():
+    """Trees are P-EAGLE's alone; an ``auto`` tree runs at each budget, a chain or explicit tree once."""
+    models = SimpleNamespace(trained_k=7)
+    cells = grid_cells(models, ["parallel", "eagle3", "none"], ["auto"], [1], ["chain", "auto", "[(0,), (1,)]"], [4, 16])
+    assert cells == [("parallel", "auto", 1, "chain", 16), ("parallel", "auto", 1, "auto", 4),
+                     ("parallel", "auto", 1, "auto", 16), ("parallel", "auto", 1, "[(0,), (1,)]", 16),
+                     ("eagle3", "auto", 1, "chain", 16), ("none", 0, 1, "chain", 16)]
 
 
 # ----------------------------------------------------------------------------- live runs
