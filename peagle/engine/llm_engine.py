@@ -3,7 +3,8 @@
 One ``step()`` is one target pass over every running sequence (prompts being prefilled and drafts
 being verified, mixed in one flat batch), verification, then one drafting phase:
 
-* ``parallel`` (P-EAGLE): one drafter pass over [accepted tokens, bonus, K-1 mask slots] yields K drafts;
+* ``parallel`` (P-EAGLE): one drafter pass over [accepted tokens, bonus, K-1 mask slots] yields K drafts,
+  or the top candidates of each position, of which a token tree is verified next (:mod:`peagle.engine.tree`);
 * ``eagle3``: the same head run K times, feeding its own pre-norm hidden state back;
 * ``none``: the target alone.
 """
