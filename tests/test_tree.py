@@ -210,3 +210,23 @@ def test_move_rows_reads_every_source_before_writing():
         w[dst] = w[src].clone()
     torch.ops.peagle.move_rows(pools, src, dst)
     assert all(torch.equal(a, b) for a, b in zip(pools, want))
+
+
+def test_trees_share_steps_with_chunked_prefill_and_late_arrivals(llama):
+    """Continuous batching: a long prompt prefilled in chunks of a small token budget shares steps with
+    sequences verifying trees, and requests arrive while others decode; every output is plain decoding's."""
+    ps = prompts(3, seed=13) + [list(range(3, 90))]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
+    engine = make_engine(llama, init_drafter(llama, 2, MASK, seed=8), "parallel", 3, speculative_token_tree=TREES[0],
+                         max_num_batched_tokens=24, max_num_seqs=4)
+    seqs = [engine.add_request(p, params) for p in ps[:2]]
+    mixed = False
+    for _ in range(3):
+        engine.step()
+    seqs += [engine.add_request(p, params) for p in ps[2:]]
+    while engine.has_unfinished():
+        mixed |= any(s.num_tokens - s.num_cached > 1 for s in engine.running) and any(
+            not s.tree.is_chain for s in engine.running)
+        engine.step()
+    assert mixed and [s.output_ids for s in seqs] == ref
