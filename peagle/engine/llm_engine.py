@@ -373,7 +373,8 @@ class LLMEngine:
             raise RuntimeError(f"request {seq.request_id} does not fit the KV cache alone")
         self.running.remove(seq)
         self.blocks.release(seq)
-        seq.drafts, seq.tree, seq.candidates, seq.draft_lag = [], Tree(()), [], []   # recomputed from its first token
+        seq.set_drafts(Tree(()), [])   # recomputed from its first token
+        seq.draft_lag = []
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 
@@ -491,13 +492,9 @@ class LLMEngine:
                 seq.logprobs += logprobs_of(logits[[first[i] + j for j in nodes[:a + 1]]], kept + [token],
                                             seq.params.logprobs)
             self._append(seq, kept + [token])
-            if seq.finished:
-                seq.drafts, seq.tree, seq.candidates = [], Tree(()), []
-            else:
-                seq.tree = tree.cut(self._num_drafts(seq, k))
+            if not seq.finished:   # (a finished one's drafts were dropped)
                 r = self.ranks
-                seq.candidates = [cands[d * r:(d + 1) * r] for d in range(seq.tree.depth)]
-                seq.drafts = seq.tree.tokens(seq.candidates)
+                seq.set_drafts(tree.cut(self._num_drafts(seq, k)), [cands[d * r:(d + 1) * r] for d in range(k)])
             result.updated.append(seq)
         for seq in batch:
             if seq.finished:
@@ -525,18 +522,17 @@ class LLMEngine:
         rows as usual."""
         kv, base, maps = [], [], []
         width = max(len(t[1][-1]) - 1 for t in tree_rows if t is not None)   # the deepest node's depth
-        rows = iter(positions)
+        first = 0
         for span, t in zip(spans, tree_rows):
             if t is None:
-                for _ in range(span.num_rows):
-                    p = next(rows)
+                for p in positions[first:first + span.num_rows]:
                     kv.append(p), base.append(p + 1), maps.append([0] * width)
-                continue
-            start, lineage = t
-            for i, line in enumerate(lineage):
-                next(rows)
-                kv.append(start + i), base.append(start + 1)
-                maps.append([start + j for j in line[1:]] + [start] * (width + 1 - len(line)))
+            else:
+                start, lineage = t
+                for i, line in enumerate(lineage):
+                    kv.append(start + i), base.append(start + 1)
+                    maps.append([start + j for j in line[1:]] + [start] * (width + 1 - len(line)))
+            first += span.num_rows
         dev = self.device
         return TreeRows(to_device(kv, dev), to_device(base, dev), to_device(maps, dev))
 
@@ -544,13 +540,11 @@ class LLMEngine:
                     meta: AttnMeta) -> None:
         """Copy the target KV of each tree's accepted path (index start + node) to index start + depth,
         where the next steps read it as a chain's (past the path's end: dead slots, overwritten later)."""
-        bs, dev = self.cfg.block_size, self.device
+        dev = self.device
         pairs = [(i, seq.num_cached, j) for i, ((seq, _), b, t) in enumerate(zip(work, branched, trees)) if b
                  for j in range(1, t.depth + 1)]
         seq_i, start, depth = (to_device(list(x), dev) for x in zip(*pairs))
-        src_idx, dst_idx = start + path[seq_i, depth], start + depth
-        src = meta.table[seq_i, src_idx // bs] * bs + src_idx % bs
-        dst = meta.table[seq_i, dst_idx // bs] * bs + dst_idx % bs
+        src, dst = meta.slots(seq_i, start + path[seq_i, depth]), meta.slots(seq_i, start + depth)
         if native_cpu(dev):   # one call for every layer (0.18 ms of torch ops a step on the default model)
             torch.ops.peagle.move_rows([c.k for c in self.target_caches] + [c.v for c in self.target_caches], src, dst)
             return
@@ -660,7 +654,7 @@ class LLMEngine:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         seq.finish_time = time.perf_counter()
-        seq.drafts = []
+        seq.set_drafts(Tree(()), [])
         seq.text = text if text is not None else seq.detok.text if seq.detok is not None else ""
         del seq.logprobs[len(seq.output_ids):]  # tokens of the last step after a stop are not emitted
 

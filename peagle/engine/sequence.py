@@ -92,6 +92,12 @@ class Sequence:
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
 
+    def set_drafts(self, tree: Tree, candidates: list[list[int]]) -> None:
+        """Draft ``tree`` from the drafter's ``[position][rank]`` candidates (the empty tree: no drafts)."""
+        self.tree = tree
+        self.candidates = candidates[:tree.depth]
+        self.drafts = tree.tokens(self.candidates)
+
     @property
     def draft_lag_rows(self) -> int:
         """Rows the drafter must catch up on before it drafts again."""

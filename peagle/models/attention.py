@@ -127,14 +127,13 @@ class AttnMeta:
         """Build the device tensors every layer shares; ``positions`` are the rows' positions on the
         model's device, ``num_slots`` the pools' size (rows that write nothing go to a scratch slot
         past it). Called by the model's forward, once; the SDPA groups are built when first asked for."""
-        dev, bs = positions.device, self.block_size
+        dev = positions.device
         spans = self.spans
         # slot of each row: its block table entry for its KV index (one gather over a padded table)
         nb = max(len(s.block_table) for s in spans)
         self.table = to_device([s.block_table + [0] * (nb - len(s.block_table)) for s in spans], dev)
         self.seq_of_row = to_device([i for i, s in enumerate(spans) for _ in range(s.num_rows)], dev)
-        index = positions if self.tree is None else self.tree.kv_index
-        slots = self.table[self.seq_of_row, index // bs] * bs + index % bs
+        slots = self.slots(self.seq_of_row, positions if self.tree is None else self.tree.kv_index)
         if self.no_write is not None:
             slots = torch.where(self.no_write, num_slots, slots)
         self.slot_mapping, self.positions, self.windows = slots, positions, windows
@@ -146,6 +145,11 @@ class AttnMeta:
     def tree_args(self) -> dict[str, torch.Tensor]:
         """The tree as peagle's attention operators take it (``tree_base``, ``tree_map``; none without one)."""
         return {} if self.tree is None else {"tree_base": self.tree.base, "tree_map": self.tree.map}
+
+    def slots(self, seq: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The pool slot of KV index ``index`` of sequence ``seq`` (after :meth:`prepare`)."""
+        bs = self.block_size
+        return self.table[seq, index // bs] * bs + index % bs
 
     @property
     def groups(self) -> list[Group]:
