@@ -27,7 +27,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop or [])
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
-                                       device=args.device, quantization=args.quantization, max_num_seqs=1,
+                                       device=args.device, quantization=args.quantization, compute=args.compute, max_num_seqs=1,
                                        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                                        speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
                                        else "chain", speculative_tree_budget=args.speculative_tree_budget)
@@ -41,7 +41,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "method": args.method, "k": 0 if args.method == "none" else args.k,
         "speculative_token_tree": str(engine.token_tree),
         "device": str(engine.device), "dtype": dtype_name(engine.weight_dtype), "compute_dtype": dtype_name(engine.dtype),
-        "quantization": engine.quantization,
+        "quantization": engine.quantization, "compute": args.compute,
         "kernels": engine.kernels, "cuda_graphs": engine.graphs is not None,
         "num_prompt_tokens": len(ids), "num_output_tokens": len(out.token_ids),
         "acceptance_length": round(s.acceptance_length, 4),
@@ -72,7 +72,7 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
 
     if args.layers < 1:
         raise ValueError("--layers must be >= 1")
-    target, path = load_target(args.target, quantization=args.quantization)
+    target, path = load_target(args.target, quantization=args.quantization, compute=args.compute)
     mask_id = args.mask_token_id if args.mask_token_id is not None else choose_mask_token(load_tokenizer(path))
     vocab = target.cfg.vocab_size
     if args.draft_vocab is not None and not 1 <= args.draft_vocab <= vocab:
@@ -107,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # the engine is built and run in a process of its own (peagle/serve/engine_core.py says why)
     async_engine = AsyncEngine(EngineSpec(dict(target=args.target, drafter=spec["drafter"], method=spec["method"],
                                                k=spec["k"], dtype=args.dtype, device=args.device,
-                                               quantization=args.quantization, **engine_args),
+                                               quantization=args.quantization, compute=args.compute, **engine_args),
                                           stream_interval=args.stream_interval),
                                max_queue=args.max_queue)
     info = async_engine.info
@@ -141,7 +141,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     # KV for a full batch of typical documents (prompt + response); rarer long ones are preempted
     kv_tokens = args.batch_size * min(args.max_model_len, 1024)
     engine = LLMEngine.from_pretrained(args.target, method="none", dtype=args.dtype, device=args.device,
-                                       quantization=args.quantization, max_num_seqs=args.batch_size,
+                                       quantization=args.quantization, compute=args.compute, max_num_seqs=args.batch_size,
                                        max_model_len=args.max_model_len,
                                        kv_cache_tokens=kv_tokens, enforce_eager=args.enforce_eager)
     run = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
@@ -161,7 +161,7 @@ def cmd_hidden(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype, device)
     if device.type == "cpu":
         configure_cpu()
-    target, _ = load_target(args.target, dtype, device=device, quantization=args.quantization)
+    target, _ = load_target(args.target, dtype, device=device, quantization=args.quantization, compute=args.compute)
     records = load_records(args.data, args.max_len)
     n = write_hidden(target, records, args.out, args.shard_docs)
     print(f"wrote {n} hidden-state shards (bfloat16; target run in {target.precision} on {device}) for "
@@ -189,7 +189,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from peagle.models.loader import load_drafter_for, load_target
 
     # float32: no round trip through a lower precision
-    target, path = load_target(args.target, "float32", quantization=args.quantization)
+    target, path = load_target(args.target, "float32", quantization=args.quantization, compute=args.compute)
     head = load_drafter_for(target, path, args.drafter)
     head.cfg.check_target(target.cfg, target.aux_layers)
     base = target.model.embed_tokens.weight if args.compact else None
@@ -204,6 +204,7 @@ TRAIN_HELP = {
     "data": "folder written by `peagle synth`", "out": "output: a vLLM-format head, checkpoint/ and train_log.jsonl",
     "method": "peagle (parallel drafting) or eagle3 (training-time test, the baseline)",
     "quantization": "gguf (a .gguf target's default): its blocks run as stored; none: de-quantized",
+    "compute": "fast: GGUF blocks through integer dot products (8-bit activations); exact: float32 arithmetic",
     "layers": "decoder layers of the head", "k": "depths trained: parallel groups (peagle) or unrolled steps (eagle3)",
     "draft_vocab": "draft vocabulary size (the most frequent response tokens)",
     "labels": "soft: the target's distribution over the draft vocabulary; hard: its greedy token",
@@ -223,7 +224,7 @@ TRAIN_HELP = {
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     import dataclasses
 
-    from peagle.runtime import DTYPE_CHOICES, QUANTIZATION_CHOICES
+    from peagle.runtime import COMPUTE_CHOICES, DTYPE_CHOICES, QUANTIZATION_CHOICES
     from peagle.train.objective import LABELS
     from peagle.train.trainer import TrainConfig
 
@@ -238,7 +239,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         else:
             kind = {"int | None": int, "str | None": str, "float": float, "int": int, "str": str}[str(f.type)]
             p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_,
-                           choices={"dtype": DTYPE_CHOICES, "labels": LABELS, "quantization": QUANTIZATION_CHOICES}
+                           choices={"dtype": DTYPE_CHOICES, "labels": LABELS, "quantization": QUANTIZATION_CHOICES,
+                                    "compute": COMPUTE_CHOICES}
                            .get(f.name))
 
 

@@ -20,6 +20,7 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *DTYPES)
 QUANTIZATION_CHOICES = ("gguf", "none")
+COMPUTE_CHOICES = ("fast", "exact")
 DEVICE_HELP = "auto (CUDA when present), cpu, cuda or cuda:N"
 
 
@@ -106,10 +107,14 @@ def precision_name(weights: torch.dtype, compute: torch.dtype) -> str:
 
 
 def add_quantization_arg(p) -> None:
-    """``--quantization``, vLLM's name, for every command that loads a target."""
+    """``--quantization``, vLLM's name, and ``--compute`` for every command that loads a target."""
     p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None,
                    help="gguf (the default for a .gguf target, the default model's too): its Q8_0/Q4_0/Q4_1 matrices "
                         "run as stored on peagle's CPU kernels; none: de-quantize the weights into --dtype")
+    p.add_argument("--compute", choices=COMPUTE_CHOICES, default="fast",
+                   help="fast (default): GGUF blocks through integer dot products, each row's activations rounded to "
+                        "8 bits as llama.cpp does (batch-invariant: speculation stays exact); exact: float32 arithmetic "
+                        "on the de-quantized weights, bit for bit")
 
 
 def add_runtime_args(p, engine: bool = False) -> None:

@@ -133,11 +133,18 @@ TEXT = ("The ocean covers more than seventy percent of the surface of the Earth.
 
 @pytest.fixture(scope="module")
 def default_both():
-    """The default model kept quantized, and de-quantized through transformers (``--quantization none``)."""
-    quant, path = load_target(None, "float32")
+    """The default model kept quantized (``--compute exact``: float32 arithmetic), and de-quantized through
+    transformers (``--quantization none``)."""
+    quant, path = load_target(None, "float32", compute="exact")
     plain, _ = load_target(None, "float32", quantization="none")
     ids = torch.tensor(load_tokenizer(path)(TEXT + " " + TEXT)["input_ids"][:128], device="cpu")
     return quant, plain, ids
+
+
+@pytest.fixture(scope="module")
+def default_fast():
+    """The default model as ``generate`` loads it: packed for the integer path where this CPU has one."""
+    return load_target(None, "float32")[0]
 
 
 def test_the_quantized_default_model_holds_transformers_weights(default_both):
@@ -173,9 +180,23 @@ def test_a_head_trains_against_the_quantized_default_model(default_both):
         assert torch.equal(a, b)
 
 
-def test_the_engine_says_it_runs_gguf_weights():
-    engine = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1, max_model_len=64)
-    assert engine.quantization == "gguf" and engine.precision == "GGUF Q4_1/Q8_0 weights, float32 compute"
+@native
+def test_the_integer_path_stays_close_to_float32_arithmetic(default_both, default_fast):
+    """On the default model, 8-bit activations move the logits (range about +-35) by well under a unit
+    on average, and the argmax agrees almost everywhere."""
+    quant, _, ids = default_both
+    ref, _ = run_full(quant, ids)
+    got, _ = run_full(default_fast, ids)
+    assert kernels.int_isa() == "none" or (default_fast.precision == "GGUF Q4_1/Q8_0 weights, int8 compute")
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
+    assert (got - ref).abs().mean() < 0.5
+
+
+@pytest.mark.parametrize("compute", ["fast", "exact"])
+def test_the_engine_says_it_runs_gguf_weights(compute):
+    engine = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1, max_model_len=64, compute=compute)
+    arith = "int8" if compute == "fast" and kernels.int_isa() != "none" else "float32"
+    assert engine.quantization == "gguf" and engine.precision == f"GGUF Q4_1/Q8_0 weights, {arith} compute"
     out = engine.generate([engine.encode_prompt("Hi")], SamplingParams(max_tokens=4, ignore_eos=True))[0]
     assert len(out.token_ids) == 4
 
@@ -203,6 +224,8 @@ def test_bad_gguf_targets_and_quantizations_are_refused(tmp_path, default_both):
         load_target(bad, "float32", device="cpu")
     with pytest.raises(ValueError, match="unknown quantization 'q4'"):
         load_target(None, "float32", device="cpu", quantization="q4")
+    with pytest.raises(ValueError, match="unknown compute 'int4'"):
+        load_target(None, "float32", device="cpu", compute="int4")
     with pytest.raises(ValueError, match="needs a .gguf target"):
         load_target(resolve_target(None), "float32", device="cpu", quantization="gguf")
 

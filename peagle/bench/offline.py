@@ -39,12 +39,12 @@ class Models:
     @classmethod
     def load(cls, target: str | None, drafter: str | None, eagle3_drafter: str | None, methods: list[str],
              max_model_len: int | None = None, dtype: str = "auto", device: str = "auto",
-             enforce_eager: bool = False, quantization: str | None = None) -> "Models":
+             enforce_eager: bool = False, quantization: str | None = None, compute: str = "fast") -> "Models":
         """``drafter`` serves both methods unless ``eagle3_drafter`` is given; with neither, each
         method takes the target's shipped head for it."""
         from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
 
-        model, path = load_target(target, dtype, device=device, quantization=quantization)
+        model, path = load_target(target, dtype, device=device, quantization=quantization, compute=compute)
         tok = load_tokenizer(path)
         heads = {m: load_drafter_for(model, path, (eagle3_drafter or drafter) if m == "eagle3" else drafter, tok, m)
                  for m in methods if m != "none"}
@@ -240,7 +240,7 @@ def main(args: argparse.Namespace) -> int:
     check_grid(methods, ks, [args.max_concurrency])
     work = load_workload(args, args.dataset_name, args.dataset_path)
     models = Models.load(args.target, args.drafter, args.eagle3_drafter, methods, args.max_model_len,
-                         args.dtype, args.device, args.enforce_eager, args.quantization)
+                         args.dtype, args.device, args.enforce_eager, args.quantization, args.compute)
     cells = grid_cells(models, methods, ks, [args.max_concurrency], *tree_grid(args))
     bar = tqdm(total=len(cells) * work.num_requests, desc="bench offline", unit="req", file=sys.stderr,
                disable=args.disable_tqdm)

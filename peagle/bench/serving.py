@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     work = load_workload(args, args.dataset_name, args.dataset_path)
     methods = [s.removeprefix("peagle-") for s in systems if s.startswith("peagle-")]
     models = Models.load(args.target, args.drafter, None, methods, dtype=args.dtype,
-                         quantization=args.quantization) if methods else None
+                         quantization=args.quantization, compute=args.compute) if methods else None
     runs: list[dict] = []
     for rep in range(args.repeats):
         for system in systems:
@@ -99,7 +99,7 @@ def server_command(system: str, args: argparse.Namespace, max_seqs: int) -> list
     return [sys.executable, "-m", "peagle.cli", "serve", "--port", str(args.port), "--dtype", args.dtype,
             "--max-num-seqs", str(max_seqs), "--speculative-config", json.dumps(spec),
             *(["--target", args.target] if args.target else []),
-            *(["--quantization", args.quantization] if args.quantization else [])]
+            *(["--quantization", args.quantization] if args.quantization else []), "--compute", args.compute]
 
 
 @contextlib.contextmanager

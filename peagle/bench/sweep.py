@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     workloads = [load_workload(args, name, path) for name, path in cfg.datasets]
     res = run_sweep(cfg, workloads, args.target, args.drafter, args.eagle3_drafter, args.max_model_len,
                     progress=not args.disable_tqdm, dtype=args.dtype, device=args.device,
-                    enforce_eager=args.enforce_eager, quantization=args.quantization)
+                    enforce_eager=args.enforce_eager, quantization=args.quantization, compute=args.compute)
     write_outputs(res, cfg.out)
     print(res["markdown"])
     print(f"peagle: wrote {cfg.out}/sweep.json, sweep.md, throughput.png, acceptance_length.png", file=sys.stderr)
@@ -87,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
 def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = None, drafter: str | None = None,
               eagle3_drafter: str | None = None, max_model_len: int | None = None, progress: bool = True,
               dtype: str = "auto", device: str = "auto", enforce_eager: bool = False,
-              quantization: str | None = None) -> dict:
+              quantization: str | None = None, compute: str = "fast") -> dict:
     import torch
     from tqdm import tqdm
 
@@ -95,7 +95,7 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
 
     hf_threads = cfg.hf_threads or DEFAULT_TORCH_THREADS
     models = Models.load(target, drafter, eagle3_drafter, cfg.methods, max_model_len, dtype, device, enforce_eager,
-                         quantization)
+                         quantization, compute)
     cells = grid_cells(models, cfg.methods, cfg.ks, cfg.concurrencies, [cfg.tree], [cfg.tree_budget])
     n_base = 2 if cfg.baselines else 0
     bar = tqdm(total=sum(w.num_requests for w in workloads) * (len(cells) + n_base), desc="bench sweep",

@@ -234,15 +234,16 @@ class LLMEngine:
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str | None = None, method: str = "parallel",
                         k: int = 7, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
-                        quantization: str | None = None, **engine_kwargs) -> "LLMEngine":
+                        quantization: str | None = None, compute: str = "fast", **engine_kwargs) -> "LLMEngine":
         """Load a target (HF folder, GGUF, hub id; None = the default model), its tokenizer and a head,
         on ``device``, the weights in ``dtype`` (see :mod:`peagle.runtime`: ``auto`` is CUDA when present,
         bf16 there, bf16 weights with float32 arithmetic on the CPU), a GGUF target's quantized matrices
-        kept as they ship unless ``quantization`` is ``none`` (:func:`peagle.models.loader.load_target`)."""
+        kept as they ship unless ``quantization`` is ``none``, run through integer dot products unless ``compute``
+        is ``exact`` (:func:`peagle.models.loader.load_target`)."""
         from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
 
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)
-        model, path = load_target(target, dtype, device=device, quantization=quantization)
+        model, path = load_target(target, dtype, device=device, quantization=quantization, compute=compute)
         tokenizer = load_tokenizer(path)
         head = load_drafter_for(model, path, drafter, tokenizer, method) if method != "none" else None
         return cls(model, head, config, tokenizer)

@@ -1,14 +1,17 @@
 """peagle's native CPU kernels: the linear layer (float32/float16/bfloat16 weights and GGUF Q8_0/Q4_0/Q4_1
-blocks, float32 arithmetic) for the few rows of decoding, verification and drafting, paged attention for
-short spans, a layer's small ops fused, and every layer of such a pass in one call (``decoder_layers``);
-batch-invariant: a row's result does not depend on how many rows share the pass (``csrc/kernels.h``).
+blocks in float32 arithmetic; packed GGUF blocks through integer dot products, llama.cpp's 8-bit
+activations) for the few rows of decoding, verification and drafting, paged attention for short spans, a
+layer's small ops fused, and every layer of such a pass in one call (``decoder_layers``); batch-invariant:
+a row's result does not depend on how many rows share the pass (``csrc/kernels.h``).
 
 Built on the user's machine by ``make setup`` (``python -m peagle.kernels``), the instruction set
-chosen at run time (AVX-512, AVX2 + FMA + F16C, else a scalar reference). Where the library is missing or
-stale, :func:`available` says so once and the models keep torch's own matmul.
+chosen at run time (AVX-512 (+ VNNI), AVX2 + FMA + F16C, else a scalar reference; ``PEAGLE_ISA=avx2`` or
+``scalar`` caps it, as :func:`use_isa` does). Where the library is missing or stale, :func:`available`
+says so once and the models keep torch's own matmul.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -68,9 +71,28 @@ def available() -> bool:
     except OSError as e:
         _notice(f"native kernels failed to load ({e})")
         return False
+    torch.ops.peagle.set_isa(os.environ.get("PEAGLE_ISA", ""))
     return True
 
 
+@contextlib.contextmanager
+def use_isa(name: str):
+    """Run the kernels on instruction set ``name`` (``avx512``, ``avx2``, ``scalar``; no wider than this
+    CPU's) inside the block, as ``PEAGLE_ISA`` does for a process: weights loaded inside are packed for
+    that path's integer kernels, or not at all on ``scalar``."""
+    torch.ops.peagle.set_isa(name)
+    try:
+        yield
+    finally:
+        torch.ops.peagle.set_isa(os.environ.get("PEAGLE_ISA", ""))
+
+
 def isa() -> str:
-    """The instruction set the kernels run here: ``avx2``, ``scalar``, or ``none`` (not loaded)."""
+    """The instruction set the kernels run here: ``avx512``, ``avx2``, ``scalar``, or ``none`` (not loaded)."""
     return torch.ops.peagle.isa() if available() else "none"
+
+
+def int_isa() -> str:
+    """The integer path's instruction set for packed GGUF blocks (``csrc/kernels.h``): ``avx512vnni``,
+    ``avx2``, or ``none`` (no such path here, or the kernels not loaded: the file's blocks run in float32)."""
+    return torch.ops.peagle.int_isa() if available() else "none"

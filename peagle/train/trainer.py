@@ -48,6 +48,7 @@ class TrainConfig:
     out: str
     target: str | None = None
     quantization: str | None = None  # a GGUF target's blocks kept (gguf, its default) or de-quantized (none)
+    compute: str = "fast"  # a GGUF target's blocks through integer dot products (fast) or float32 (exact)
     method: str = "peagle"
     layers: int = 1
     k: int = 8                       # depths trained (P-EAGLE: parallel groups; EAGLE-3: unrolled steps)
@@ -147,7 +148,7 @@ class Trainer:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.out = Path(cfg.out)
         self.target, path = load_target(cfg.target, "float32", device=self.device,  # online states: float32 KV
-                                        quantization=cfg.quantization)
+                                        quantization=cfg.quantization, compute=cfg.compute)
         self.target.requires_grad_(False)
         records = load_records(cfg.data, cfg.max_len)
         self.source = HiddenSource(self.target, cfg.hidden)

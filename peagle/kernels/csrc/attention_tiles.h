@@ -1,6 +1,7 @@
 // Attention over the paged cache for every ISA, over vector traits V (see linear_tiles.h; here also
-// set1, add, sub, exp, exp1, store_n, mask_n, scale and weighted_sum); the scalar reference instantiates
-// it with scalar traits of the same lane order and the same operations, so the two give the same bits.
+// set1, add, sub, mul, exp, exp1, store_n, mask_n, scale, weighted_sum, max_of (the largest of n floats)
+// and hsum_many: lane i the hsum of vector i); the scalar reference instantiates it with scalar traits of the same lane order and the same
+// operations, so the two give the same bits.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -12,15 +13,29 @@
 
 namespace peagle {
 
-// q . k over d, in V's lane order (zero-padded tail), as linear_tiles.h accumulates.
+// out[j] = (q . k_j) * scale for the n keys k_j: each dot product over d in V's lane order (zero-padded
+// tail), as linear_tiles.h accumulates; L keys at a time, their lanes reduced together (hsum_many).
 template <class V>
-static inline float dot(const float* q, const float* k, int64_t d) {
+static inline void scores(const float* q, const float* const* k, int64_t n, int64_t d, float scale, float* out) {
   constexpr int L = V::LANES;
+  static const float none[MAX_HEAD_DIM] = {};  // the keys past n: every lane a whole vector (in registers)
   const int64_t dl = d - d % L;
-  typename V::vec acc = V::zero();
-  for (int64_t i = 0; i < dl; i += L) acc = V::fma(V::load_x(q + i), V::load_x(k + i), acc);
-  if (dl < d) acc = V::fma(V::load_x_tail(q + dl, d - dl), V::load_x_tail(k + dl, d - dl), acc);
-  return V::hsum(acc);
+  for (int64_t j = 0; j < n; j += L) {
+    const int64_t c = std::min<int64_t>(L, n - j);
+    const float* kj[L];
+    for (int i = 0; i < L; ++i) kj[i] = i < c ? k[j + i] : none;
+    typename V::vec acc[L];
+    for (int i = 0; i < L; ++i) acc[i] = V::zero();
+    for (int64_t e = 0; e < dl; e += L) {
+      const typename V::vec qv = V::load_x(q + e);
+      for (int i = 0; i < L; ++i) acc[i] = V::fma(qv, V::load_x(kj[i] + e), acc[i]);
+    }
+    if (dl < d) {
+      const typename V::vec qv = V::load_x_tail(q + dl, d - dl);
+      for (int i = 0; i < L; ++i) acc[i] = V::fma(qv, V::load_x_tail(kj[i] + dl, d - dl), acc[i]);
+    }
+    V::store_n(out + j, V::mul(V::hsum_many(acc), V::set1(scale)), c);
+  }
 }
 
 // exp(x) with the same IEEE operations in every lane width (so SIMD paths and the scalar reference give
@@ -47,13 +62,61 @@ static inline float exp_scalar(float x) {
   return zero ? 0.f : y * two_n;
 }
 
+// SwiGLU's rows [t0, t1) of gu [rows, 2n] (gate | up) into out [rows, n]: silu(gate) * up = gate / (1 +
+// exp(-gate)) * up, exp_scalar's bits in every lane (so every path gives the same bits).
+template <class V>
+static void silu_mul_rows(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1) {
+  constexpr int L = V::LANES;
+  const typename V::vec one = V::set1(1.f);
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t i = 0; i < n; i += L) {
+      const int64_t c = std::min<int64_t>(L, n - i);
+      const typename V::vec a = V::load_x_tail(gu + t * 2 * n + i, c), u = V::load_x_tail(gu + t * 2 * n + n + i, c);
+      const typename V::vec e = V::exp(V::sub(V::zero(), a));
+      V::store_n(out + t * n + i, V::mul(V::div(a, V::add(one, e)), u), c);
+    }
+}
+
 // acc[gi][e] += p[gi][j] * v_j[e] for keys j = 0 .. n-1 in order (elementwise fma: any lane width, the
-// same bits); the SIMD paths keep a d-chunk of every head's accumulator in registers across the keys.
+// same bits).
 static inline void weighted_sum_scalar(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK],
                                        const float* const* vrow, int64_t n, int64_t g, int64_t e0, int64_t d) {
   for (int64_t gi = 0; gi < g; ++gi)
     for (int64_t j = 0; j < n; ++j)
       for (int64_t e = e0; e < d; ++e) acc[gi][e] = std::fma(p[gi][j], vrow[j][e], acc[gi][e]);
+}
+
+// The same in vectors: a d-chunk of NQ queries' accumulators in registers across the keys.
+template <class V, int NQ>
+static inline void weighted_chunk(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
+                                  int64_t n, int64_t e) {
+  typename V::vec a[NQ];
+  for (int i = 0; i < NQ; ++i) a[i] = V::load_x(acc[i] + e);
+  for (int64_t j = 0; j < n; ++j) {
+    const typename V::vec vj = V::load_x(vrow[j] + e);
+    for (int i = 0; i < NQ; ++i) a[i] = V::fma(V::set1(p[i][j]), vj, a[i]);
+  }
+  for (int i = 0; i < NQ; ++i) V::store_n(acc[i] + e, a[i], V::LANES);
+}
+
+// The g queries of one d-chunk, NQ at a time (the last chunk narrower).
+template <class V, int NQ>
+static inline void weighted_queries(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
+                                    int64_t n, int64_t g, int64_t e) {
+  int64_t gi = 0;
+  for (; gi + NQ <= g; gi += NQ) weighted_chunk<V, NQ>(acc + gi, p + gi, vrow, n, e);
+  if constexpr (NQ > 1) {
+    if (gi < g) weighted_queries<V, NQ - 1>(acc + gi, p + gi, vrow, n, g - gi, e);
+  }
+}
+
+// weighted_sum for the SIMD traits: 8 queries' accumulators (and a value vector) in registers at a time.
+template <class V>
+static inline void weighted_sum_simd(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
+                                     int64_t n, int64_t g, int64_t d) {
+  int64_t e = 0;
+  for (; e + V::LANES <= d; e += V::LANES) weighted_queries<V, 8>(acc, p, vrow, n, g, e);
+  weighted_sum_scalar(acc, p, vrow, n, g, e, d);
 }
 
 // One work item: a tile of rows of one sequence (its verification or drafting rows: the same keys) and one
@@ -70,12 +133,12 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
   float m[MAX_QUERIES], l[MAX_QUERIES];
   alignas(64) float acc[MAX_QUERIES][MAX_HEAD_DIM];
   const float* vrow[KEY_BLOCK];
+  const float* krow[KEY_BLOCK];
   // query qi's online-softmax step over its scores s[qi][o .. o+nr) of a block's n (nr > 0): the weights
   // e^(s - mb) in place, zeros around them, their sum in L lanes from its first key (zero-padded)
   auto softmax_step = [&](int64_t qi, int64_t o, int64_t nr, int64_t n) {
     float* sq = s[qi];
-    float mb = m[qi];
-    for (int64_t j = 0; j < nr; ++j) mb = std::max(mb, sq[o + j]);
+    const float mb = std::max(m[qi], V::max_of(sq + o, nr));
     const float corr = V::exp1(m[qi] - mb);
     typename V::vec sum = V::zero();
     for (int64_t j = 0; j < nr; j += L) {
@@ -123,8 +186,9 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
             const int64_t key = jb + j < base[r] ? jb + j : map[jb + j - base[r]];
             const int64_t slot = (blocks[key / bs] * bs + key % bs) * a.Hkv + h;
             vrow[j] = a.v + slot * d;
-            for (int64_t gi = 0; gi < g; ++gi) s[r * g + gi][j] = dot<V>(q + gi * d, a.k + slot * d, d) * a.scale;
+            krow[j] = a.k + slot * d;
           }
+          for (int64_t gi = 0; gi < g; ++gi) scores<V>(q + gi * d, krow, nr, d, a.scale, s[r * g + gi]);
           for (int64_t gi = 0; gi < g; ++gi) softmax_step(r * g + gi, 0, nr, nr);
           V::weighted_sum(acc + r * g, s + r * g, vrow, nr, g, d);
         }
@@ -135,12 +199,12 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
       for (int64_t j = 0; j < n; ++j, ++off) {
         if (off == bs) ++blk, off = 0;
         const int64_t slot = (blocks[blk] * bs + off) * a.Hkv + h;
-        const float* kj = a.k + slot * d;
+        krow[j] = a.k + slot * d;
         vrow[j] = a.v + slot * d;
-        for (int64_t r = 0; r < R; ++r) {
-          const float* q = a.q + rows[r] * a.q_stride + h * g * d;
-          for (int64_t gi = 0; gi < g; ++gi) s[r * g + gi][j] = dot<V>(q + gi * d, kj, d) * a.scale;
-        }
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        const float* q = a.q + rows[r] * a.q_stride + h * g * d;
+        for (int64_t gi = 0; gi < g; ++gi) scores<V>(q + gi * d, krow, n, d, a.scale, s[r * g + gi]);
       }
       for (int64_t r = 0; r < R; ++r) {
         const int64_t jb = std::max(j0, lo[r]), nr = std::min(j0 + KEY_BLOCK, hi[r]) - jb;

@@ -76,6 +76,33 @@ struct Avx2 {
   static vec set1(float x) { return _mm256_set1_ps(x); }
   static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
   static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+  static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+  static vec div(vec a, vec b) { return _mm256_div_ps(a, b); }
+  static float max_of(const float* p, int64_t n) {  // the max is exact: any order
+    vec r = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) r = _mm256_max_ps(r, _mm256_loadu_ps(p + i));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    float m = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    for (; i < n; ++i) m = std::max(m, p[i]);
+    return m;
+  }
+  // lane i = hsum(v[i]), the same additions in the same pairs, 8 reductions sharing each shuffle and add:
+  // l + l+4 (two vectors a step), then l + l+2, l + l+1 (within 128-bit lanes); key i comes out at lane
+  // i / 2 (even) or 4 + i / 2 (odd), put back in order by one permute
+  static vec hsum_many(const vec* v) {
+    vec h[4], w[2];
+    for (int i = 0; i < 4; ++i)
+      h[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                           _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; ++i)
+      w[i] = _mm256_add_ps(_mm256_shuffle_ps(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm256_shuffle_ps(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const vec s = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  }
   static vec mask_n(vec x, int64_t c) {
     if (c == LANES) return x;
     alignas(32) float buf[8];
@@ -103,17 +130,7 @@ struct Avx2 {
   }
   static void weighted_sum(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
                            int64_t n, int64_t g, int64_t d) {
-    int64_t e = 0;
-    for (; e + LANES <= d; e += LANES) {
-      vec a[MAX_QUERIES];
-      for (int64_t gi = 0; gi < g; ++gi) a[gi] = _mm256_loadu_ps(acc[gi] + e);
-      for (int64_t j = 0; j < n; ++j) {
-        const vec vj = _mm256_loadu_ps(vrow[j] + e);
-        for (int64_t gi = 0; gi < g; ++gi) a[gi] = _mm256_fmadd_ps(set1(p[gi][j]), vj, a[gi]);
-      }
-      for (int64_t gi = 0; gi < g; ++gi) _mm256_storeu_ps(acc[gi] + e, a[gi]);
-    }
-    weighted_sum_scalar(acc, p, vrow, n, g, e, d);
+    weighted_sum_simd<Avx2>(acc, p, vrow, n, g, d);
   }
   static float hsum(vec v) {  // ((0+4)+(2+6)) + ((1+5)+(3+7))
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -122,10 +139,129 @@ struct Avx2 {
   }
 };
 
+inline __m256i bcast4(const int8_t* p) {  // four int8 activations in every lane
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// The integer path (kernels.h) on packed GGUF blocks, 8 columns (half a packed group) in the lanes of a
+// vector, `maddubs` (uint8 x int8 pairs into int16) then `madd` into int32. Rows [m, m+R) x halves
+// [u, u+H) (half u: group u / 2, columns 8 (u % 2) ..). q4: a block's 8 maddubs results add in int16
+// (16 products of at most 15 x 127: no overflow); q8_0: |w| x sign(x, w) (at most 128 x 127 a product,
+// two per int16), each into int32.
+template <WType T>
+struct Avx2Int {
+  using Args = QLinearArgs;
+  static constexpr int RMAX = 4, RTALL = 4;
+  static constexpr int columns(int R) { return R == 1 ? 4 : R == 2 ? 2 : 1; }
+
+  template <int R, int H>
+  static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
+    constexpr int64_t PB = packed_bytes(T), QOFF = packed_scales(T);
+    const int64_t nb = a.K / QBLOCK;
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
+    __m256 acc[R][H];
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < H; ++j) acc[r][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b)
+      for (int j = 0; j < H; ++j) {
+        const int64_t h = (u + j) % 2;
+        const uint8_t* s = a.w + ((u + j) / 2 * nb + b) * PB;
+        const uint8_t* p = s + QOFF + 32 * h;
+        __m256i is[R];
+        if constexpr (T == WType::q8_0) {
+          for (int r = 0; r < R; ++r) is[r] = _mm256_setzero_si256();
+          for (int v = 0; v < 8; ++v) {
+            const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * v)), flip);
+            const __m256i aw = _mm256_abs_epi8(wv);
+            for (int r = 0; r < R; ++r) {
+              const __m256i xs = _mm256_sign_epi8(bcast4(a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v), wv);
+              is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
+            }
+          }
+        } else {
+          __m256i s16[R];
+          for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
+          for (int v = 0; v < 4; ++v) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * v));
+            const __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+            for (int r = 0; r < R; ++r) {
+              const int8_t* x = a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v;
+              s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, bcast4(x)));
+              s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, bcast4(x + 16)));
+            }
+          }
+          for (int r = 0; r < R; ++r) is[r] = _mm256_madd_epi16(s16[r], ones);
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * h)));
+        for (int r = 0; r < R; ++r) {
+          const int64_t xb = (m + r) * nb + b;
+          __m256i isum = is[r];
+          if constexpr (T == WType::q4_0) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(a.x.c[xb]));
+          const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(a.x.d[xb]));
+          acc[r][j] = _mm256_fmadd_ps(dw, t, acc[r][j]);
+          if constexpr (T == WType::q4_1) {
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32 + 16 * h)));
+            acc[r][j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.x.sd[xb]), acc[r][j]);
+          }
+        }
+      }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < H; ++j) {
+        const int64_t n = (u + j) * 8;
+        __m256 y = acc[r][j];
+        if (a.bias) y = _mm256_add_ps(y, _mm256_loadu_ps(a.bias + n));
+        _mm256_storeu_ps(a.y + (m + r) * a.ldy + n, y);
+      }
+  }
+};
+
 }  // namespace
 
 void linear_avx2(const LinearArgs& a, int64_t n0, int64_t n1) { dispatch_wtype<Avx2>(a, n0, n1); }
 
+void qlinear_avx2(const QLinearArgs& a, int64_t g0, int64_t g1) { dispatch_packed<Avx2Int>(a, 2 * g0, 2 * g1); }
+
+// quantize_rows_ref's operations, a block of 32 as four vectors (max, the division, the product, rounding
+// to nearest even and the integer sum are exact whatever the order)
+void quantize_rows_avx2(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0,
+                        int64_t m1) {
+  const int64_t nb = K / QBLOCK;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* p = x + m * ldx + b * QBLOCK;
+      __m256 v[4], mx = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(p + 8 * i);
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+      }
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+      const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+      __m256i q[4];
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+      const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      // int32 -> int8 (in range: no saturation), packs interleave 128-bit halves: put the 4-byte groups back
+      const __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q + m * K + b * QBLOCK), _mm256_permutevar8x32_epi32(b8, order));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+      const int32_t s = _mm_cvtsi128_si32(s4);
+      out.d[m * nb + b] = d;
+      out.sd[m * nb + b] = d * float(s);
+      out.c[m * nb + b] = -offset * s;
+    }
+}
+
 void attention_avx2(const AttnArgs& a, int64_t i0, int64_t i1) { attention_items<Avx2>(a, i0, i1); }
+
+void silu_mul_avx2(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1) {
+  silu_mul_rows<Avx2>(gu, out, n, t0, t1);
+}
 
 }  // namespace peagle

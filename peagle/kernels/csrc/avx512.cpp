@@ -67,6 +67,32 @@ struct Avx512 {
   static vec set1(float x) { return _mm512_set1_ps(x); }
   static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
   static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+  static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+  static vec div(vec a, vec b) { return _mm512_div_ps(a, b); }
+  static float max_of(const float* p, int64_t n) {  // the max is exact: any order
+    vec r = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < n; i += LANES)
+      r = _mm512_max_ps(r, _mm512_mask_loadu_ps(r, __mmask16(n - i >= LANES ? 0xffff : (1u << (n - i)) - 1), p + i));
+    return _mm512_reduce_max_ps(r);
+  }
+  // lane i = hsum(v[i]), the same additions in the same pairs, 16 reductions sharing each shuffle and add:
+  // l + l+8 (two vectors a step), then l + l+4, l + l+2, l + l+1 (within 128-bit lanes); the sums come out
+  // with key 4t + j at lane 4j + t, put back in order by one permute
+  static vec hsum_many(const vec* v) {
+    vec h[8], w[4], z[2];
+    for (int i = 0; i < 8; ++i)
+      h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; ++i)
+      w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; ++i)
+      z[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const vec s = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
+  }
   static vec mask_n(vec x, int64_t c) { return _mm512_maskz_mov_ps(__mmask16((1u << c) - 1), x); }
   static void store_n(float* p, vec x, int64_t c) { _mm512_mask_storeu_ps(p, __mmask16((1u << c) - 1), x); }
   static float exp1(float x) { return exp_scalar(x); }
@@ -83,17 +109,7 @@ struct Avx512 {
   }
   static void weighted_sum(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
                            int64_t n, int64_t g, int64_t d) {
-    int64_t e = 0;
-    for (; e + LANES <= d; e += LANES) {
-      vec a[MAX_QUERIES];
-      for (int64_t gi = 0; gi < g; ++gi) a[gi] = _mm512_loadu_ps(acc[gi] + e);
-      for (int64_t j = 0; j < n; ++j) {
-        const vec vj = _mm512_loadu_ps(vrow[j] + e);
-        for (int64_t gi = 0; gi < g; ++gi) a[gi] = _mm512_fmadd_ps(set1(p[gi][j]), vj, a[gi]);
-      }
-      for (int64_t gi = 0; gi < g; ++gi) _mm512_storeu_ps(acc[gi] + e, a[gi]);
-    }
-    weighted_sum_scalar(acc, p, vrow, n, g, e, d);
+    weighted_sum_simd<Avx512>(acc, p, vrow, n, g, d);
   }
   static float hsum(vec v) {  // (l + l+8) for l < 8, then the 8-lane tree of linear_avx2.cpp
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -107,6 +123,34 @@ struct Avx512 {
 
 void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1) { dispatch_wtype<Avx512>(a, n0, n1); }
 
+// quantize_rows_ref's operations, a block of 32 as two vectors (max, the division, the product, rounding to
+// nearest even and the integer sum are exact whatever the order)
+void quantize_rows_avx512(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0,
+                        int64_t m1) {
+  const int64_t nb = K / QBLOCK;
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* p = x + m * ldx + b * QBLOCK;
+      const __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+      const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+      int8_t* q = out.q + m * K + b * QBLOCK;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
+      const int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      out.d[m * nb + b] = d;
+      out.sd[m * nb + b] = d * float(s);
+      out.c[m * nb + b] = -offset * s;
+    }
+}
+
 void attention_avx512(const AttnArgs& a, int64_t i0, int64_t i1) { attention_items<Avx512>(a, i0, i1); }
+
+void silu_mul_avx512(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1) {
+  silu_mul_rows<Avx512>(gu, out, n, t0, t1);
+}
 
 }  // namespace peagle

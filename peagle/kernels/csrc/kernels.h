@@ -53,12 +53,13 @@ struct LinearArgs {
   WType wtype;
 };
 
-// A linear's weight as the kernels read it (ops.cpp): a float32/float16/bfloat16 [N, K] matrix, or GGUF
-// blocks, uint8 [N, K / 32, block_bytes]; checked.
+// A linear's weight as the kernels read it (ops.cpp): a float32/float16/bfloat16 [N, K] matrix, GGUF
+// blocks, uint8 [N, K / 32, block_bytes], or packed blocks, uint8 [N / 16, K / 32, packed_bytes]; checked.
 struct WeightView {
   const void* w;
   WType wtype;
   int64_t N, K;
+  bool packed;
 };
 WeightView weight_view(const at::Tensor& w);
 
@@ -66,6 +67,60 @@ WeightView weight_view(const at::Tensor& w);
 void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes);
 void linear_avx2(const LinearArgs& a, int64_t n0, int64_t n1);
 void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1);
+
+// The integer path (``--compute fast``, the default on GGUF blocks), llama.cpp's arithmetic: each row of
+// x quantized once per call to 8-bit blocks of 32 (quantize_rows: d = max|x| / 127, q = nearbyint(x * (d ?
+// 1 / d : 0)) in [-127, 127], s = the sum of the block's q, sd = d * float(s)), then for every output
+//     acc = 0; for each block b in order: acc = fma(dw, dx * float(isum), acc)   [q4_1: then acc = fma(mw, sd, acc)]
+//     y = acc (+ bias)
+// where isum = the block's integer dot product of the weight's quants (q8_0 q, q4_0 q - 8, q4_1 q) with x's,
+// exact in int32, and dw, mw the weight block's scale and min. Each output is one column's own sequence of
+// float32 operations (no lanes across k): every path, SIMD or scalar, gives the same bits, whatever the
+// pass. Bit-equality with the de-quantized float32 matrix is given up (``--compute exact`` keeps it).
+//
+// The SIMD paths read the weights packed (quant.py's pack): groups of QGROUP columns interleaved so that
+// a vector's lanes are columns and one weight load serves every row of a tile. uint8
+// [N / 16, K / 32, 16 * block_bytes]; each (group, block) holds, in order:
+//     d: 16 fp16 (column c's at 2c); m: 16 fp16 (q4_1 only);
+//     q8_0: 8 vectors j of 64 bytes, column c's weights 4j .. 4j+3 at 4c, each q + 128 (as uint8);
+//     q4_0/q4_1: 4 vectors v of 64 bytes, byte 4c + i holding column c's weight 4v + i in its low nibble and
+//       16 + 4v + i in its high one (the file block's byte 4v + i: a transpose).
+// The last dimension (288, 320, 544) names the packed format as the block size names the file's.
+constexpr int64_t QGROUP = 16;
+constexpr int64_t packed_bytes(WType t) { return QGROUP * block_bytes(t); }
+constexpr int64_t packed_scales(WType t) { return t == WType::q4_1 ? 64 : 32; }  // bytes before the quants
+
+// x quantized (quantize_rows): row m's quants at q + m * K; its block b's d, d * s and c = -offset * s (the
+// start of a SIMD path's integer sum, whose packed quants are the weight's plus ``offset``) at [m * K / 32 + b].
+struct QRows {
+  int8_t* q;
+  float* d;
+  float* sd;
+  int32_t* c;
+};
+
+struct QLinearArgs {
+  QRows x;
+  const uint8_t* w;   // packed, or the file's blocks for the reference
+  const float* bias;  // [N] or nullptr
+  float* y;           // [M, N], row stride ldy
+  int64_t M, N, K, ldy;
+  WType wtype;
+};
+
+// Rows [m0, m1) of x [*, K] (row stride ldx) into ``out`` (the same bits on every path).
+void quantize_rows_ref(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0, int64_t m1);
+void quantize_rows_avx2(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0, int64_t m1);
+void quantize_rows_avx512(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0, int64_t m1);
+// The offset of a path's packed quants over the weight's: vpdpbusd multiplies uint8 weights (q8_0: q + 128;
+// q4_0: the nibble, q - 8 + 8); AVX2's maddubs takes q8_0 as |q| x sign(x, q) (offset 0).
+constexpr int32_t vnni_offset(WType t) { return t == WType::q8_0 ? 128 : t == WType::q4_0 ? 8 : 0; }
+constexpr int32_t avx2_offset(WType t) { return t == WType::q4_0 ? 8 : 0; }
+// Column groups [g0, g1) of every row: the packed SIMD paths (AVX512-VNNI vpdpbusd; AVX2 maddubs).
+void qlinear_avx512vnni(const QLinearArgs& a, int64_t g0, int64_t g1);
+void qlinear_avx2(const QLinearArgs& a, int64_t g0, int64_t g1);
+// Columns [n0, n1) of every row, from the file's blocks: the scalar reference of the arithmetic above.
+void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1);
 
 // attention: each row's query heads over its own sequence's keys in the paged cache, keys p-window+1 .. p
 // visible to the row at position p (all of 0 .. p without a window). Keys go in blocks of KEY_BLOCK
@@ -104,5 +159,14 @@ struct AttnArgs {
 void attention_ref(const AttnArgs& a, int64_t i0, int64_t i1, int lanes);
 void attention_avx2(const AttnArgs& a, int64_t i0, int64_t i1);
 void attention_avx512(const AttnArgs& a, int64_t i0, int64_t i1);
+
+// SwiGLU, rows [t0, t1) of gu [rows, 2n] (gate | up) into out [rows, n] (attention_tiles.h: the same bits
+// on every path).
+using SiluRows = void (*)(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1);
+void silu_mul_ref(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1);
+void silu_mul_avx2(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1);
+void silu_mul_avx512(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1);
+// The widest of them this CPU runs (ops.cpp).
+SiluRows silu_rows();
 
 }  // namespace peagle

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels.h"
 #include "ops.h"
 
 namespace peagle {
@@ -78,14 +79,9 @@ at::Tensor silu_mul(const at::Tensor& gu) {
   at::Tensor out = at::empty({T, n}, gu.options());
   const float* g = gu.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  // a row a task: a verify pass's few rows share out (the exponentials are most of a layer's small-op time)
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t i = 0; i < n; ++i) {
-        const float a = g[t * 2 * n + i];
-        o[t * n + i] = a / (1.f + std::exp(-a)) * g[t * 2 * n + n + i];
-      }
-  });
+  const SiluRows rows = silu_rows();
+  // a row a task: a verify pass's few rows share out
+  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) { rows(g, o, n, t0, t1); });
   return out;
 }
 

@@ -1,9 +1,9 @@
-// The tiling every SIMD path shares, over an ISA's vector traits V (included by linear_<isa>.cpp after
-// its `#pragma GCC target`). V supplies: LANES, RMAX (the tallest tile), RWIDE (the tile height for
-// passes taller than RMAX), columns(R) (a tile's width for
-// R rows, within the registers), vec, zero(), load_x(p), load_x_tail(p, n),
-// load_w<T>(row, k) (weights k .. k+LANES-1 of a float row), load_w_tail<T>(row, k, n),
-// load_block<T>(row, b, out) (block b of a row of GGUF blocks: QBLOCK / LANES vectors, float32),
+// The tiling every SIMD path shares (included by each ISA's file after its `#pragma GCC target`): the
+// float32 path's tile over an ISA's vector traits V, and one driver for it and the integer path. V
+// supplies: LANES, RMAX (the tallest tile), RWIDE (the tile height for passes taller than RMAX),
+// columns(R) (a tile's width for R rows, within the registers), vec, zero(), load_x(p),
+// load_x_tail(p, n), load_w<T>(row, k) (weights k .. k+LANES-1 of a float row), load_w_tail<T>(row, k,
+// n), load_block<T>(row, b, out) (block b of a row of GGUF blocks: QBLOCK / LANES vectors, float32),
 // fma(a, b, c) and hsum(v) (lanes reduced as reference.cpp).
 #pragma once
 #include "kernels.h"
@@ -66,57 +66,82 @@ static void tile(const LinearArgs& a, int64_t m, int64_t n) {
     }
 }
 
-// The rows [m, M) left over by full tiles of RMAX (fewer than RMAX), in one tile.
-template <class V, WType T, int NB, int R = V::RMAX - 1>
-static void rest(const LinearArgs& a, int64_t m, int64_t n) {
+// The tiling driver both linear paths share, over a kernel K: K::Args (with M), K::RMAX (the tallest
+// tile), K::RTALL (the tile height for passes taller than RMAX), K::columns(R) (a tile's width for R rows,
+// in K's column units, within the registers) and K::tile<R, NB>(a, m, n) (rows [m, m+R) x units [n, n+NB)).
+// The rows [m, M) left over by full tiles (fewer than RMAX), in one tile.
+template <class K, int NB, int R = K::RMAX - 1>
+static void rest(const typename K::Args& a, int64_t m, int64_t n) {
   if constexpr (R > 0) {
-    if (a.M - m == R) return tile<V, T, R, NB>(a, m, n);
-    rest<V, T, NB, R - 1>(a, m, n);
+    if (a.M - m == R) return K::template tile<R, NB>(a, m, n);
+    rest<K, NB, R - 1>(a, m, n);
   }
 }
 
-// Columns [n0, n1) of all rows: column blocks of NB, each block's rows in tiles of R (<= RMAX: every
+// Units [n0, n1) of all rows: column blocks of NB, each block's rows in tiles of R (<= RMAX: every
 // row of a verification pass shares one read of the weights).
-template <class V, WType T, int R>
-static void blocks(const LinearArgs& a, int64_t n0, int64_t n1) {
-  constexpr int NB = V::columns(R);
+template <class K, int R>
+static void blocks(const typename K::Args& a, int64_t n0, int64_t n1) {
+  constexpr int NB = K::columns(R);
   int64_t n = n0;
   for (; n + NB <= n1; n += NB) {
     int64_t m = 0;
-    for (; m + R <= a.M; m += R) tile<V, T, R, NB>(a, m, n);
-    if (m < a.M) rest<V, T, NB>(a, m, n);
+    for (; m + R <= a.M; m += R) K::template tile<R, NB>(a, m, n);
+    if (m < a.M) rest<K, NB>(a, m, n);
   }
   for (; n < n1; ++n) {
     int64_t m = 0;
-    for (; m + R <= a.M; m += R) tile<V, T, R, 1>(a, m, n);
-    if (m < a.M) rest<V, T, 1>(a, m, n);
+    for (; m + R <= a.M; m += R) K::template tile<R, 1>(a, m, n);
+    if (m < a.M) rest<K, 1>(a, m, n);
   }
 }
 
 // Tiles as tall as the pass up to RMAX rows (every row of a verification pass shares one read of the
-// weights), as wide as the registers then allow; taller passes (prefill) in tiles of RWIDE rows, or of
-// RMAX for quantized weights (each tile de-quantizes the weights again: fewer, taller tiles pay).
-template <class V, WType T, int R = V::RMAX>
-static void run_tiles(const LinearArgs& a, int64_t n0, int64_t n1) {
-  if constexpr (R == V::RMAX) {
-    if (a.M > R) return blocks<V, T, quantized(T) ? V::RMAX : V::RWIDE>(a, n0, n1);
+// weights), as wide as the registers then allow; taller passes (prefill) in tiles of RTALL rows.
+template <class K, int R = K::RMAX>
+static void run_tiles(const typename K::Args& a, int64_t n0, int64_t n1) {
+  if constexpr (R == K::RMAX) {
+    if (a.M > R) return blocks<K, K::RTALL>(a, n0, n1);
   }
   if constexpr (R > 1) {
-    if (a.M < R) return run_tiles<V, T, R - 1>(a, n0, n1);
+    if (a.M < R) return run_tiles<K, R - 1>(a, n0, n1);
   }
-  blocks<V, T, R>(a, n0, n1);
+  blocks<K, R>(a, n0, n1);
 }
+
+// The float32 path over vector traits V for weights of type T, in columns; taller passes in tiles of
+// RWIDE rows, or of RMAX for quantized weights (each tile de-quantizes the weights again: fewer, taller
+// tiles pay).
+template <class V, WType T>
+struct FloatTiles {
+  using Args = LinearArgs;
+  static constexpr int RMAX = V::RMAX, RTALL = quantized(T) ? V::RMAX : V::RWIDE;
+  static constexpr int columns(int R) { return V::columns(R); }
+  template <int R, int NB>
+  static void tile(const LinearArgs& a, int64_t m, int64_t n) { peagle::tile<V, T, R, NB>(a, m, n); }
+};
 
 // The tiles for the weight's type.
 template <class V>
 static void dispatch_wtype(const LinearArgs& a, int64_t n0, int64_t n1) {
   switch (a.wtype) {
-    case WType::f32: return run_tiles<V, WType::f32>(a, n0, n1);
-    case WType::f16: return run_tiles<V, WType::f16>(a, n0, n1);
-    case WType::bf16: return run_tiles<V, WType::bf16>(a, n0, n1);
-    case WType::q8_0: return run_tiles<V, WType::q8_0>(a, n0, n1);
-    case WType::q4_0: return run_tiles<V, WType::q4_0>(a, n0, n1);
-    case WType::q4_1: return run_tiles<V, WType::q4_1>(a, n0, n1);
+    case WType::f32: return run_tiles<FloatTiles<V, WType::f32>>(a, n0, n1);
+    case WType::f16: return run_tiles<FloatTiles<V, WType::f16>>(a, n0, n1);
+    case WType::bf16: return run_tiles<FloatTiles<V, WType::bf16>>(a, n0, n1);
+    case WType::q8_0: return run_tiles<FloatTiles<V, WType::q8_0>>(a, n0, n1);
+    case WType::q4_0: return run_tiles<FloatTiles<V, WType::q4_0>>(a, n0, n1);
+    case WType::q4_1: return run_tiles<FloatTiles<V, WType::q4_1>>(a, n0, n1);
+  }
+}
+
+// The integer path's tiles (kernels.h) for a packed weight: Q<T> a kernel as above, in the ISA's column units.
+template <template <WType> class Q>
+static void dispatch_packed(const QLinearArgs& a, int64_t n0, int64_t n1) {
+  switch (a.wtype) {
+    case WType::q8_0: return run_tiles<Q<WType::q8_0>>(a, n0, n1);
+    case WType::q4_0: return run_tiles<Q<WType::q4_0>>(a, n0, n1);
+    case WType::q4_1: return run_tiles<Q<WType::q4_1>>(a, n0, n1);
+    default: return;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@ namespace peagle {
 
 static constexpr int64_t ROW_CHUNK = 64;  // rows whose activations (<= 64 x 1536 floats) stay in L2
 static constexpr int64_t COL_GRAIN = 64;  // columns per thread task at least
+static constexpr int64_t ROW_GRAIN = 16;  // rows per thread task quantizing activations
 
 using Kernel = std::function<void(const LinearArgs&, int64_t, int64_t)>;
 using AttnKernel = std::function<void(const AttnArgs&, int64_t, int64_t)>;
@@ -32,7 +34,36 @@ static bool has_avx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-static std::string best_isa() { return has_avx512() ? "avx512" : has_avx2() ? "avx2" : "scalar"; }
+static bool has_avx512vnni() { return has_avx512() && __builtin_cpu_supports("avx512vnni"); }
+
+// The widest instruction set the operators use when none is named: this CPU's, or a narrower one set by
+// set_isa (PEAGLE_ISA; tests run the whole engine on each path). 2: avx512, 1: avx2, 0: scalar.
+static std::atomic<int> isa_cap{2};
+static int isa_level() { return std::min(isa_cap.load(std::memory_order_relaxed), has_avx512() ? 2 : has_avx2() ? 1 : 0); }
+static const char* const ISA_NAMES[3] = {"scalar", "avx2", "avx512"};
+static std::string best_isa() { return ISA_NAMES[isa_level()]; }
+
+// The integer path this CPU runs packed blocks on under that cap: avx512vnni, avx2, or none (the file's
+// blocks stay there).
+static std::string best_int_isa() {
+  const int level = isa_level();
+  return level == 2 && has_avx512vnni() ? "avx512vnni" : level >= 1 ? "avx2" : "none";
+}
+
+static void set_isa(c10::string_view isa) {
+  const std::string name(isa);
+  const auto* it = std::find(ISA_NAMES, ISA_NAMES + 3, name);
+  TORCH_CHECK(name.empty() || it != ISA_NAMES + 3, "peagle::set_isa: unknown instruction set '", name,
+              "' (avx512, avx2, scalar, or empty: the widest this CPU has)");
+  const int level = name.empty() ? 2 : int(it - ISA_NAMES);
+  TORCH_CHECK(level <= (has_avx512() ? 2 : has_avx2() ? 1 : 0), "peagle::set_isa: this CPU has no ", name);
+  isa_cap.store(level);
+}
+
+SiluRows silu_rows() {
+  static const SiluRows rows[3] = {silu_mul_ref, silu_mul_avx2, silu_mul_avx512};
+  return rows[isa_level()];
+}
 
 static Kernel kernel_for(const std::string& isa) {
   if (isa == "avx512") {
@@ -97,11 +128,15 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
     }
   }
   at::Tensor out = at::empty({q.size(0), H * d}, q.options());
-  // tiles: runs of rows of one sequence (a sequence's verification rows share every key load)
-  const int64_t tile_rows = std::max<int64_t>(1, MAX_QUERIES / (H / Hkv));
-  std::vector<int64_t> tiles{0};
-  for (int64_t i = 1; i <= rows.numel(); ++i)
-    if (i == rows.numel() || sp[rp[i]] != sp[rp[i - 1]] || i - tiles.back() == tile_rows) tiles.push_back(i);
+  // tiles: runs of rows of one sequence (a sequence's verification rows share every key load), halved
+  // while there are fewer than two work items a thread (one sequence's verify rows: both threads busy)
+  std::vector<int64_t> tiles;
+  for (int64_t tile_rows = std::max<int64_t>(1, MAX_QUERIES / (H / Hkv));; tile_rows = (tile_rows + 1) / 2) {
+    tiles.assign(1, 0);
+    for (int64_t i = 1; i <= rows.numel(); ++i)
+      if (i == rows.numel() || sp[rp[i]] != sp[rp[i - 1]] || i - tiles.back() == tile_rows) tiles.push_back(i);
+    if (tile_rows == 1 || int64_t(tiles.size() - 1) * Hkv >= 2 * at::get_num_threads()) break;
+  }
   if (rows.numel() == 0) return out;
   AttnArgs a{q.data_ptr<float>(), q.stride(0), k.data_ptr<float>(), v.data_ptr<float>(), table.data_ptr<int64_t>(),
              table.size(1), rp, tiles.data(), sp, pos.data_ptr<int64_t>(),
@@ -117,9 +152,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                             const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows, int64_t block_size,
                             int64_t window, double scale, const c10::optional<at::Tensor>& sinks, c10::string_view isa,
                             const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map) {
-  static const AttnKernel best = attn_kernel_for(best_isa());
   return run_attention(q, k, v, table, seq, pos, rows, block_size, window, scale, sinks, tree_base, tree_map,
-                       isa.empty() ? best : attn_kernel_for(std::string(isa)));
+                       attn_kernel_for(isa.empty() ? best_isa() : std::string(isa)));
 }
 
 static at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -137,63 +171,127 @@ WeightView weight_view(const at::Tensor& w) {
   TORCH_CHECK(w.is_contiguous(), "peagle::linear: the weight must be contiguous");
   if (w.scalar_type() == at::kByte) {
     TORCH_CHECK(w.dim() == 3, "peagle::linear: GGUF blocks are uint8 [N, K / 32, block bytes], got ", w.sizes());
-    WType t;
-    switch (w.size(2)) {
-      case 34: t = WType::q8_0; break;
-      case 18: t = WType::q4_0; break;
-      case 20: t = WType::q4_1; break;
-      default: TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know "
-                           "(34: q8_0, 18: q4_0, 20: q4_1)");
+    for (WType t : {WType::q8_0, WType::q4_0, WType::q4_1}) {
+      if (w.size(2) == block_bytes(t)) return {w.data_ptr(), t, w.size(0), w.size(1) * QBLOCK, false};
+      if (w.size(2) == packed_bytes(t)) return {w.data_ptr(), t, w.size(0) * QGROUP, w.size(1) * QBLOCK, true};
     }
-    return {w.data_ptr(), t, w.size(0), w.size(1) * QBLOCK};
+    TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know "
+                "(34: q8_0, 18: q4_0, 20: q4_1; packed 16 columns at a time: 544, 288, 320)");
   }
   TORCH_CHECK(w.dim() == 2, "peagle::linear: the weight must be an [N, K] matrix");
   switch (w.scalar_type()) {
-    case at::kFloat: return {w.data_ptr(), WType::f32, w.size(0), w.size(1)};
-    case at::kHalf: return {w.data_ptr(), WType::f16, w.size(0), w.size(1)};
-    case at::kBFloat16: return {w.data_ptr(), WType::bf16, w.size(0), w.size(1)};
+    case at::kFloat: return {w.data_ptr(), WType::f32, w.size(0), w.size(1), false};
+    case at::kHalf: return {w.data_ptr(), WType::f16, w.size(0), w.size(1), false};
+    case at::kBFloat16: return {w.data_ptr(), WType::bf16, w.size(0), w.size(1), false};
     default: TORCH_CHECK(false, "peagle::linear: weights must be float32, float16, bfloat16 or GGUF blocks (uint8), got ",
                          w.scalar_type());
   }
 }
 
-static at::Tensor run(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                      const Kernel& kernel) {
+// A call's rows: x [..., K] as contiguous [M, K], the bias as float32 (or nullptr), y [M, N] to fill.
+struct Call {
+  at::Tensor x, y, bias;
+  std::vector<int64_t> shape;  // y's, as x's with N last
+  int64_t M;
+  const float* b() const { return bias.defined() ? bias.data_ptr<float>() : nullptr; }
+};
+
+static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.device().is_cpu(), "peagle::linear runs on the CPU");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "peagle::linear: x must be float32, got ", x.scalar_type());
-  const WeightView w = weight_view(weight);
-  const int64_t N = w.N, K = w.K;
-  TORCH_CHECK(x.size(-1) == K, "peagle::linear: x has ", x.size(-1), " features, the weight ", K);
-  const float* b = nullptr;
-  at::Tensor bc;
+  TORCH_CHECK(x.size(-1) == w.K, "peagle::linear: x has ", x.size(-1), " features, the weight ", w.K);
+  Call c;
   if (bias.has_value() && bias->defined()) {
-    bc = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(bc.numel() == N, "peagle::linear: bias has ", bc.numel(), " entries, the weight ", N, " rows");
-    b = bc.data_ptr<float>();
+    c.bias = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(c.bias.numel() == w.N, "peagle::linear: bias has ", c.bias.numel(), " entries, the weight ", w.N, " rows");
   }
-  at::Tensor x2 = x.reshape({-1, K}).contiguous();
-  const int64_t M = x2.size(0);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  at::Tensor y = at::empty({M, N}, x.options());
-  for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
-    LinearArgs a{x2.data_ptr<float>() + m0 * K, w.w, b, y.data_ptr<float>() + m0 * N,
-                 std::min(ROW_CHUNK, M - m0), N, K, K, N, w.wtype};
+  c.x = x.reshape({-1, w.K}).contiguous();
+  c.M = c.x.size(0);
+  c.shape.assign(x.sizes().begin(), x.sizes().end());
+  c.shape.back() = w.N;
+  c.y = at::empty({c.M, w.N}, x.options());
+  return c;
+}
+
+static at::Tensor run(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias,
+                      const Kernel& kernel) {
+  TORCH_CHECK(!w.packed, "peagle::linear: packed blocks run on the integer path only");
+  const Call c = prepare(x, w, bias);
+  const int64_t N = w.N, K = w.K;
+  for (int64_t m0 = 0; m0 < c.M; m0 += ROW_CHUNK) {
+    LinearArgs a{c.x.data_ptr<float>() + m0 * K, w.w, c.b(), c.y.data_ptr<float>() + m0 * N,
+                 std::min(ROW_CHUNK, c.M - m0), N, K, K, N, w.wtype};
     at::parallel_for(0, N, COL_GRAIN, [&](int64_t n0, int64_t n1) { kernel(a, n0, n1); });
   }
-  return y.view(shape);
+  return c.y.view(c.shape);
+}
+
+// The integer path (kernels.h): x quantized once, then the weight's columns.
+using Quantize = void (*)(const float*, int64_t, int64_t, int32_t, const QRows&, int64_t, int64_t);
+struct QKernel {
+  Quantize quantize;
+  int32_t (*offset)(WType);
+  std::function<void(const QLinearArgs&, int64_t, int64_t)> linear;  // column groups (packed) or columns (ref)
+  int64_t grain;
+};
+
+
+static QKernel qkernel_for(const std::string& isa) {
+  if (isa == "avx512vnni") {
+    TORCH_CHECK(has_avx512vnni(), "peagle::linear: this CPU has no AVX512-VNNI");
+    return {quantize_rows_avx512, vnni_offset, qlinear_avx512vnni, COL_GRAIN / QGROUP};
+  }
+  if (isa == "avx2") {
+    TORCH_CHECK(has_avx2(), "peagle::linear: this CPU has no AVX2 + FMA + F16C");
+    return {quantize_rows_avx2, avx2_offset, qlinear_avx2, COL_GRAIN / QGROUP};
+  }
+  TORCH_CHECK(false, "peagle::linear: packed GGUF blocks run on avx512vnni or avx2, not '", isa,
+              "' (the file's blocks run on every instruction set)");
+}
+
+static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias,
+                       const QKernel& k) {
+  const Call c = prepare(x, w, bias);
+  const int64_t N = w.N, K = w.K, M = c.M, nb = K / QBLOCK;
+  // x's quants, then each block's d, d * s and c (4 bytes each: aligned, K being a multiple of 32)
+  at::Tensor buf = at::empty({M * (K + 12 * nb)}, x.options().dtype(at::kByte));
+  uint8_t* base = buf.data_ptr<uint8_t>();
+  const QRows q{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + M * K),
+                reinterpret_cast<float*>(base + M * K + 4 * M * nb), reinterpret_cast<int32_t*>(base + M * K + 8 * M * nb)};
+  const float* xp = c.x.data_ptr<float>();
+  const int32_t offset = k.offset(w.wtype);
+  at::parallel_for(0, M, ROW_GRAIN, [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
+  const int64_t units = w.packed ? N / QGROUP : N;
+  for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
+    const QRows qc{q.q + m0 * K, q.d + m0 * nb, q.sd + m0 * nb, q.c + m0 * nb};
+    QLinearArgs a{qc, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
+                  std::min(ROW_CHUNK, M - m0), N, K, N, w.wtype};
+    at::parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
+  }
+  return c.y.view(c.shape);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                          c10::string_view isa) {
-  static const Kernel best = kernel_for(best_isa());
-  return isa.empty() ? run(x, w, bias, best) : run(x, w, bias, kernel_for(std::string(isa)));
+  const WeightView v = weight_view(w);
+  if (v.packed) {
+    return qrun(x, v, bias, qkernel_for(isa.empty() ? best_int_isa() : std::string(isa)));
+  }
+  return run(x, v, bias, kernel_for(isa.empty() ? best_isa() : std::string(isa)));
 }
 
 static at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                                    int64_t lanes) {
   TORCH_CHECK(lanes == 8 || lanes == 16, "peagle::linear_ref: lanes must be 8 or 16");
-  return run(x, w, bias, [lanes](const LinearArgs& a, int64_t n0, int64_t n1) { linear_ref(a, n0, n1, int(lanes)); });
+  return run(x, weight_view(w), bias,
+             [lanes](const LinearArgs& a, int64_t n0, int64_t n1) { linear_ref(a, n0, n1, int(lanes)); });
+}
+
+// The integer path's scalar reference, on the file's blocks.
+static at::Tensor qlinear_reference(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  const WeightView v = weight_view(w);
+  TORCH_CHECK(quantized(v.wtype) && !v.packed, "peagle::qlinear_ref: takes a GGUF file's blocks, uint8 [N, K / 32, block bytes]");
+  return qrun(x, v, bias, {quantize_rows_ref, [](WType) { return 0; }, qlinear_ref, COL_GRAIN});
 }
 
 TORCH_LIBRARY(peagle, m) {
@@ -205,11 +303,15 @@ TORCH_LIBRARY(peagle, m) {
   m.def("attention_ref(Tensor q, Tensor k, Tensor v, Tensor table, Tensor seq, Tensor pos, Tensor rows, "
         "int block_size, int window, float scale, Tensor? sinks=None, int lanes=8, Tensor? tree_base=None, "
         "Tensor? tree_map=None) -> Tensor");
+  m.def("qlinear_ref(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("isa() -> str", [] { return best_isa(); });
+  m.def("int_isa() -> str", [] { return best_int_isa(); });
+  m.def("set_isa(str isa) -> ()", set_isa);
   m.impl("attention", c10::DispatchKey::CPU, TORCH_FN(attention));
   m.impl("attention_ref", c10::DispatchKey::CPU, TORCH_FN(attention_reference));
   m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(linear));
   m.impl("linear_ref", c10::DispatchKey::CPU, TORCH_FN(linear_reference));
+  m.impl("qlinear_ref", c10::DispatchKey::CPU, TORCH_FN(qlinear_reference));
 }
 
 }  // namespace peagle

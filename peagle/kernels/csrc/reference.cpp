@@ -1,4 +1,5 @@
 // The scalar references: a SIMD path's lane order and FMAs (``lanes`` its width), one output at a time.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -47,6 +48,24 @@ struct Lanes {
   static vec sub(vec a, vec b) {
     for (int i = 0; i < L; ++i) a.v[i] -= b.v[i];
     return a;
+  }
+  static float max_of(const float* p, int64_t n) {
+    float r = p[0];
+    for (int64_t i = 1; i < n; ++i) r = std::max(r, p[i]);
+    return r;
+  }
+  static vec mul(vec a, vec b) {
+    for (int i = 0; i < L; ++i) a.v[i] *= b.v[i];
+    return a;
+  }
+  static vec div(vec a, vec b) {
+    for (int i = 0; i < L; ++i) a.v[i] /= b.v[i];
+    return a;
+  }
+  static vec hsum_many(const vec* x) {
+    vec r;
+    for (int i = 0; i < L; ++i) r.v[i] = hsum(x[i]);
+    return r;
   }
   static vec mask_n(vec x, int64_t c) {
     std::fill(x.v + c, x.v + L, 0.f);
@@ -125,6 +144,55 @@ void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes) {
       a.y[m * a.ldy + n] = a.bias ? s + a.bias[n] : s;
     }
   }
+}
+
+void quantize_rows_ref(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0,
+                       int64_t m1) {
+  const int64_t nb = K / QBLOCK;
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* v = x + m * ldx + b * QBLOCK;
+      float amax = 0.f;
+      for (int i = 0; i < QBLOCK; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+      int32_t s = 0;
+      for (int i = 0; i < QBLOCK; ++i) {
+        const int q = int(std::nearbyint(v[i] * id));
+        out.q[m * K + b * QBLOCK + i] = int8_t(q);
+        s += q;
+      }
+      out.d[m * nb + b] = d;
+      out.sd[m * nb + b] = d * float(s);
+      out.c[m * nb + b] = -offset * s;
+    }
+}
+
+// The integer path from the file's blocks (kernels.h), one output at a time.
+void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1) {
+  const int64_t nb = a.K / QBLOCK, RB = row_bytes(a.wtype, a.K);
+  for (int64_t m = 0; m < a.M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* row = a.w + n * RB;
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const QBlock p = qblock(row, a.wtype, b);
+        const int8_t* xq = a.x.q + m * a.K + b * QBLOCK;
+        int32_t isum = 0;
+        for (int k = 0; k < QBLOCK; ++k) {
+          int w;
+          if (a.wtype == WType::q8_0) w = int8_t(p.q[k]);
+          else w = ((p.q[k % 16] >> (k & 16) / 4) & 15) - (a.wtype == WType::q4_0 ? 8 : 0);
+          isum += w * int32_t(xq[k]);
+        }
+        acc = std::fma(half_to_float(p.d), a.x.d[m * nb + b] * float(isum), acc);
+        if (a.wtype == WType::q4_1) acc = std::fma(half_to_float(p.m), a.x.sd[m * nb + b], acc);
+      }
+      a.y[m * a.ldy + n] = a.bias ? acc + a.bias[n] : acc;
+    }
+}
+
+void silu_mul_ref(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1) {
+  silu_mul_rows<Lanes<8>>(gu, out, n, t0, t1);
 }
 
 void attention_ref(const AttnArgs& a, int64_t i0, int64_t i1, int lanes) {

@@ -1,0 +1,166 @@
+"""The integer path (``--compute fast``, peagle/kernels/csrc/kernels.h): GGUF blocks times activations
+quantized per row to 8 bits, through integer dot products. Every instruction set (AVX512-VNNI, AVX2) gives
+the bits of the scalar reference on the file's blocks, which gives the bits of a torch re-statement of the
+arithmetic that shares no code with either; a row's result does not depend on the pass; packing is a
+permutation of the file's bytes; and speculation on a quantized model equals plain decoding token for
+token on every instruction set this CPU has, with drafts accepted."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from conftest import native_from_hf, tiny_hf
+from test_engine import MASK, OracleDrafter, make_engine, prompts
+from test_quant import case, random_blocks
+
+from peagle import kernels
+from peagle.engine.sampling import SamplingParams
+from peagle.models.layers import Linear
+from peagle.models.loader import init_drafter
+from peagle.models.quant import (FORMATS, GROUP, QBLOCK, QuantTensor, blocks_of, column_blocks, dequantize, pack,
+                                 pack_model, packable)
+
+native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
+                            reason="the native kernels are off")
+INT_ISAS = {"avx512": "avx512vnni", "avx2": "avx2"}  # the operators' ISA cap -> the integer path it runs
+
+
+def int_isas() -> list[str]:
+    """The integer paths this CPU runs, widest first."""
+    have = {"avx512vnni": ["avx512vnni", "avx2"], "avx2": ["avx2"], "none": []}
+    return have[torch.ops.peagle.int_isa()] if kernels.available() else []
+
+
+def isa_caps() -> list:
+    """The operators' ISA caps, each a pytest param, skipped with a stated reason where this CPU lacks it."""
+    best = kernels.isa() if kernels.available() else "none"
+    order = ["avx512", "avx2"]
+    return [pytest.param(isa, marks=pytest.mark.skipif(
+        best not in order or order.index(best) > order.index(isa), reason=f"this CPU has no {isa} integer path"))
+        for isa in order]
+
+
+def int8_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels.h's arithmetic restated in torch from the file's blocks: x quantized per row and block of
+    32, integer dot products (exact in float64), then per block acc = fma(dw, dx * isum, acc) (the product
+    exact in float64, one rounding to float32) and q4_1's acc = fma(mw, dx * s, acc)."""
+    f = {b.block_bytes: b for b in FORMATS.values()}[blocks.shape[-1]]
+    m, k = x.shape
+    xb = x.view(m, k // QBLOCK, QBLOCK)
+    d = xb.abs().amax(-1) / 127
+    q = torch.round(xb * torch.where(d != 0, 1 / d, torch.zeros_like(d))[..., None])
+    sd = d * q.sum(-1)
+    dw = blocks[..., 0:2].contiguous().view(torch.float16).float()[..., 0]  # [N, nb]
+    raw = blocks[..., f.scale_bytes:]
+    wq = (torch.cat([raw & 15, raw >> 4], -1).double() - (0 if f.has_min else 8)) if f.nibbles else \
+        raw.contiguous().view(torch.int8).double()
+    acc = torch.zeros(m, blocks.shape[0], dtype=torch.float32)
+    for b in range(k // QBLOCK):
+        t = d[:, b, None] * (q[:, b].double() @ wq[:, b].t()).float()
+        acc = (dw[None, :, b].double() * t.double() + acc.double()).float()
+        if f.has_min:
+            mw = blocks[:, b, 2:4].contiguous().view(torch.float16).float()[:, 0]
+            acc = (mw[None].double() * sd[:, b, None].double() + acc.double()).float()
+    return acc if bias is None else acc + bias
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k,n", [(64, 48), (576, 96), (1536, 32)])
+def test_each_integer_path_gives_the_bits_of_the_reference(fmt, k, n):
+    x, blocks, b = case(fmt, 70, k, n)  # 70 rows: every tile height, leftover rows, a second row chunk
+    x[3] = 0  # an all-zero row (its scale 0)
+    packed = pack(blocks)
+    for bias in (None, b):
+        ref = torch.ops.peagle.qlinear_ref(x, blocks, bias)
+        for isa in int_isas():
+            assert torch.equal(torch.ops.peagle.linear(x, packed, bias, isa), ref), (isa, fmt, k, n)
+    exact = x.double() @ dequantize(blocks).double().t() + b.double()
+    assert (ref.double() - exact).abs().max() < 0.02 * exact.abs().max()  # 8-bit activations
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_reference_is_the_stated_arithmetic(fmt):
+    x, blocks, b = case(fmt, 9, 256, 40, seed=2)
+    assert torch.equal(torch.ops.peagle.qlinear_ref(x, blocks, b), int8_linear(x, blocks, b))
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_rows_result_does_not_depend_on_the_pass(fmt):
+    x, blocks, b = case(fmt, 40, 576, 96, seed=1)
+    packed = pack(blocks)
+    for isa in int_isas():
+        alone = torch.cat([torch.ops.peagle.linear(x[i:i + 1], packed, b, isa) for i in range(len(x))])
+        for m in range(1, len(x) + 1):
+            assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b, isa), alone[:m]), (isa, fmt, m)
+        assert torch.equal(torch.ops.peagle.linear(x[3:11], packed, b, isa), alone[3:11])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_packing_is_a_permutation_of_the_files_blocks(fmt):
+    blocks = blocks_of(random_blocks(fmt, 48, 96, seed=5), fmt)
+    packed = pack(blocks)
+    assert packed.shape == (3, 3, GROUP * FORMATS[fmt].block_bytes)
+    cols = torch.arange(GROUP).repeat(3)
+    assert torch.equal(column_blocks(packed.repeat_interleave(GROUP, 0), cols), blocks)
+    w, p = QuantTensor(blocks, torch.float32), QuantTensor(packed, torch.float32)
+    assert p.packed and p.shape == w.shape and p.format == fmt
+    assert torch.equal(p.dequantize(), w.dequantize())
+    ids = torch.tensor([[47, 0], [16, 5]])
+    assert torch.equal(torch.nn.functional.embedding(ids, p), w.dequantize()[ids])
+    both = torch.cat([p, p.detach()])
+    assert both.packed and torch.equal(both.dequantize(), torch.cat([w.dequantize()] * 2))
+    assert not packable(blocks[:40])
+
+
+def quantized_copy(hf, fmts=("q4_1", "q4_0", "q8_0")):
+    """A native model of ``hf`` whose linear weights gguf quantized (the formats in turn, so a tiny model
+    holds each), packed for the integer path."""
+    model = native_from_hf(hf)
+    for i, m in enumerate(mm for mm in model.modules() if isinstance(mm, Linear)):
+        fmt = fmts[i % len(fmts)]
+        data = gguf.quants.quantize(m.weight.detach().float().numpy(), getattr(gguf.GGMLQuantizationType, fmt.upper()))
+        m.weight = torch.nn.Parameter(QuantTensor(blocks_of(np.asarray(data), fmt), torch.float32), requires_grad=False)
+    pack_model(model)
+    assert all(m.weight.packed for m in model.modules() if isinstance(m, Linear))
+    return model
+
+
+@pytest.fixture(scope="module")
+def qllama():
+    return quantized_copy(tiny_hf("llama"))
+
+
+@native
+@pytest.mark.parametrize("isa", isa_caps())
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):
+    """Greedy and seeded, one sequence and four together with prompts prefilled in chunks of 7, chains
+    and (P-EAGLE) a token tree: every output equals plain decoding's on the same path, and the oracle
+    head's drafts are accepted (a verifier that rejected them all would fail here)."""
+    with kernels.use_isa(isa):
+        assert kernels.int_isa() == INT_ISAS[isa]
+        prompt = prompts(1, seed=3)[0]
+        greedy = SamplingParams(max_tokens=40, ignore_eos=True)
+        seeded = dataclasses.replace(greedy, temperature=0.8, top_p=0.95, seed=11)
+        for params in (greedy, seeded):
+            ref = make_engine(qllama, None, "none").generate([prompt], params)[0].token_ids
+            for k, wrong_every, kw in ((3, 4, {}), (7, 1000, {}), (3, 5, dict(max_num_seqs=4, max_num_batched_tokens=7)),
+                                       (3, 4, dict(speculative_token_tree="[(0,), (1,), (0, 0), (0, 0, 0)]"))):
+                if method == "eagle3" and "speculative_token_tree" in kw:
+                    continue
+                engine = make_engine(qllama, OracleDrafter.of(qllama, prompt + ref, wrong_every), method, k, **kw)
+                n = kw.get("max_num_seqs", 1)
+                outs = engine.generate([prompt] * n, [params] * n)
+                assert [o.token_ids for o in outs] == [ref] * n, (isa, method, k, kw)
+                assert engine.stats.num_accepted_tokens > 0 and outs[0].stats.acceptance_length > 1.5, (k, kw)
+        random_head = init_drafter(qllama, 1, MASK, seed=4)  # drafts the target rarely takes: rejections
+        ps = prompts(4, seed=6)
+        plain = [o.token_ids for o in make_engine(qllama, None, "none").generate(ps, greedy)]
+        assert [o.token_ids for o in make_engine(qllama, random_head, method, 3).generate(ps, greedy)] == plain
