@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -318,9 +319,17 @@ def test_llamacpp_peer_configuration(monkeypatch):
     assert llamacpp.safe_batch("F32") is None and llamacpp.config_note("F32") == "defaults"
     monkeypatch.setattr(llamacpp, "cpu_flags", lambda: frozenset({"avx2"}))
     assert llamacpp.safe_batch("Q4_1") is None
+    monkeypatch.setattr(llamacpp, "native_bin", lambda name: None)
     monkeypatch.setattr(llamacpp, "available", lambda: False)
     with pytest.raises(RuntimeError, match=r"pip install 'peagle\[llamacpp\]'"):
         llamacpp.server_command("F32", 8000)
+    with pytest.raises(RuntimeError, match="LLAMA_CPP_BIN"):
+        llamacpp.llama_bench("Q4_1")
+    assert "one request at a time" in llamacpp.server_note(4)
+    monkeypatch.setattr(llamacpp, "native_bin", lambda name: Path("/opt/llama") / name)  # llama.cpp's own server
+    cmd = llamacpp.server_command("Q4_1", 8000, parallel=4)
+    assert cmd[0] == "/opt/llama/llama-server" and cmd[cmd.index("-np") + 1] == "4" and str(default_gguf()) in cmd
+    assert llamacpp.server_note(4) == "llama-server, 4 slots (--parallel 4)"
 
 def test_bench_serving_refuses_llamacpp_on_another_target(capsys):
     rc = main(["bench", "serving", "--target", "x", "--systems", "llamacpp-F32", "--dataset-name", "mt-bench"])
@@ -488,7 +497,7 @@ def test_llamacpp_peer_on_the_default_model():
     from peagle.engine.llm_engine import LLMEngine
     from peagle.engine.sampling import SamplingParams
 
-    engine = LLMEngine.from_pretrained(None, method="none", dtype="float32", device="cpu")
+    engine = LLMEngine.from_pretrained(None, method="none", dtype="float32", device="cpu", compute="exact")
     ids = engine.encode_prompt("Name three rivers.", chat=True)
     plain = engine.generate([ids], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
     peer = llamacpp_peer.load("F32", threads=1, n_ctx=len(ids) + 16)
@@ -499,8 +508,8 @@ def test_llamacpp_peer_on_the_default_model():
 
 
 def test_every_command_that_loads_a_target_takes_quantization():
-    """``--quantization gguf|none`` on every command that loads a target, benchmarks included, and
-    ``bench serving`` hands it to the servers it starts."""
+    """``--quantization gguf|none`` and ``--compute fast|exact`` on every command that loads a target,
+    benchmarks included, and ``bench serving`` hands them to the servers it starts."""
     from peagle.bench.serving import server_command
 
     parser = build_parser()
@@ -509,11 +518,16 @@ def test_every_command_that_loads_a_target_takes_quantization():
                  ["bench", "serving", "--dataset-name", "mt-bench"], ["bench", "baseline"]):
         assert parser.parse_args([*argv, "--quantization", "none"]).quantization == "none", argv
         assert parser.parse_args(argv).quantization is None, argv  # the target's own default
+        assert parser.parse_args([*argv, "--compute", "exact"]).compute == "exact", argv
+        assert parser.parse_args(argv).compute == "fast", argv
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "offline", "--quantization", "q4"])
-    args = parser.parse_args(["bench", "serving", "--dataset-name", "mt-bench", "--quantization", "none"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "hi", "--compute", "int4"])
+    args = parser.parse_args(["bench", "serving", "--dataset-name", "mt-bench", "--quantization", "none",
+                              "--compute", "exact"])
     cmd = server_command("peagle-none", args, 4)
-    assert cmd[cmd.index("--quantization") + 1] == "none"
+    assert cmd[cmd.index("--quantization") + 1] == "none" and cmd[cmd.index("--compute") + 1] == "exact"
 
 
 def test_a_quantized_engine_meets_the_llama_cpp_file_of_its_format():

@@ -164,3 +164,47 @@ def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):
         ps = prompts(4, seed=6)
         plain = [o.token_ids for o in make_engine(qllama, None, "none").generate(ps, greedy)]
         assert [o.token_ids for o in make_engine(qllama, random_head, method, 3).generate(ps, greedy)] == plain
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rows_are_looked_up_as_gguf_dequantizes_them(fmt):
+    """The native lookup (an embedding a step) from the file's blocks and from packed ones: the bits of
+    the torch de-quantization that test_quant ties to gguf's."""
+    blocks = blocks_of(random_blocks(fmt, 64, 96, seed=3), fmt)
+    ids = torch.tensor([5, 0, 63, 17, 5])
+    want = dequantize(blocks)[ids]
+    for w in (blocks, pack(blocks)):
+        assert torch.equal(torch.ops.peagle.dequantize_rows(w, ids), want)
+    with pytest.raises(RuntimeError, match="out of 64"):
+        torch.ops.peagle.dequantize_rows(blocks, torch.tensor([64]))
+
+
+@native
+def test_greedy_is_torchs_argmax_and_finiteness_in_one_pass():
+    from peagle.engine.sampling import greedy
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 4099, generator=g)  # a tail past every vector width
+    x[3, 100] = x[3].max()                  # a tie: the first index wins
+    x[4, 4098] = x[4].max() + 1             # the max in the tail
+    x[5, 7], x[6, 4000], x[7, 0], x[8] = float("nan"), float("inf"), float("-inf"), float("nan")
+    for isa in ("avx512", "avx2", "scalar"):
+        if isa == "avx512" and kernels.isa() != "avx512" or isa == "avx2" and kernels.isa() == "scalar":
+            continue
+        with kernels.use_isa(isa), torch.inference_mode():
+            tokens, finite = greedy(x)
+        assert torch.equal(tokens[:5], x[:5].argmax(-1)), isa
+        assert finite.tolist() == [True] * 5 + [False] * 4, isa
+        assert 0 <= int(tokens.min()) and int(tokens.max()) < x.shape[1], isa  # a NaN row's token is a valid id
+
+
+@native
+def test_a_head_beside_a_target_on_the_integer_path_is_quantized(qllama, tmp_path):
+    from peagle.models.drafter import save_drafter
+    from peagle.models.loader import load_drafter_for
+
+    save_drafter(init_drafter(qllama, 1, MASK, seed=3), tmp_path / "head")
+    head = load_drafter_for(qllama, tmp_path, tmp_path / "head")
+    assert all(isinstance(m.weight, QuantTensor) and m.weight.packed and m.weight.format == "q8_0"
+               for m in head.modules() if isinstance(m, Linear))

@@ -6,9 +6,9 @@ process, without HTTP (what ``peagle generate`` and ``bench offline`` run), so t
 the server costs. Repeats go round every system in turn; the table gives medians.
 
 Systems: ``peagle-none``, ``peagle-parallel`` (P-EAGLE), ``peagle-eagle3`` (K chosen by the engine,
-the default model and its shipped heads), and ``llamacpp-F32|F16|BF16|Q8_0|Q4_1``: llama.cpp's server
-(``llama_cpp.server``, one request at a time, its only mode) on the default model's GGUF in that
-precision (:mod:`peagle.bench.llamacpp`).
+the default model and its shipped heads), and ``llamacpp-F32|F16|BF16|Q8_0|Q4_1``: llama.cpp's own
+``llama-server`` with ``--llamacpp-parallel`` slots (else the binding's ``llama_cpp.server``, one request at a
+time) on the default model's GGUF in that precision (:mod:`peagle.bench.llamacpp`).
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated requests in flight")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="peagle's dtype (servers and offline engine)")
     add_quantization_arg(p)
+    p.add_argument("--llamacpp-parallel", type=int, default=4, help="llama-server's slots (--parallel)")
     p.add_argument("--repeats", type=int, default=1, help="rounds over every system (medians are reported)")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--json", default=None, help="also write every measurement to this JSON file")
@@ -60,7 +61,8 @@ def main(args: argparse.Namespace) -> int:
     if any(s.startswith("llamacpp-") for s in systems):
         if args.target is not None:
             raise ValueError("llama.cpp systems run the default model only: leave out --target")
-        llamacpp.require()
+        if llamacpp.native_bin("llama-server") is None:
+            llamacpp.require()
     work = load_workload(args, args.dataset_name, args.dataset_path)
     methods = [s.removeprefix("peagle-") for s in systems if s.startswith("peagle-")]
     models = Models.load(args.target, args.drafter, None, methods, dtype=args.dtype,
@@ -85,13 +87,13 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"dataset": work.name, "num_prompts": len(work.prompts),
                                                "output_len": work.output_len, "runs": runs}) + "\n")
-    print(table(runs, systems, concurrencies))
+    print(table(runs, systems, concurrencies, args.llamacpp_parallel))
     return 0
 
 
 def server_command(system: str, args: argparse.Namespace, max_seqs: int) -> list[str]:
     if system.startswith("llamacpp-"):
-        return llamacpp.server_command(system.removeprefix("llamacpp-"), args.port)
+        return llamacpp.server_command(system.removeprefix("llamacpp-"), args.port, args.llamacpp_parallel)
     method = system.removeprefix("peagle-")
     spec = {"method": "none"} if method == "none" else {
         "method": "eagle3", "num_speculative_tokens": "auto", "parallel_drafting": method == "parallel",
@@ -151,7 +153,7 @@ def client(args: argparse.Namespace, concurrency: int) -> dict:
         return asyncio.run(serve.run(p.parse_args(argv)))
 
 
-def table(runs: list[dict], systems: list[str], concurrencies: list[int]) -> str:
+def table(runs: list[dict], systems: list[str], concurrencies: list[int], parallel: int = 4) -> str:
     """Markdown: per system and concurrency, the server's and the offline engine's medians, and their ratio."""
     def med(system, via, c, key):
         xs = [r[key] for r in runs if (r["system"], r["via"], r["concurrency"]) == (system, via, c)
@@ -175,4 +177,4 @@ def table(runs: list[dict], systems: list[str], concurrencies: list[int]) -> str
                        f"{f(al, 2)} |")
     note = ", ".join(f"{s}: {llamacpp.config_note(s.removeprefix('llamacpp-'))}" for s in systems
                      if s.startswith("llamacpp-"))
-    return "\n".join(out) + (f"\n\nllama.cpp: {note}; one request at a time (its server's only mode)." if note else "")
+    return "\n".join(out) + (f"\n\nllama.cpp: {note}; {llamacpp.server_note(parallel)}." if note else "")

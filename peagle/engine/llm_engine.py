@@ -24,7 +24,7 @@ from peagle.engine.block_manager import BlockManager
 from peagle.engine.expansion import expand
 from peagle.engine.graphs import StepGraphs, bucket
 from peagle.engine.detokenizer import Detokenizer
-from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, sample_tokens
+from peagle.engine.sampling import SamplingError, SamplingParams, greedy, logprobs_of, sample_tokens
 from peagle.engine.sequence import RequestOutput, Sequence, SpecStats, Status
 from peagle.engine.tree import MAX_NODES, Tree, TreeBatch, accept_paths
 from peagle.models.attention import AttnMeta, Span, TreeRows
@@ -199,9 +199,9 @@ class LLMEngine:
             meta = AttnMeta([Span(n, ctx + n, list(range(-(-(ctx + n) // bs))), ctx)], bs)
             if drafter:
                 hidden = torch.zeros(n, d.cfg.hidden_size, dtype=self.dtype, device=dev)
-                run = lambda: d.logits(d(ids, hidden, pos, self.drafter_caches, meta)[0]).argmax(-1)  # noqa: E731
+                run = lambda: greedy(d.logits(d(ids, hidden, pos, self.drafter_caches, meta)[0]))  # noqa: E731
             else:
-                run = lambda: self.target(ids, pos, self.target_caches, meta, pos - ctx)[0].argmax(-1)  # noqa: E731
+                run = lambda: greedy(self.target(ids, pos, self.target_caches, meta, pos - ctx)[0])  # noqa: E731
             times = []
             for _ in range(4):
                 t0 = time.perf_counter()
@@ -434,7 +434,7 @@ class LLMEngine:
 
         # 2. verify on the device: the target's token y at every node (argmax, or sampled keyed by position)
         first = list(accumulate(verify_rows, initial=0))                   # each sequence's first logit row
-        y = logits.argmax(-1)
+        y, finite_rows = greedy(logits)
         for i, seq in enumerate(batch):
             if not seq.params.greedy and not partial[i]:
                 out_pos = len(seq.output_ids)
@@ -452,7 +452,7 @@ class LLMEngine:
                                                                   spans, cu)
 
         # 3. propose the next drafts, then the one host sync
-        finite = logits.isfinite().all(-1)[tb.rows].all(1)   # a NaN or inf in any verified row
+        finite = finite_rows[tb.rows].all(1)   # a NaN or inf in any verified row
         out = [finite[:, None].long(), accepted[:, None], tokens[:, None], path]
         tree = self._next_tree(batch)
         k = tree.depth
@@ -620,7 +620,7 @@ class LLMEngine:
             normed, prenorm = d(b.input_ids, hidden, b.positions, self.drafter_caches, meta)
         rows = b.sample_idx.flatten()
         logits = d.logits(normed[rows])
-        best = logits.argmax(-1, keepdim=True) if self.ranks == 1 else logits.topk(self.ranks, -1).indices
+        best = greedy(logits)[0][:, None] if self.ranks == 1 else logits.topk(self.ranks, -1).indices
         drafts = d.to_target_ids(best).view(len(spans), -1, self.ranks)
         if parallel:
             return drafts
@@ -632,7 +632,7 @@ class LLMEngine:
             else:
                 meta = AttnMeta([Span(1, s.ctx_len + step, s.block_table) for s in spans], bs)
                 normed, h = d(out[-1], h, pos + step, self.drafter_caches, meta)
-            out.append(d.to_target_ids(d.logits(normed).argmax(-1)))
+            out.append(d.to_target_ids(greedy(d.logits(normed))[0]))
         return torch.stack(out, dim=1)[..., None]
 
     # ------------------------------------------------------------------ finishing

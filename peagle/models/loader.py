@@ -24,7 +24,7 @@ from peagle.models.checkpoint import read_safetensors, split_checkpoint
 from peagle.models.layers import set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle import kernels
-from peagle.models.quant import GGUFError, pack_model, read_gguf
+from peagle.models.quant import GGUFError, integer_path, pack_model, quantize_linears, read_gguf
 from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype, dtype_name, native_cpu, resolve_device,
                             resolve_dtype)
 
@@ -240,7 +240,8 @@ def default_drafter_path(target_path: Path, method: str = "parallel") -> Path | 
 def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,
                      method: str = "parallel"):
     """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
-    1-layer head (cached, so every run uses the same one)."""
+    1-layer head (cached, so every run uses the same one). Beside a target on the integer path its linear
+    weights are quantized to Q8_0 and packed too (its pass reads half the bytes; lossless all the same)."""
     from peagle.models.drafter import load_drafter, save_drafter
 
     path = Path(drafter) if drafter else default_drafter_path(target_path, method)
@@ -252,5 +253,9 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
             save_drafter(init_drafter(target, 1, choose_mask_token(tokenizer)), path)
     elif not path.exists():
         raise ModelNotFoundError(f"no drafter at {path}")
-    return load_drafter(path, target.dtype, base_embedding=target.model.embed_tokens.weight.detach(),
+    head = load_drafter(path, target.dtype, base_embedding=target.model.embed_tokens.weight.detach(),
                         device=target.lm_weight.device, linear_dtype=target.weight_dtype)
+    if integer_path(target):
+        quantize_linears(head, "q8_0")
+        pack_model(head)
+    return head

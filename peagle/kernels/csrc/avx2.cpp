@@ -260,6 +260,31 @@ void quantize_rows_avx2(const float* x, int64_t ldx, int64_t K, int32_t offset, 
 
 void attention_avx2(const AttnArgs& a, int64_t i0, int64_t i1) { attention_items<Avx2>(a, i0, i1); }
 
+void argmax_row_avx2(const float* r, int64_t n, float* value, int64_t* index) {
+  __m256 m = _mm256_set1_ps(r[0]), zero = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(r + i);
+    m = _mm256_max_ps(m, x);
+    zero = _mm256_add_ps(zero, _mm256_sub_ps(x, x));
+  }
+  alignas(32) float ml[8], zl[8];
+  _mm256_store_ps(ml, m);
+  _mm256_store_ps(zl, zero);
+  float mx = ml[0], z = 0.f;
+  for (int j = 0; j < 8; ++j) mx = ml[j] > mx ? ml[j] : mx, z += zl[j];
+  for (int64_t j = i; j < n; ++j) mx = r[j] > mx ? r[j] : mx, z += r[j] - r[j];
+  int64_t at = 0;  // the first index holding the max, a vector of compares at a time
+  for (; at + 8 <= n; at += 8)
+    if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + at), _mm256_set1_ps(mx), _CMP_EQ_OQ))) break;
+  if (at + 8 <= n) at += __builtin_ctz(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + at), _mm256_set1_ps(mx), _CMP_EQ_OQ)));
+  else
+    while (at < n && r[at] != mx) ++at;
+  if (at == n) at = 0;  // no element equals the max: a NaN row (flagged below)
+  *value = z == 0.f ? mx : std::numeric_limits<float>::quiet_NaN();
+  *index = at;
+}
+
 void silu_mul_avx2(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1) {
   silu_mul_rows<Avx2>(gu, out, n, t0, t1);
 }

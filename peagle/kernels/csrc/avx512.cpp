@@ -149,6 +149,29 @@ void quantize_rows_avx512(const float* x, int64_t ldx, int64_t K, int32_t offset
 
 void attention_avx512(const AttnArgs& a, int64_t i0, int64_t i1) { attention_items<Avx512>(a, i0, i1); }
 
+void argmax_row_avx512(const float* r, int64_t n, float* value, int64_t* index) {
+  __m512 m = _mm512_set1_ps(r[0]), zero = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(r + i);
+    m = _mm512_max_ps(m, x);
+    zero = _mm512_add_ps(zero, _mm512_sub_ps(x, x));
+  }
+  float mx = _mm512_reduce_max_ps(m), z = _mm512_reduce_add_ps(zero);
+  for (int64_t j = i; j < n; ++j) mx = r[j] > mx ? r[j] : mx, z += r[j] - r[j];
+  int64_t at = 0;  // the first index holding the max, a vector of compares at a time
+  for (; at + 16 <= n; at += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(r + at), _mm512_set1_ps(mx), _CMP_EQ_OQ);
+    if (hit) break;
+  }
+  if (at + 16 <= n) at += __builtin_ctz(_mm512_cmp_ps_mask(_mm512_loadu_ps(r + at), _mm512_set1_ps(mx), _CMP_EQ_OQ));
+  else
+    while (at < n && r[at] != mx) ++at;
+  if (at == n) at = 0;  // no element equals the max: a NaN row (flagged below)
+  *value = z == 0.f ? mx : std::numeric_limits<float>::quiet_NaN();
+  *index = at;
+}
+
 void silu_mul_avx512(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1) {
   silu_mul_rows<Avx512>(gu, out, n, t0, t1);
 }

@@ -169,4 +169,12 @@ void silu_mul_avx512(const float* gu, float* out, int64_t n, int64_t t0, int64_t
 // The widest of them this CPU runs (ops.cpp).
 SiluRows silu_rows();
 
+// A row's largest value and the first index holding it; NaN as the value where the row holds a NaN or an
+// infinity (x - x summed: exact zeros unless one is there).
+using ArgmaxRow = void (*)(const float* r, int64_t n, float* value, int64_t* index);
+void argmax_row_ref(const float* r, int64_t n, float* value, int64_t* index);
+void argmax_row_avx2(const float* r, int64_t n, float* value, int64_t* index);
+void argmax_row_avx512(const float* r, int64_t n, float* value, int64_t* index);
+ArgmaxRow argmax_row();
+
 }  // namespace peagle

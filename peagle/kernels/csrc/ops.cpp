@@ -3,6 +3,7 @@
 // split across torch's threads (the same OpenMP team as every other op).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/Half.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -62,6 +63,11 @@ static void set_isa(c10::string_view isa) {
 
 SiluRows silu_rows() {
   static const SiluRows rows[3] = {silu_mul_ref, silu_mul_avx2, silu_mul_avx512};
+  return rows[isa_level()];
+}
+
+ArgmaxRow argmax_row() {
+  static const ArgmaxRow rows[3] = {argmax_row_ref, argmax_row_avx2, argmax_row_avx512};
   return rows[isa_level()];
 }
 
@@ -213,6 +219,49 @@ static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optiona
   return c;
 }
 
+// Rows ``ids`` of a GGUF matrix (the file's blocks or packed), de-quantized to float32 [n, K]: gguf's values
+// (q * d exact, + m rounded once), as the embedding looks tokens up.
+static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
+  const WeightView w = weight_view(blocks);
+  TORCH_CHECK(quantized(w.wtype), "peagle::dequantize_rows: takes GGUF blocks");
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
+              "peagle::dequantize_rows: ids must be contiguous int64 [n]");
+  const int64_t n = ids.numel(), nb = w.K / QBLOCK, bb = block_bytes(w.wtype), PB = packed_bytes(w.wtype);
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(0 <= ip[i] && ip[i] < w.N, "peagle::dequantize_rows: row ", ip[i], " out of ", w.N);
+  at::Tensor out = at::empty({n, w.K}, blocks.options().dtype(at::kFloat));
+  const uint8_t* base = static_cast<const uint8_t*>(w.w);
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
+    uint8_t blk[34];
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* p = blk;
+        if (!w.packed) {
+          p = base + (ip[i] * nb + b) * bb;
+        } else {  // kernels.h's layout: column c of group g, block b, gathered back into a file block
+          const int64_t g = ip[i] / QGROUP, c = ip[i] % QGROUP, sc = packed_scales(w.wtype);
+          const uint8_t* s = base + (g * nb + b) * PB;
+          std::memcpy(blk, s + 2 * c, 2);
+          if (w.wtype == WType::q4_1) std::memcpy(blk + 2, s + 32 + 2 * c, 2);
+          for (int64_t v = 0; v < (bb - sc / 16) / 4; ++v)
+            for (int k = 0; k < 4; ++k)
+              blk[sc / 16 + 4 * v + k] = uint8_t(s[sc + 64 * v + 4 * c + k] ^ (w.wtype == WType::q8_0 ? 0x80 : 0));
+        }
+        const QBlock q = qblock(p, w.wtype, 0);
+        const float d = c10::Half(q.d, c10::Half::from_bits()), m = c10::Half(q.m, c10::Half::from_bits());
+        float* y = o + i * w.K + b * QBLOCK;
+        for (int k = 0; k < QBLOCK; ++k) {
+          if (w.wtype == WType::q8_0) y[k] = float(int8_t(q.q[k])) * d;
+          else if (w.wtype == WType::q4_0) y[k] = float(((q.q[k % 16] >> (k & 16) / 4) & 15) - 8) * d;
+          else y[k] = float((q.q[k % 16] >> (k & 16) / 4) & 15) * d + m;
+        }
+      }
+  });
+  return out;
+}
+
 static at::Tensor run(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias,
                       const Kernel& kernel) {
   TORCH_CHECK(!w.packed, "peagle::linear: packed blocks run on the integer path only");
@@ -304,6 +353,8 @@ TORCH_LIBRARY(peagle, m) {
         "int block_size, int window, float scale, Tensor? sinks=None, int lanes=8, Tensor? tree_base=None, "
         "Tensor? tree_map=None) -> Tensor");
   m.def("qlinear_ref(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+  m.def("dequantize_rows(Tensor blocks, Tensor ids) -> Tensor");
+  m.impl("dequantize_rows", c10::DispatchKey::CPU, TORCH_FN(dequantize_rows));
   m.def("isa() -> str", [] { return best_isa(); });
   m.def("int_isa() -> str", [] { return best_int_isa(); });
   m.def("set_isa(str isa) -> ()", set_isa);

@@ -191,6 +191,17 @@ void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1) {
     }
 }
 
+void argmax_row_ref(const float* r, int64_t n, float* value, int64_t* index) {
+  float m = r[0], zero = 0.f;
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    zero += r[i] - r[i];
+    if (r[i] > m) m = r[i], at = i;
+  }
+  *value = zero == 0.f ? m : std::numeric_limits<float>::quiet_NaN();
+  *index = at;
+}
+
 void silu_mul_ref(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1) {
   silu_mul_rows<Lanes<8>>(gu, out, n, t0, t1);
 }

@@ -1,0 +1,72 @@
+"""Decode speed against llama.cpp's own `llama-bench`, one run: tg128 on the shipped Q4_1 file and on its
+BF16 conversion, and its batches (pp1, pp8, pp16: what 8 or 16 verify rows cost it), against peagle on
+the same files: `none` with `--compute fast` (the default: integer dot products) and `--compute exact`
+(float32 arithmetic), bfloat16 weights, and `generate`'s defaults (P-EAGLE, K chosen by the engine).
+peagle decodes 128 tokens after each of the first PROMPTS MT-Bench questions (chat template), greedy, EOS
+ignored; its rate is 127 / (the time after the first token), as llama-bench's tg128 times 128 tokens after
+a warm-up. Rounds interleave every system; medians.
+
+    python docs/results/int8/decode.py [ROUNDS] [PROMPTS]     # writes decode.json beside this file
+"""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from peagle.bench import llamacpp
+from peagle.engine.llm_engine import LLMEngine
+from peagle.engine.sampling import SamplingParams
+from peagle.prompts import dataset_path, read_prompt_file
+
+N = 128
+rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+prompts = read_prompt_file(dataset_path("mt-bench", None), "mt-bench")[:int(sys.argv[2]) if len(sys.argv) > 2 else 6]
+
+
+def peagle(method, **how):
+    engine = LLMEngine.from_pretrained(None, method=method, k="auto", max_num_seqs=1, **how)
+    ids = [engine.encode_prompt(p.text) for p in prompts]
+
+    def run():
+        rates = []
+        for i in ids:
+            out = engine.generate([i], SamplingParams(max_tokens=N, ignore_eos=True))[0]
+            rates.append((N - 1) / (out.elapsed_s - out.ttft_s))
+        return rates
+    return engine.precision, run
+
+
+def bench(kind, p, n):
+    return lambda: [llamacpp.llama_bench(kind, prompt=p, gen=n, reps=3)["avg_ts"]]
+
+
+systems = {
+    "peagle `none`, the GGUF as shipped, `--compute fast` (default)": peagle("none"),
+    "peagle `generate` defaults (P-EAGLE, auto K), the GGUF as shipped": peagle("parallel"),
+    "peagle `none`, the GGUF as shipped, `--compute exact`": peagle("none", compute="exact"),
+    "peagle `none`, bfloat16 weights (`--quantization none`)": peagle("none", dtype="bfloat16", quantization="none"),
+}
+systems = {name: run for name, (_, run) in systems.items()}
+peers = {"llama-bench Q4_1 tg128": bench("Q4_1", 0, N), "llama-bench BF16 tg128": bench("BF16", 0, N)}
+batches = {f"llama-bench Q4_1 pp{p}": bench("Q4_1", p, 0) for p in (1, 8, 16)}
+everyone = {**systems, **peers}
+for run in systems.values():
+    run()  # warm-up
+rates = {name: [] for name in {**everyone, **batches}}
+for r in range(rounds):
+    for name, run in everyone.items():
+        rates[name] += run()
+for name, run in batches.items():
+    rates[name] += run()
+med = {name: statistics.median(xs) for name, xs in rates.items()}
+Path(__file__).with_name("decode.json").write_text(json.dumps({"rounds": rounds, "prompts": len(prompts),
+                                                                "rates": rates, "medians": med}, indent=1) + "\n")
+q4, bf = med["llama-bench Q4_1 tg128"], med["llama-bench BF16 tg128"]
+print(f"| system | decode tok/s (median) | against llama-bench tg128 Q4_1 | against BF16 |\n|---|---|---|---|")
+for name in everyone:
+    print(f"| {name} | {med[name]:.1f} | {med[name] / q4:.2f}x | {med[name] / bf:.2f}x |")
+pp1 = med["llama-bench Q4_1 pp1"]
+print("\n| llama-bench Q4_1 batch | tokens/s | time against pp1 |\n|---|---|---|")
+for p in (1, 8, 16):
+    t = med[f"llama-bench Q4_1 pp{p}"]
+    print(f"| pp{p} | {t:.1f} | {p * pp1 / t:.2f}x |")
