@@ -19,7 +19,9 @@ deeper position seldom tried leans on the one before it) and the tree can grow a
 find that nothing pays, the interval doubles (up to ``probe_max`` steps), so a useless head costs
 next to nothing. And drafting starts only for a modelled gain beyond ``margin`` (10%): near
 break-even the model's own error decides, and on the quantized default model, where a round costs 3x
-a step, it drafted at 0.88x plain decoding. No anchor does this online: vLLM's dynamic speculation
+a step, it drafted at 0.88x plain decoding. The engine's first ``warmup`` steps are plain, so the plain
+step's real time (the bare passes timed at start-up leave out the host's work) is known before the
+first draft is weighed against it. No anchor does this online: vLLM's dynamic speculation
 reads a fixed table by batch size.
 """
 from __future__ import annotations
@@ -63,6 +65,7 @@ class AutoK:
     decay: float = 0.98         # per step: about the last 50 steps count
     margin: float = 0.1         # drafting must beat plain decoding by this much by the model (its error, measured)
     prior: float = 1.0          # pseudo-rounds of each position's prior (see __post_init__, then the one before)
+    warmup: int = 0             # first steps at K = 0: a plain step is timed (observe) before any draft is weighed
     accepted: list[list[float]] = field(default_factory=list)   # [position][rank]
     tried: list[float] = field(default_factory=list)            # [position]
     steps: int = 0
@@ -130,6 +133,8 @@ class AutoK:
         self.steps += 1
         self.accepted = [[a * self.decay for a in acc] for acc in self.accepted]
         self.tried = [t * self.decay for t in self.tried]
+        if self.steps <= self.warmup:
+            return Tree(())
         nodes, expected = self.plan()
         depths = list(accumulate((len(p) for p in nodes), max, initial=0))
         catch_up = self.drafter(missed_rows) / self.probe_every if missed_rows else 0.0

@@ -173,7 +173,7 @@ class LLMEngine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # engine-wide totals, for metrics
-        self.auto = AutoK(self.k_max, config.method == "parallel", *self._measure_costs(), ranks=self.ranks,
+        self.auto = AutoK(self.k_max, config.method == "parallel", *self._measure_costs(), ranks=self.ranks, warmup=3,
                           budget=config.speculative_tree_budget if tree == "auto" else None) if config.auto else None
         self._last_tree: Tree | None = None   # the tree of the drafts the next step verifies
 
