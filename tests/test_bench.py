@@ -546,3 +546,20 @@ def test_a_quantized_engine_meets_the_llama_cpp_file_of_its_format():
     plain = Linear(64, 8)
     plain.weight = torch.nn.Parameter(torch.zeros(8, 64, dtype=torch.bfloat16), requires_grad=False)
     assert weight_precision(SimpleNamespace(target=plain)) == "BF16"
+
+
+def test_baseline_quotes_llama_bench_against_our_decode(monkeypatch):
+    """The llama-bench section: tg128 and pp1/pp8/pp16 a file, our `none` over tg128 at the same precision;
+    left out with a note where the binary is missing."""
+    from peagle.bench import baseline, llamacpp
+
+    monkeypatch.setattr(llamacpp, "native_bin", lambda name: None)
+    assert "left_out" in baseline.bench_llama_bench(["Q4_1"], 2, 1, None)
+    monkeypatch.setattr(llamacpp, "native_bin", lambda name: Path("/opt/llama") / name)
+    speeds = {(0, 128): 100.0, (1, 0): 90.0, (8, 0): 240.0, (16, 0): 300.0}
+    monkeypatch.setattr(llamacpp, "llama_bench", lambda kind, prompt, gen, reps, threads: {"avg_ts": speeds[prompt, gen]})
+    e2e = {"systems": {"none": {"precision": "Q4_1", "decode_tok_s": 150.0}}}
+    res = baseline.bench_llama_bench(["Q4_1", "BF16"], 2, 1, e2e)
+    assert res["rows"][0]["ours_none_vs_tg128"] == 1.5 and "ours_none_vs_tg128" not in res["rows"][1]
+    md = "\n".join(baseline.markdown_llama_bench({"llama_bench": res}))
+    assert "| Q4_1 | 100.0 | 90.0 | 240.0 | 300.0 | 3.00x | 1.50 |" in md and "| BF16 |" in md

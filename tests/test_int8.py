@@ -36,12 +36,12 @@ def int_isas() -> list[str]:
 
 
 def isa_caps() -> list:
-    """The operators' ISA caps, each a pytest param, skipped with a stated reason where this CPU lacks it."""
-    best = kernels.isa() if kernels.available() else "none"
-    order = ["avx512", "avx2"]
-    return [pytest.param(isa, marks=pytest.mark.skipif(
-        best not in order or order.index(best) > order.index(isa), reason=f"this CPU has no {isa} integer path"))
-        for isa in order]
+    """The operators' ISA caps whose integer path this CPU runs, each a pytest param, skipped with a stated
+    reason where it does not (AVX-512 without VNNI runs the AVX2 integer path)."""
+    have = int_isas()
+    return [pytest.param(isa, marks=pytest.mark.skipif(INT_ISAS[isa] not in have,
+                                                       reason=f"this CPU has no {INT_ISAS[isa]} integer path"))
+            for isa in INT_ISAS]
 
 
 def int8_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

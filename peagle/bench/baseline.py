@@ -15,12 +15,16 @@
    same precision;
 4. the cost of drafting K tokens through the engine's own ``_propose``: one parallel (P-EAGLE)
    drafter pass, and K sequential EAGLE-3 passes, for K = 1..10, in ms and as a fraction of a
-   one-token step. HF runs in the engine's dtype throughout.
+   one-token step. HF runs in the engine's dtype throughout;
+5. llama.cpp's own ``llama-bench`` on the same files (tg128, and pp1 / pp8 / pp16: what a batch of
+   verify rows costs it), with our ``none`` decode rate over its tg128 at the same precision: the figure
+   quoted against llama.cpp (the binding's per-token Python loop charges its own cost to llama.cpp).
 
 The machine is shared, so every figure is a median of several repetitions, systems are
 interleaved (each repetition runs every system back to back, in a rotating order), and the
-headline numbers are ratios between figures taken in this same run. llama.cpp needs
-``pip install '.[llamacpp]'``; without it its rows are left out, with a note.
+headline numbers are ratios between figures taken in this same run. llama.cpp's in-process peers need
+``pip install '.[llamacpp]'``, ``llama-bench`` its binaries (:func:`peagle.bench.llamacpp.native_bin`);
+without them their rows are left out, with a note.
 
     python -m peagle.bench.baseline --max-new-tokens 128 --prompts 3 --reps 3 --json out.json
 """
@@ -415,6 +419,34 @@ def match_str(info: dict) -> str:
     return s
 
 
+def bench_llama_bench(kinds: list[str], threads: int, reps: int, e2e: dict | None) -> dict:
+    """``llama-bench`` on each of ``kinds``: tg128 and pp1 / pp8 / pp16 (tokens/s), and our ``none`` decode
+    rate of this run over tg128 at the same precision."""
+    if llamacpp.native_bin("llama-bench") is None:
+        return {"left_out": "llama-bench not found (LLAMA_CPP_BIN): its rows are left out"}
+    ours = (e2e or {}).get("systems", {}).get("none", {})
+    rows = []
+    for kind in kinds:
+        r = {"kind": kind, "tg128": llamacpp.llama_bench(kind, 0, 128, reps, threads)["avg_ts"]}
+        r.update({f"pp{p}": llamacpp.llama_bench(kind, p, 0, reps, threads)["avg_ts"] for p in (1, 8, 16)})
+        if ours.get("precision") == kind:
+            r["ours_none_vs_tg128"] = ours["decode_tok_s"] / r["tg128"]
+        rows.append(r)
+    return {"rows": rows}
+
+
+def markdown_llama_bench(res: dict) -> list[str]:
+    lb = res["llama_bench"]
+    out = ["", "### llama.cpp's own `llama-bench` (tokens/s)", ""]
+    if "left_out" in lb:
+        return out + [lb["left_out"]]
+    out += ["| file | tg128 | pp1 | pp8 | pp16 | 8 tokens / 1 | ours `none` / tg128 |", "|---|---|---|---|---|---|---|"]
+    for r in lb["rows"]:
+        out.append(f"| {r['kind']} | {fmt(r['tg128'])} | {fmt(r['pp1'])} | {fmt(r['pp8'])} | {fmt(r['pp16'])} | "
+                   f"{fmt(8 * r['pp1'] / r['pp8'], 2)}x | {fmt(r.get('ours_none_vs_tg128'), 2)} |")
+    return out
+
+
 def markdown(res: dict) -> str:
     out = []
     if "end_to_end" in res:
@@ -425,6 +457,8 @@ def markdown(res: dict) -> str:
         out += markdown_prefill(res)
     if "drafting" in res:
         out += markdown_drafting(res)
+    if "llama_bench" in res:
+        out += markdown_llama_bench(res)
     return "\n".join(out)
 
 
@@ -536,7 +570,7 @@ def markdown_drafting(res: dict) -> list[str]:
 
 # ----------------------------------------------------------------------------- main
 
-SECTIONS = ("e2e", "passes", "prefill", "drafting")
+SECTIONS = ("e2e", "passes", "prefill", "drafting", "llamabench")
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -704,6 +738,10 @@ def run(args: argparse.Namespace) -> dict:
         bar.set_postfix_str("drafting")
         found["drafting"] = bench_drafting(args, ours, heads, build_context(prompts_ids, outputs, args.context),
                                            found["target_passes"]["rows"][0]["ours_ms"], bar)
+    if "llamabench" in sec and args.llamacpp != "none":
+        bar.set_postfix_str("llama-bench")
+        found["llama_bench"] = bench_llama_bench(kinds, args.llamacpp_threads or engine_threads, args.reps,
+                                                 found.get("end_to_end"))
     bar.close()
 
     res = {
