@@ -62,7 +62,7 @@ med = {name: statistics.median(xs) for name, xs in rates.items()}
 Path(__file__).with_name("decode.json").write_text(json.dumps({"rounds": rounds, "prompts": len(prompts),
                                                                 "rates": rates, "medians": med}, indent=1) + "\n")
 q4, bf = med["llama-bench Q4_1 tg128"], med["llama-bench BF16 tg128"]
-print(f"| system | decode tok/s (median) | against llama-bench tg128 Q4_1 | against BF16 |\n|---|---|---|---|")
+print("| system | decode tok/s (median) | against llama-bench tg128 Q4_1 | against BF16 |\n|---|---|---|---|")
 for name in everyone:
     print(f"| {name} | {med[name]:.1f} | {med[name] / q4:.2f}x | {med[name] / bf:.2f}x |")
 pp1 = med["llama-bench Q4_1 pp1"]
