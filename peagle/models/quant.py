@@ -5,7 +5,9 @@ A quantized matrix is a :class:`QuantTensor`: to the model it looks like the ``[
 stands for (shape, a nominal dtype, a parameter of its module, concatenated like one when q/k/v and
 gate/up are fused), while peagle's operators get its blocks, uint8 ``[out, in / 32, block bytes]`` (the
 block size names the format: ``peagle/kernels/csrc/kernels.h``), and an embedding lookup de-quantizes
-only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact.
+only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact. For
+the kernels' integer path (``--compute fast``) a loaded model's blocks are packed (:func:`pack_model`: 16
+rows interleaved, uint8 ``[out / 16, in / 32, 16 * block bytes]``), a permutation of the same bytes.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ FORMATS = {f.name: f for f in (BlockFormat("q8_0", 34, False, False), BlockForma
                                BlockFormat("q4_1", 20, True, True))}
 BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
 GROUP = 16  # columns a packed block interleaves (kernels.h: QGROUP)
-PACKED = {GROUP * f.block_bytes: f for f in FORMATS.values()}  # ... and a packed block's size, packed blocks'
+PACKED = {GROUP * f.block_bytes: f for f in FORMATS.values()}  # a packed group's size names it too
 
 
 def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
