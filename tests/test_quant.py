@@ -4,7 +4,6 @@ matrix bit for bit (each instruction set its scalar reference's bits, each row's
 of the pass), and the default model kept quantized runs as its de-quantized copy does."""
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import gguf
@@ -16,6 +15,7 @@ from conftest import run_full
 from test_kernels import LANES, isas
 
 from peagle import kernels
+from peagle.bench.llamacpp import available as llamacpp_available
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.checkpoint import CheckpointError
@@ -202,7 +202,7 @@ def test_the_engine_says_it_runs_gguf_weights(compute):
 
 
 @native
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
+@pytest.mark.skipif(not llamacpp_available(), reason="llama-cpp-python is not installed")
 def test_logits_agree_with_llama_cpp_on_the_same_file(default_both):
     """llama.cpp multiplies Q4_1 by activations it quantizes to 8 bits, we by float32 ones: the argmax
     agrees almost everywhere and the logits (range about +-35) within a couple of units."""

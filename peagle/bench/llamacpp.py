@@ -31,6 +31,11 @@ NATIVE_DEFAULT = Path.home() / ".cache" / "llama-native" / "llama_cpp_python-0.3
 
 
 def available() -> bool:
+    """Whether the binding is installed; one installed over llama.cpp's own build (``CMAKE_ARGS=-DLLAMA_BUILD=OFF``,
+    as ``llama-native.sh`` says) is pointed at that build's libraries unless ``LLAMA_CPP_LIB_PATH`` is set."""
+    bins = Path(os.environ.get("LLAMA_CPP_BIN", NATIVE_DEFAULT))
+    if (bins / "libllama.so").is_file():
+        os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(bins))
     return importlib.util.find_spec("llama_cpp") is not None
 
 
