@@ -43,6 +43,15 @@ inline QBlock qblock(const uint8_t* row, WType t, int64_t b) {
   __builtin_memcpy(h, p, t == WType::q4_1 ? 4 : 2);
   return {h[0], t == WType::q4_1 ? h[1] : uint16_t(0), p + (t == WType::q4_1 ? 4 : 2)};
 }
+// Weight k (0 .. 31) of a block as the integer its value scales: q8_0 q, q4_0 q - 8, q4_1 q.
+inline int quant_at(const QBlock& p, WType t, int64_t k) {
+  if (t == WType::q8_0) return int8_t(p.q[k]);
+  const int q = (p.q[k % 16] >> (k & 16) / 4) & 15;
+  return t == WType::q4_0 ? q - 8 : q;
+}
+// Weight k of a row of row_bytes(t, K) bytes as float32: gguf's value for blocks (q * d exact, + m rounded
+// once), the SIMD paths' conversion for 16-bit weights (reference.cpp).
+float weight_at(const uint8_t* row, WType t, int64_t k);
 
 struct LinearArgs {
   const float* x;     // [M, K], row stride ldx

@@ -3,7 +3,6 @@
 // split across torch's threads (the same OpenMP team as every other op).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <c10/util/Half.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -40,7 +39,11 @@ static bool has_avx512vnni() { return has_avx512() && __builtin_cpu_supports("av
 // The widest instruction set the operators use when none is named: this CPU's, or a narrower one set by
 // set_isa (PEAGLE_ISA; tests run the whole engine on each path). 2: avx512, 1: avx2, 0: scalar.
 static std::atomic<int> isa_cap{2};
-static int isa_level() { return std::min(isa_cap.load(std::memory_order_relaxed), has_avx512() ? 2 : has_avx2() ? 1 : 0); }
+static int hw_level() {
+  static const int level = has_avx512() ? 2 : has_avx2() ? 1 : 0;
+  return level;
+}
+static int isa_level() { return std::min(isa_cap.load(std::memory_order_relaxed), hw_level()); }
 static const char* const ISA_NAMES[3] = {"scalar", "avx2", "avx512"};
 static std::string best_isa() { return ISA_NAMES[isa_level()]; }
 
@@ -57,7 +60,7 @@ static void set_isa(c10::string_view isa) {
   TORCH_CHECK(name.empty() || it != ISA_NAMES + 3, "peagle::set_isa: unknown instruction set '", name,
               "' (avx512, avx2, scalar, or empty: the widest this CPU has)");
   const int level = name.empty() ? 2 : int(it - ISA_NAMES);
-  TORCH_CHECK(level <= (has_avx512() ? 2 : has_avx2() ? 1 : 0), "peagle::set_isa: this CPU has no ", name);
+  TORCH_CHECK(level <= hw_level(), "peagle::set_isa: this CPU has no ", name);
   isa_cap.store(level);
 }
 
@@ -249,14 +252,7 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
             for (int k = 0; k < 4; ++k)
               blk[sc / 16 + 4 * v + k] = uint8_t(s[sc + 64 * v + 4 * c + k] ^ (w.wtype == WType::q8_0 ? 0x80 : 0));
         }
-        const QBlock q = qblock(p, w.wtype, 0);
-        const float d = c10::Half(q.d, c10::Half::from_bits()), m = c10::Half(q.m, c10::Half::from_bits());
-        float* y = o + i * w.K + b * QBLOCK;
-        for (int k = 0; k < QBLOCK; ++k) {
-          if (w.wtype == WType::q8_0) y[k] = float(int8_t(q.q[k])) * d;
-          else if (w.wtype == WType::q4_0) y[k] = float(((q.q[k % 16] >> (k & 16) / 4) & 15) - 8) * d;
-          else y[k] = float((q.q[k % 16] >> (k & 16) / 4) & 15) * d + m;
-        }
+        for (int k = 0; k < QBLOCK; ++k) o[i * w.K + b * QBLOCK + k] = weight_at(p, w.wtype, k);
       }
   });
   return out;
@@ -283,7 +279,6 @@ struct QKernel {
   std::function<void(const QLinearArgs&, int64_t, int64_t)> linear;  // column groups (packed) or columns (ref)
   int64_t grain;
 };
-
 
 static QKernel qkernel_for(const std::string& isa) {
   if (isa == "avx512vnni") {

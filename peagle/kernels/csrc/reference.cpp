@@ -104,8 +104,7 @@ static float half_to_float(uint16_t h) {  // IEEE half to float, subnormals incl
   return f;
 }
 
-// Weight k of a row of row_bytes(t, K) bytes, as float32 (the SIMD paths' operations, one lane).
-static inline float load_w(const uint8_t* row, WType t, int64_t k) {
+float weight_at(const uint8_t* row, WType t, int64_t k) {
   switch (t) {
     case WType::f32: return reinterpret_cast<const float*>(row)[k];
     case WType::bf16: {
@@ -115,16 +114,12 @@ static inline float load_w(const uint8_t* row, WType t, int64_t k) {
       return f;
     }
     case WType::f16: return half_to_float(reinterpret_cast<const uint16_t*>(row)[k]);
-    case WType::q8_0: {
-      const QBlock p = qblock(row, t, k / QBLOCK);
-      return float(int8_t(p.q[k % QBLOCK])) * half_to_float(p.d);
-    }
+    case WType::q8_0:
     case WType::q4_0:
     case WType::q4_1: {
       const QBlock p = qblock(row, t, k / QBLOCK);
-      const int q = (p.q[k % 16] >> (k & 16) / 4) & 15;
-      if (t == WType::q4_0) return float(q - 8) * half_to_float(p.d);
-      return std::fma(float(q), half_to_float(p.d), half_to_float(p.m));
+      const float q = float(quant_at(p, t, k % QBLOCK));
+      return t == WType::q4_1 ? std::fma(q, half_to_float(p.d), half_to_float(p.m)) : q * half_to_float(p.d);
     }
   }
   return 0.f;
@@ -137,7 +132,7 @@ void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes) {
     const float* x = a.x + m * a.ldx;
     for (int64_t n = n0; n < n1; ++n) {
       float lane[16] = {0};
-      for (int64_t k = 0; k < a.K; ++k) lane[k % lanes] = std::fmaf(load_w(w + n * RB, a.wtype, k), x[k], lane[k % lanes]);
+      for (int64_t k = 0; k < a.K; ++k) lane[k % lanes] = std::fmaf(weight_at(w + n * RB, a.wtype, k), x[k], lane[k % lanes]);
       if (lanes == 16)
         for (int l = 0; l < 8; ++l) lane[l] += lane[l + 8];
       float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
@@ -178,12 +173,7 @@ void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1) {
         const QBlock p = qblock(row, a.wtype, b);
         const int8_t* xq = a.x.q + m * a.K + b * QBLOCK;
         int32_t isum = 0;
-        for (int k = 0; k < QBLOCK; ++k) {
-          int w;
-          if (a.wtype == WType::q8_0) w = int8_t(p.q[k]);
-          else w = ((p.q[k % 16] >> (k & 16) / 4) & 15) - (a.wtype == WType::q4_0 ? 8 : 0);
-          isum += w * int32_t(xq[k]);
-        }
+        for (int k = 0; k < QBLOCK; ++k) isum += quant_at(p, a.wtype, k) * int32_t(xq[k]);
         acc = std::fma(half_to_float(p.d), a.x.d[m * nb + b] * float(isum), acc);
         if (a.wtype == WType::q4_1) acc = std::fma(half_to_float(p.m), a.x.sd[m * nb + b], acc);
       }
