@@ -1,8 +1,8 @@
 """Decode speed against llama.cpp's own `llama-bench`, one run: tg128 on the shipped Q4_1 file and on its
 BF16 conversion, and its batches (pp1, pp8, pp16: what 8 or 16 verify rows cost it), against peagle on
 the same files: `none` with `--compute fast` (the default: integer dot products) and `--compute exact`
-(float32 arithmetic), bfloat16 weights, and `generate`'s defaults (P-EAGLE, K chosen by the engine).
-peagle decodes 128 tokens after each of the first PROMPTS MT-Bench questions (chat template), greedy, EOS
+(float32 arithmetic), bfloat16 weights, and `generate`'s defaults (P-EAGLE, K chosen by the engine), with HF
+transformers `generate` in bfloat16 and float32 on the same token ids (greedy). peagle and HF decode 128 tokens after each of the first PROMPTS MT-Bench questions (chat template), greedy, EOS
 ignored; its rate is 127 / (the time after the first token), as llama-bench's tg128 times 128 tokens after
 a warm-up. Rounds interleave every system; medians.
 
@@ -13,9 +13,14 @@ import statistics
 import sys
 from pathlib import Path
 
+import torch
+
 from peagle.bench import llamacpp
+from peagle.bench.peers import checked_decode
+from peagle.bench.peers import hf as hf_peer
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
+from peagle.models.loader import resolve_target
 from peagle.prompts import dataset_path, read_prompt_file
 
 N = 128
@@ -36,6 +41,15 @@ def peagle(method, **how):
     return engine.precision, run
 
 
+def hf(dtype, ids):
+    peer = hf_peer.load(resolve_target(None), dtype, torch.device("cpu"), torch.get_num_threads())
+
+    def run():
+        ds = [checked_decode(peer, i, N) for i in ids]
+        return [(N - 1) / (d.elapsed_s - d.ttft_s) for d in ds]
+    return run
+
+
 def bench(kind, p, n):
     return lambda: [llamacpp.llama_bench(kind, prompt=p, gen=n, reps=3)["avg_ts"]]
 
@@ -47,6 +61,9 @@ systems = {
     "peagle `none`, bfloat16 weights (`--quantization none`)": peagle("none", dtype="bfloat16", quantization="none"),
 }
 systems = {name: run for name, (_, run) in systems.items()}
+token_ids = [LLMEngine.from_pretrained(None, method="none", max_num_seqs=1).encode_prompt(p.text) for p in prompts]
+systems["HF transformers `generate`, bfloat16"] = hf(torch.bfloat16, token_ids)
+systems["HF transformers `generate`, float32"] = hf(torch.float32, token_ids)
 peers = {"llama-bench Q4_1 tg128": bench("Q4_1", 0, N), "llama-bench BF16 tg128": bench("BF16", 0, N)}
 batches = {f"llama-bench Q4_1 pp{p}": bench("Q4_1", p, 0) for p in (1, 8, 16)}
 everyone = {**systems, **peers}
@@ -62,9 +79,11 @@ med = {name: statistics.median(xs) for name, xs in rates.items()}
 Path(__file__).with_name("decode.json").write_text(json.dumps({"rounds": rounds, "prompts": len(prompts),
                                                                 "rates": rates, "medians": med}, indent=1) + "\n")
 q4, bf = med["llama-bench Q4_1 tg128"], med["llama-bench BF16 tg128"]
-print("| system | decode tok/s (median) | against llama-bench tg128 Q4_1 | against BF16 |\n|---|---|---|---|")
+hf_bf = med["HF transformers `generate`, bfloat16"]
+print("| system | decode tok/s (median) | against llama-bench tg128 Q4_1 | against BF16 | against HF bf16 |\n"
+      "|---|---|---|---|---|")
 for name in everyone:
-    print(f"| {name} | {med[name]:.1f} | {med[name] / q4:.2f}x | {med[name] / bf:.2f}x |")
+    print(f"| {name} | {med[name]:.1f} | {med[name] / q4:.2f}x | {med[name] / bf:.2f}x | {med[name] / hf_bf:.2f}x |")
 pp1 = med["llama-bench Q4_1 pp1"]
 print("\n| llama-bench Q4_1 batch | tokens/s | time against pp1 |\n|---|---|---|")
 for p in (1, 8, 16):
