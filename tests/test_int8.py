@@ -1,7 +1,7 @@
 """The integer path (``--compute fast``, peagle/kernels/csrc/kernels.h): GGUF blocks times activations
-quantized per row to 8 bits, through integer dot products. Every instruction set (AVX512-VNNI, AVX2) gives
-the bits of the scalar reference on the file's blocks, which gives the bits of a torch re-statement of the
-arithmetic that shares no code with either; a row's result does not depend on the pass; packing is a
+quantized per row to 8 bits, through integer dot products. Every instruction set (AVX512-VNNI, AVX-VNNI,
+AVX2) gives the bits of the scalar reference on the file's blocks, which gives the bits of a torch
+re-statement of the arithmetic that shares no code with either; a row's result does not depend on the pass; packing is a
 permutation of the file's bytes; and speculation on a quantized model equals plain decoding token for
 token on every instruction set this CPU has, with drafts accepted."""
 from __future__ import annotations
@@ -26,22 +26,31 @@ from peagle.models.quant import (FORMATS, GROUP, QBLOCK, QuantTensor, blocks_of,
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
-INT_ISAS = {"avx512": "avx512vnni", "avx2": "avx2"}  # the operators' ISA cap -> the integer path it runs
+INT_ISAS = {"avx512": "avx512vnni", "avxvnni": "avxvnni", "avx2": "avx2"}  # the ISA cap -> its integer path
 
 
 def int_isas() -> list[str]:
     """The integer paths this CPU runs, widest first."""
-    have = {"avx512vnni": ["avx512vnni", "avx2"], "avx2": ["avx2"], "none": []}
-    return have[torch.ops.peagle.int_isa()] if kernels.available() else []
+    return list(torch.ops.peagle.int_isas()) if kernels.available() else []
+
+
+def runs_on(cap: str) -> bool:
+    """Whether the operators capped at ``cap`` run its integer path here (AVX-512 without VNNI runs a
+    narrower one)."""
+    try:
+        with kernels.use_isa(cap):
+            return kernels.int_isa() == INT_ISAS[cap]
+    except RuntimeError:  # this CPU has no such instruction set
+        return False
 
 
 def isa_caps() -> list:
-    """The operators' ISA caps whose integer path this CPU runs, each a pytest param, skipped with a stated
-    reason where it does not (AVX-512 without VNNI runs the AVX2 integer path)."""
-    have = int_isas()
-    return [pytest.param(isa, marks=pytest.mark.skipif(INT_ISAS[isa] not in have,
-                                                       reason=f"this CPU has no {INT_ISAS[isa]} integer path"))
-            for isa in INT_ISAS]
+    """The operators' ISA caps, each a pytest param, skipped with a stated reason where this CPU does not
+    run its integer path."""
+    have = kernels.available() and os.environ.get("PEAGLE_NATIVE") != "0"
+    return [pytest.param(cap, marks=pytest.mark.skipif(not (have and runs_on(cap)),
+                                                       reason=f"this CPU has no {INT_ISAS[cap]} integer path"))
+            for cap in INT_ISAS]
 
 
 def int8_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

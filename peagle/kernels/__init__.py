@@ -5,8 +5,8 @@ layer's small ops fused, and every layer of such a pass in one call (``decoder_l
 a row's result does not depend on how many rows share the pass (``csrc/kernels.h``).
 
 Built on the user's machine by ``make setup`` (``python -m peagle.kernels``), the instruction set
-chosen at run time (AVX-512 (+ VNNI), AVX2 + FMA + F16C, else a scalar reference; ``PEAGLE_ISA=avx2`` or
-``scalar`` caps it, as :func:`use_isa` does). Where the library is missing or stale, :func:`available`
+chosen at run time (AVX-512 (+ VNNI), AVX2 + FMA + F16C (+ AVX-VNNI), else a scalar reference;
+``PEAGLE_ISA=avxvnni``, ``avx2`` or ``scalar`` caps it, as :func:`use_isa` does). Where the library is missing or stale, :func:`available`
 says so once and the models keep torch's own matmul.
 """
 from __future__ import annotations
@@ -77,8 +77,8 @@ def available() -> bool:
 
 @contextlib.contextmanager
 def use_isa(name: str):
-    """Run the kernels on instruction set ``name`` (``avx512``, ``avx2``, ``scalar``; no wider than this
-    CPU's) inside the block, as ``PEAGLE_ISA`` does for a process: weights loaded inside are packed for
+    """Run the kernels on instruction set ``name`` (``avx512``, ``avxvnni``: AVX2 with AVX-VNNI's integer
+    path, ``avx2``, ``scalar``; no wider than this CPU's) inside the block, as ``PEAGLE_ISA`` does for a process: weights loaded inside are packed for
     that path's integer kernels, or not at all on ``scalar``."""
     torch.ops.peagle.set_isa(name)
     try:
@@ -94,5 +94,5 @@ def isa() -> str:
 
 def int_isa() -> str:
     """The integer path's instruction set for packed GGUF blocks (``csrc/kernels.h``): ``avx512vnni``,
-    ``avx2``, or ``none`` (no such path here, or the kernels not loaded: the file's blocks run in float32)."""
+    ``avxvnni``, ``avx2``, or ``none`` (no such path here, or the kernels not loaded: the file's blocks run in float32)."""
     return torch.ops.peagle.int_isa() if available() else "none"

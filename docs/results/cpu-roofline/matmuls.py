@@ -27,7 +27,7 @@ def blocks(compute):  # the file as it ships: Q4_1 layers, the Q8_0 embedding as
 
 
 wsq, wsp = blocks("exact"), blocks("fast")
-int_isas = {"avx512vnni": ["avx512vnni", "avx2"], "avx2": ["avx2"], "none": []}[kernels.int_isa()]
+int_isas = list(torch.ops.peagle.int_isas())
 
 
 def bench(fn, n=20):

@@ -125,8 +125,10 @@ void quantize_rows_avx512(const float* x, int64_t ldx, int64_t K, int32_t offset
 // q4_0: the nibble, q - 8 + 8); AVX2's maddubs takes q8_0 as |q| x sign(x, q) (offset 0).
 constexpr int32_t vnni_offset(WType t) { return t == WType::q8_0 ? 128 : t == WType::q4_0 ? 8 : 0; }
 constexpr int32_t avx2_offset(WType t) { return t == WType::q4_0 ? 8 : 0; }
-// Column groups [g0, g1) of every row: the packed SIMD paths (AVX512-VNNI vpdpbusd; AVX2 maddubs).
+// Column groups [g0, g1) of every row: the packed SIMD paths (AVX512-VNNI and AVX-VNNI vpdpbusd, the
+// vnni_offset; AVX2 maddubs).
 void qlinear_avx512vnni(const QLinearArgs& a, int64_t g0, int64_t g1);
+void qlinear_avxvnni(const QLinearArgs& a, int64_t g0, int64_t g1);
 void qlinear_avx2(const QLinearArgs& a, int64_t g0, int64_t g1);
 // Columns [n0, n1) of every row, from the file's blocks: the scalar reference of the arithmetic above.
 void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1);

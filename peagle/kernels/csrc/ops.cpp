@@ -6,7 +6,10 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <cpuid.h>
+
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <functional>
 #include <string>
@@ -36,42 +39,62 @@ static bool has_avx512() {
 
 static bool has_avx512vnni() { return has_avx512() && __builtin_cpu_supports("avx512vnni"); }
 
-// The widest instruction set the operators use when none is named: this CPU's, or a narrower one set by
-// set_isa (PEAGLE_ISA; tests run the whole engine on each path). 2: avx512, 1: avx2, 0: scalar.
-static std::atomic<int> isa_cap{2};
-static int hw_level() {
-  static const int level = has_avx512() ? 2 : has_avx2() ? 1 : 0;
-  return level;
+static bool has_avxvnni() {  // __builtin_cpu_supports knows no avxvnni in gcc 12: CPUID leaf 7 subleaf 1, EAX bit 4
+  unsigned a, b, c, d;
+  return has_avx2() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
 }
-static int isa_level() { return std::min(isa_cap.load(std::memory_order_relaxed), hw_level()); }
-static const char* const ISA_NAMES[3] = {"scalar", "avx2", "avx512"};
-static std::string best_isa() { return ISA_NAMES[isa_level()]; }
 
-// The integer path this CPU runs packed blocks on under that cap: avx512vnni, avx2, or none (the file's
-// blocks stay there).
+// The instruction sets, narrowest first: a cap (set_isa, PEAGLE_ISA; tests run the whole engine on each
+// path) names the widest the operators use. The float path runs avx512 or avx2 (scalar below); the
+// integer path (packed blocks) the widest of avx512vnni, avxvnni, avx2 at or under the cap that this CPU
+// has ("avx512" covers AVX512-VNNI), none on scalar.
+static const char* const ISA_NAMES[4] = {"scalar", "avx2", "avxvnni", "avx512"};
+enum Level { SCALAR, AVX2, AVXVNNI, AVX512 };
+static bool has_level(int level) {
+  static const bool has[4] = {true, has_avx2(), has_avxvnni(), has_avx512()};
+  return has[level];
+}
+static std::atomic<int> isa_cap{AVX512};
+static int cap() { return isa_cap.load(std::memory_order_relaxed); }
+// The float path's level: 2 avx512, 1 avx2, 0 scalar (the index of silu_rows' and argmax_row's tables).
+static int float_level() { return cap() >= AVX512 && has_level(AVX512) ? 2 : cap() >= AVX2 && has_level(AVX2) ? 1 : 0; }
+static std::string best_isa() { return std::array<const char*, 3>{"scalar", "avx2", "avx512"}[float_level()]; }
+
+// The integer path this CPU runs packed blocks on under the cap: avx512vnni, avxvnni, avx2, or none (the
+// file's blocks stay there).
 static std::string best_int_isa() {
-  const int level = isa_level();
-  return level == 2 && has_avx512vnni() ? "avx512vnni" : level >= 1 ? "avx2" : "none";
+  if (cap() >= AVX512 && has_avx512vnni()) return "avx512vnni";
+  if (cap() >= AVXVNNI && has_level(AVXVNNI)) return "avxvnni";
+  return cap() >= AVX2 && has_level(AVX2) ? "avx2" : "none";
+}
+
+// Every integer path this CPU has, widest first (tests run each).
+static std::vector<std::string> int_isas() {
+  std::vector<std::string> out;
+  if (has_avx512vnni()) out.push_back("avx512vnni");
+  if (has_avxvnni()) out.push_back("avxvnni");
+  if (has_avx2()) out.push_back("avx2");
+  return out;
 }
 
 static void set_isa(c10::string_view isa) {
   const std::string name(isa);
-  const auto* it = std::find(ISA_NAMES, ISA_NAMES + 3, name);
-  TORCH_CHECK(name.empty() || it != ISA_NAMES + 3, "peagle::set_isa: unknown instruction set '", name,
-              "' (avx512, avx2, scalar, or empty: the widest this CPU has)");
-  const int level = name.empty() ? 2 : int(it - ISA_NAMES);
-  TORCH_CHECK(level <= hw_level(), "peagle::set_isa: this CPU has no ", name);
+  const auto* it = std::find(ISA_NAMES, ISA_NAMES + 4, name);
+  TORCH_CHECK(name.empty() || it != ISA_NAMES + 4, "peagle::set_isa: unknown instruction set '", name,
+              "' (avx512, avxvnni, avx2, scalar, or empty: the widest this CPU has)");
+  const int level = name.empty() ? AVX512 : int(it - ISA_NAMES);
+  TORCH_CHECK(has_level(level), "peagle::set_isa: this CPU has no ", name);
   isa_cap.store(level);
 }
 
 SiluRows silu_rows() {
   static const SiluRows rows[3] = {silu_mul_ref, silu_mul_avx2, silu_mul_avx512};
-  return rows[isa_level()];
+  return rows[float_level()];
 }
 
 ArgmaxRow argmax_row() {
   static const ArgmaxRow rows[3] = {argmax_row_ref, argmax_row_avx2, argmax_row_avx512};
-  return rows[isa_level()];
+  return rows[float_level()];
 }
 
 static Kernel kernel_for(const std::string& isa) {
@@ -285,11 +308,15 @@ static QKernel qkernel_for(const std::string& isa) {
     TORCH_CHECK(has_avx512vnni(), "peagle::linear: this CPU has no AVX512-VNNI");
     return {quantize_rows_avx512, vnni_offset, qlinear_avx512vnni, COL_GRAIN / QGROUP};
   }
+  if (isa == "avxvnni") {
+    TORCH_CHECK(has_avxvnni(), "peagle::linear: this CPU has no AVX-VNNI");
+    return {quantize_rows_avx2, vnni_offset, qlinear_avxvnni, COL_GRAIN / QGROUP};
+  }
   if (isa == "avx2") {
     TORCH_CHECK(has_avx2(), "peagle::linear: this CPU has no AVX2 + FMA + F16C");
     return {quantize_rows_avx2, avx2_offset, qlinear_avx2, COL_GRAIN / QGROUP};
   }
-  TORCH_CHECK(false, "peagle::linear: packed GGUF blocks run on avx512vnni or avx2, not '", isa,
+  TORCH_CHECK(false, "peagle::linear: packed GGUF blocks run on avx512vnni, avxvnni or avx2, not '", isa,
               "' (the file's blocks run on every instruction set)");
 }
 
@@ -352,6 +379,7 @@ TORCH_LIBRARY(peagle, m) {
   m.impl("dequantize_rows", c10::DispatchKey::CPU, TORCH_FN(dequantize_rows));
   m.def("isa() -> str", [] { return best_isa(); });
   m.def("int_isa() -> str", [] { return best_int_isa(); });
+  m.def("int_isas() -> str[]", [] { return int_isas(); });
   m.def("set_isa(str isa) -> ()", set_isa);
   m.impl("attention", c10::DispatchKey::CPU, TORCH_FN(attention));
   m.impl("attention_ref", c10::DispatchKey::CPU, TORCH_FN(attention_reference));
