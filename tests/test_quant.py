@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import run_full
-from test_kernels import LANES, isas
+from test_kernels import LANES, each_isa
 
 from peagle import kernels
 from peagle.bench.llamacpp import available as llamacpp_available
@@ -79,31 +79,29 @@ def case(fmt: str, m: int, k: int, n: int, seed: int = 0):
     return x, blocks_of(random_blocks(fmt, n, k, seed), fmt), torch.randn(n, generator=g, device="cpu")
 
 
-@native
+@each_isa()
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("k,n", [(64, 40), (576, 96), (1536, 24)])
-def test_each_isa_gives_the_bits_of_its_reference_and_of_the_dequantized_matrix(fmt, k, n):
+def test_each_isa_gives_the_bits_of_its_reference_and_of_the_dequantized_matrix(fmt, k, n, isa):
     x, blocks, b = case(fmt, 70, k, n)  # 70 rows: full tiles, leftover rows, and a second row chunk
     w = dequantize(blocks)
-    for isa in isas():
-        for bias in (None, b):
-            got = torch.ops.peagle.linear(x, blocks, bias, isa)
-            assert torch.equal(got, torch.ops.peagle.linear_ref(x, blocks, bias, LANES[isa])), (isa, fmt)
-            assert torch.equal(got, torch.ops.peagle.linear(x, w, bias, isa)), (isa, fmt)
+    for bias in (None, b):
+        got = torch.ops.peagle.linear(x, blocks, bias, isa)
+        assert torch.equal(got, torch.ops.peagle.linear_ref(x, blocks, bias, LANES[isa])), (isa, fmt)
+        assert torch.equal(got, torch.ops.peagle.linear(x, w, bias, isa)), (isa, fmt)
     exact = x.double() @ w.double().t()
-    got = torch.ops.peagle.linear(x, blocks)
+    got = torch.ops.peagle.linear(x, blocks, None, isa)
     assert (got.double() - exact).abs().max() < 1e-5 * exact.abs().max()
 
 
-@native
+@each_isa()
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_rows_result_does_not_depend_on_the_pass(fmt):
+def test_a_rows_result_does_not_depend_on_the_pass(fmt, isa):
     x, blocks, b = case(fmt, 40, 576, 72, seed=1)
-    for isa in isas():
-        alone = torch.cat([torch.ops.peagle.linear(x[i:i + 1], blocks, b, isa) for i in range(len(x))])
-        for m in range(1, len(x) + 1):
-            assert torch.equal(torch.ops.peagle.linear(x[:m], blocks, b, isa), alone[:m]), (isa, fmt, m)
-        assert torch.equal(torch.ops.peagle.linear(x[3:11], blocks, b, isa), alone[3:11])
+    alone = torch.cat([torch.ops.peagle.linear(x[i:i + 1], blocks, b, isa) for i in range(len(x))])
+    for m in range(1, len(x) + 1):
+        assert torch.equal(torch.ops.peagle.linear(x[:m], blocks, b, isa), alone[:m]), (isa, fmt, m)
+    assert torch.equal(torch.ops.peagle.linear(x[3:11], blocks, b, isa), alone[3:11])
 
 
 @native

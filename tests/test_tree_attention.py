@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from peagle import kernels
-from test_kernels import LANES, NATIVE_OFF, isas, native
+from test_kernels import LANES, NATIVE_OFF, each_isa, native
 
 # root (depth 0); a, b, c at depth 1; two nodes under a and one under b at depth 2; one at depth 3 under
 # a's first child and one at depth 4 under it. Nodes in BFS order, node i writing its K/V at KV index p0 + i.
@@ -104,11 +104,11 @@ def tree_f64(c: dict, window: int) -> torch.Tensor:
     return torch.stack(out)
 
 
-@native
+@each_isa()
 @pytest.mark.parametrize("d,bs", [(64, 16), (24, 5)])  # 24: a tail in every lane width; 5: blocks off KEY_BLOCK
 @pytest.mark.parametrize("window", [0, 3, 50])  # 3: the window cuts into the tree; 50: below it, across a block
 @pytest.mark.parametrize("base_at_root", [False, True])
-def test_tree_rows_get_the_bits_of_their_chains(d, bs, window, base_at_root):
+def test_tree_rows_get_the_bits_of_their_chains(d, bs, window, base_at_root, isa):
     """Tree rows mixed with ordinary rows: every ISA gives its reference's bits, float64's values, and each
     tree node the bits of its path run as an ordinary chain; the ordinary rows keep their own bits."""
     c = tree_case(d, bs, base_at_root)
@@ -117,19 +117,18 @@ def test_tree_rows_get_the_bits_of_their_chains(d, bs, window, base_at_root):
     rows, n_tree = torch.arange(len(c["q"])), len(c["trees"]) * len(PARENTS)
     exact = tree_f64(c, window)
     common = (c["k"], c["v"], c["table"])
-    for isa in isas():
-        args = lambda q, seq, pos, rows: (q, *common, seq, pos, rows, c["bs"], window, d ** -0.5, None)  # noqa: E731
-        got = torch.ops.peagle.attention(*args(c["q"], c["seq"], c["pos"], rows), isa, **tree)
-        ref = torch.ops.peagle.attention_ref(*args(c["q"], c["seq"], c["pos"], rows), LANES[isa], **tree)
-        assert torch.equal(got, ref), isa
-        assert (got[:n_tree].double() - exact).abs().max() < 1e-5, isa
-        chain = torch.ops.peagle.attention(*args(ch["q"], ch["seq"], ch["pos"], torch.arange(len(ch["q"]))), isa)
-        assert torch.equal(got[:n_tree], chain[ch["last"]]), isa
-        plain = torch.ops.peagle.attention(*args(c["q"], c["seq"], c["pos"], rows[n_tree:]), isa)
-        assert torch.equal(got[n_tree:], plain[n_tree:]), isa
-        for r in range(0, n_tree, 4):  # a row alone, out of its tile, gets its bits too
-            alone = torch.ops.peagle.attention(*args(c["q"], c["seq"], c["pos"], rows[r:r + 1]), isa, **tree)
-            assert torch.equal(alone[r], got[r]), (isa, r)
+    args = lambda q, seq, pos, rows: (q, *common, seq, pos, rows, c["bs"], window, d ** -0.5, None)  # noqa: E731
+    got = torch.ops.peagle.attention(*args(c["q"], c["seq"], c["pos"], rows), isa, **tree)
+    ref = torch.ops.peagle.attention_ref(*args(c["q"], c["seq"], c["pos"], rows), LANES[isa], **tree)
+    assert torch.equal(got, ref), isa
+    assert (got[:n_tree].double() - exact).abs().max() < 1e-5, isa
+    chain = torch.ops.peagle.attention(*args(ch["q"], ch["seq"], ch["pos"], torch.arange(len(ch["q"]))), isa)
+    assert torch.equal(got[:n_tree], chain[ch["last"]]), isa
+    plain = torch.ops.peagle.attention(*args(c["q"], c["seq"], c["pos"], rows[n_tree:]), isa)
+    assert torch.equal(got[n_tree:], plain[n_tree:]), isa
+    for r in range(0, n_tree, 4):  # a row alone, out of its tile, gets its bits too
+        alone = torch.ops.peagle.attention(*args(c["q"], c["seq"], c["pos"], rows[r:r + 1]), isa, **tree)
+        assert torch.equal(alone[r], got[r]), (isa, r)
 
 
 @native

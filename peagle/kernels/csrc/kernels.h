@@ -74,6 +74,7 @@ WeightView weight_view(const at::Tensor& w);
 
 // Columns [n0, n1) of every row.
 void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes);
+void linear_scalar(const LinearArgs& a, int64_t n0, int64_t n1);  // the scalar ISA: the tiles over plain lanes
 void linear_avx2(const LinearArgs& a, int64_t n0, int64_t n1);
 void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1);
 
@@ -167,7 +168,8 @@ struct AttnArgs {
 };
 
 // Work items [i0, i1): item i is (tile i / Hkv, KV head i % Hkv).
-void attention_ref(const AttnArgs& a, int64_t i0, int64_t i1, int lanes);
+void attention_ref(const AttnArgs& a, int64_t i0, int64_t i1, int lanes);  // a row at a time, code of its own
+void attention_scalar(const AttnArgs& a, int64_t i0, int64_t i1);          // the scalar ISA: the tiles, plain lanes
 void attention_avx2(const AttnArgs& a, int64_t i0, int64_t i1);
 void attention_avx512(const AttnArgs& a, int64_t i0, int64_t i1);
 

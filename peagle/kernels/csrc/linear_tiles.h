@@ -6,6 +6,8 @@
 // n), load_block<T>(row, b, out) (block b of a row of GGUF blocks: QBLOCK / LANES vectors, float32),
 // fma(a, b, c) and hsum(v) (lanes reduced as reference.cpp).
 #pragma once
+#include <type_traits>
+
 #include "kernels.h"
 
 namespace peagle {
@@ -44,7 +46,8 @@ static void tile(const LinearArgs& a, int64_t m, int64_t n) {
       typename V::vec xv[R];
       for (int r = 0; r < R; ++r) {
         xv[r] = V::load_x(x + r * a.ldx + k);
-        asm("" : "+v"(xv[r]));  // keep x in a register for all NB columns (not re-loaded per FMA)
+        if constexpr (!std::is_class_v<typename V::vec>)  // a SIMD register (not the scalar path's lanes):
+          asm("" : "+v"(xv[r]));                            // kept there for all NB columns, not re-loaded per FMA
       }
       for (int j = 0; j < NB; ++j) {
         __builtin_prefetch(next + (j * K + k) * B, 0, 3);

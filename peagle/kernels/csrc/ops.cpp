@@ -107,14 +107,14 @@ static Kernel kernel_for(const std::string& isa) {
     return linear_avx2;
   }
   TORCH_CHECK(isa == "scalar", "peagle::linear: unknown instruction set '", isa, "' (avx512, avx2, scalar)");
-  return [](const LinearArgs& a, int64_t n0, int64_t n1) { linear_ref(a, n0, n1, 8); };
+  return linear_scalar;
 }
 
 static AttnKernel attn_kernel_for(const std::string& isa) {
   kernel_for(isa);  // the same checks
   if (isa == "avx512") return attention_avx512;
   if (isa == "avx2") return attention_avx2;
-  return [](const AttnArgs& a, int64_t i0, int64_t i1) { attention_ref(a, i0, i1, 8); };
+  return attention_scalar;
 }
 
 static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,

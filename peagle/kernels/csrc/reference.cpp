@@ -1,10 +1,13 @@
-// The scalar references: a SIMD path's lane order and FMAs (``lanes`` its width), one output at a time.
+// The scalar references, code of their own: a SIMD path's lane order and FMAs (``lanes`` its width), one
+// output at a time. Also the scalar instruction set's paths: the SIMD tiles over plain C++ lanes (Lanes<8>),
+// which the tests tie to the references as they tie every SIMD path.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "attention_tiles.h"
 #include "kernels.h"
+#include "linear_tiles.h"
 
 namespace peagle {
 namespace {
@@ -13,9 +16,27 @@ namespace {
 template <int L>
 struct Lanes {
   static constexpr int LANES = L;
+  static constexpr int RMAX = 4, RWIDE = 4;
+  static constexpr int columns(int) { return 2; }
   struct vec {
     float v[L];
   };
+  template <WType T>
+  static vec load_w(const uint8_t* row, int64_t k) {
+    vec r;
+    for (int i = 0; i < L; ++i) r.v[i] = weight_at(row, T, k + i);
+    return r;
+  }
+  template <WType T>
+  static vec load_w_tail(const uint8_t* row, int64_t k, int64_t n) {
+    vec r{};
+    for (int i = 0; i < n; ++i) r.v[i] = weight_at(row, T, k + i);
+    return r;
+  }
+  template <WType T>
+  static void load_block(const uint8_t* row, int64_t b, vec* out) {
+    for (int s = 0; s < QBLOCK / L; ++s) out[s] = load_w<T>(row, b * QBLOCK + s * L);
+  }
   static vec zero() { return vec{}; }
   static vec load_x(const float* p) {
     vec r;
@@ -196,11 +217,64 @@ void silu_mul_ref(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1
   silu_mul_rows<Lanes<8>>(gu, out, n, t0, t1);
 }
 
+void linear_scalar(const LinearArgs& a, int64_t n0, int64_t n1) { dispatch_wtype<Lanes<8>>(a, n0, n1); }
+
+void attention_scalar(const AttnArgs& a, int64_t i0, int64_t i1) { attention_items<Lanes<8>>(a, i0, i1); }
+
+// One query head of one row, as kernels.h states attention: its logical keys lo .. p (a window's, through
+// the row's tree map from its base on) in KEY_BLOCK blocks aligned to absolute positions; per block the
+// scores (linear_ref's lane-order dot products, times the scale), their max with the running one, the
+// weights exp(s - max) summed in ``lanes`` lanes from the row's first key of the block, then the running
+// sum and outputs rescaled and the block's values added key by key. No tiles: a row alone.
+static void attend_row(const AttnArgs& a, int64_t row, int64_t h, int64_t gi, int lanes) {
+  const int64_t g = a.H / a.Hkv, d = a.d, qh = h * g + gi, p = a.pos[row];
+  const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0, hi = p + 1;
+  const int64_t base = a.tree_base != nullptr ? a.tree_base[row] : hi;
+  const int64_t* blocks = a.table + a.seq[row] * a.table_stride;
+  const float* q = a.q + row * a.q_stride + qh * d;
+  auto slot = [&](int64_t j) {  // logical key j's row in the pools
+    const int64_t key = j < base ? j : a.tree_map[row * a.tree_stride + j - base];
+    return (blocks[key / a.block_size] * a.block_size + key % a.block_size) * a.Hkv + h;
+  };
+  float m = a.sinks ? a.sinks[qh] : -std::numeric_limits<float>::infinity(), l = a.sinks ? 1.f : 0.f;
+  float acc[MAX_HEAD_DIM] = {0}, s[KEY_BLOCK];
+  for (int64_t j0 = lo - lo % KEY_BLOCK; j0 < hi; j0 += KEY_BLOCK) {
+    const int64_t jb = std::max(j0, lo), n = std::min(j0 + KEY_BLOCK, hi) - jb;
+    float mb = m;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* k = a.k + slot(jb + j) * d;
+      float lane[16] = {0};
+      for (int64_t e = 0; e < d; ++e) lane[e % lanes] = std::fmaf(q[e], k[e], lane[e % lanes]);
+      if (lanes == 16)
+        for (int i = 0; i < 8; ++i) lane[i] += lane[i + 8];
+      s[j] = (((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]))) * a.scale;
+      mb = std::max(mb, s[j]);
+    }
+    const float corr = exp_scalar(m - mb);
+    float sum[16] = {0};
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = exp_scalar(s[j] - mb);
+      sum[j % lanes] += s[j];
+    }
+    if (lanes == 16)
+      for (int i = 0; i < 8; ++i) sum[i] += sum[i + 8];
+    l = l * corr + (((sum[0] + sum[4]) + (sum[2] + sum[6])) + ((sum[1] + sum[5]) + (sum[3] + sum[7])));
+    for (int64_t e = 0; e < d; ++e) acc[e] *= corr;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* v = a.v + slot(jb + j) * d;
+      for (int64_t e = 0; e < d; ++e) acc[e] = std::fmaf(s[j], v[e], acc[e]);
+    }
+    m = mb;
+  }
+  for (int64_t e = 0; e < d; ++e) a.out[row * a.H * d + qh * d + e] = acc[e] / l;
+}
+
 void attention_ref(const AttnArgs& a, int64_t i0, int64_t i1, int lanes) {
-  if (lanes == 16)
-    attention_items<Lanes<16>>(a, i0, i1);
-  else
-    attention_items<Lanes<8>>(a, i0, i1);
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t t = i / a.Hkv, h = i % a.Hkv;
+    for (int64_t r = a.tiles[t]; r < a.tiles[t + 1]; ++r)
+      for (int64_t gi = 0; gi < a.H / a.Hkv; ++gi) attend_row(a, a.rows[r], h, gi, lanes);
+  }
 }
 
 }  // namespace peagle
