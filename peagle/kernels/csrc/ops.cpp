@@ -2,6 +2,7 @@
 // named: tests run each); the *_ref operators are the scalar references of a path's lane order. Work is
 // split across torch's threads (the same OpenMP team as every other op).
 #include <ATen/Parallel.h>
+#include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -52,6 +53,16 @@ static std::string best_isa() { return ISA_NAMES[isa_level()]; }
 static std::string best_int_isa() {
   const int level = isa_level();
   return level == 2 && has_avx512vnni() ? "avx512vnni" : level >= 1 ? "avx2" : "none";
+}
+
+// The limits above, published for the Python side (peagle.kernels.limits): one source for both.
+static c10::Dict<std::string, int64_t> limits() {
+  c10::Dict<std::string, int64_t> out;
+  out.insert("head_dim", MAX_HEAD_DIM);
+  out.insert("group", MAX_GROUP);
+  out.insert("span_rows", MAX_SPAN_ROWS);
+  out.insert("tree_nodes", MAX_TREE_NODES);
+  return out;
 }
 
 static void set_isa(c10::string_view isa) {
@@ -353,6 +364,7 @@ TORCH_LIBRARY(peagle, m) {
   m.def("isa() -> str", [] { return best_isa(); });
   m.def("int_isa() -> str", [] { return best_int_isa(); });
   m.def("set_isa(str isa) -> ()", set_isa);
+  m.def("limits() -> Dict(str, int)", limits);
   m.impl("attention", c10::DispatchKey::CPU, TORCH_FN(attention));
   m.impl("attention_ref", c10::DispatchKey::CPU, TORCH_FN(attention_reference));
   m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(linear));
