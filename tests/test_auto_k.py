@@ -26,21 +26,21 @@ def llama():
 
 def auto_engine(target, head, method, **kw):
     engine = make_engine(target, head, method, "auto", max_speculative_tokens=8, **kw)
-    engine.auto.target, engine.auto.drafter = TARGET, DRAFTER
-    engine.auto.observe = lambda *a: None   # the fixed curves stand: real step times would correct them
+    engine.scheduler.auto.target, engine.scheduler.auto.drafter = TARGET, DRAFTER
+    engine.scheduler.auto.observe = lambda *a: None   # the fixed curves stand: real step times would correct them
     return engine
 
 
 def chosen(engine, ps, params) -> tuple[list[list[int]], list[int]]:
     """Outputs, and the K of every step's drafts."""
-    ks, choose = [], engine.auto.choose
+    ks, choose = [], engine.scheduler.auto.choose
 
     def spy(*a):
         tree = choose(*a)
         ks.append(len(tree))
         return tree
 
-    engine.auto.choose = spy
+    engine.scheduler.auto.choose = spy
     return [o.token_ids for o in engine.generate(ps, params)], ks
 
 
@@ -106,9 +106,9 @@ def test_k_shrinks_as_the_batch_grows_and_follows_acceptance():
 def test_auto_config_and_k_max(llama):
     head = init_drafter(llama, 1, MASK, trained_k=6)
     engine = make_engine(llama, head, "parallel", "auto")
-    assert engine.k_max == 6 and engine.auto.target(1) > 0 and engine.auto.drafter(1) > 0
+    assert engine.bounds.k_max == 6 and engine.scheduler.auto.target(1) > 0 and engine.scheduler.auto.drafter(1) > 0
     engine.generate([prompts(1)[0]], SamplingParams(max_tokens=30, ignore_eos=True))
-    assert engine.auto.scale and all(s > 0 for s in engine.auto.scale.values())  # steady steps were timed
+    assert engine.scheduler.auto.scale and all(s > 0 for s in engine.scheduler.auto.scale.values())  # steady steps were timed
     with pytest.raises(ValueError, match="exceeds"):
         make_engine(llama, head, "parallel", "auto", max_speculative_tokens=7)
     with pytest.raises(ValueError, match="'auto'"):
@@ -167,16 +167,16 @@ def test_steps_at_k0_skip_the_drafter_and_leave_no_hole_in_its_kv(llama, method)
     for plan in ([3] * 20, [3, 0, 0, 0, 2, 0, 0, 3, 0, 3, 3, 0, 0, 0, 0, 0, 3, 3, 3, 3]):
         engine = auto_engine(llama, head, method)
         ks = iter(plan)
-        engine.auto.choose = lambda *a: Tree.chain(next(ks))
-        calls, propose = [], engine._propose
-        engine._propose = lambda *a: calls.append(1) or propose(*a)
+        engine.scheduler.auto.choose = lambda *a: Tree.chain(next(ks))
+        calls, propose = [], engine.runner.propose
+        engine.runner.propose = lambda *a: calls.append(1) or propose(*a)
         seq = engine.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True))
         for _ in range(len(plan)):
             engine.step()
         assert len(calls) == sum(k > 0 for k in plan)
         n = seq.num_cached - 1   # positions whose drafter KV a kept row wrote
         slots = torch.tensor([seq.block_table[q // 16] * 16 + q % 16 for q in range(n)])
-        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.drafter_caches])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.runner.drafter_caches])
         outs.append(seq.output_ids)
     m = min(len(outs[0]), len(outs[1]))
     assert outs[0][:m] == outs[1][:m]

@@ -18,7 +18,7 @@ from peagle.models.drafter import Drafter
 from peagle.models.llama import LlamaModel, ModelConfig
 from peagle.models.layers import set_precision
 from peagle.models.loader import init_drafter
-from peagle.runtime import native_cpu
+from peagle import kernels
 
 MASK = 159  # the tiny vocabulary's last id, never produced by the tests' prompts
 
@@ -199,7 +199,7 @@ def test_drafter_never_reads_unwritten_kv(llama, method):
         head.load_state_dict(random_head.state_dict())
         head.seen = []
         engine = make_engine(llama, head.eval(), method, 5)
-        for cache in engine.drafter_caches + engine.target_caches:
+        for cache in engine.runner.drafter_caches + engine.runner.target_caches:
             cache.k.normal_(0, fill) if fill else cache.k.zero_()
             cache.v.normal_(0, fill) if fill else cache.v.zero_()
         engine.generate(prompts(3), SamplingParams(max_tokens=30, ignore_eos=True))
@@ -469,7 +469,7 @@ def test_step_creates_every_tensor_on_the_models_device(llama, method, padded):
     expected = [o.token_ids for o in make_engine(llama, head, method).generate(ps, params)]
     engine = make_engine(llama, head, method)
     if padded:
-        engine.graphs = engine.make_graphs(capture=False)
+        engine.runner.graphs = engine.runner.make_graphs(capture=False)
     torch.set_default_device("meta")
     try:
         got = [o.token_ids for o in engine.generate(ps, params)]
@@ -643,7 +643,7 @@ def test_chunked_prefill_writes_the_kv_of_a_whole_prefill(llama, method):
         while not seq.output_ids:
             engine.step()
         slots = torch.tensor([seq.block_table[p // 16] * 16 + p % 16 for p in range(len(prompt))])
-        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.target_caches + engine.drafter_caches])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.runner.target_caches + engine.runner.drafter_caches])
     for a, b in zip(*kv):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
@@ -748,7 +748,7 @@ def test_capped_chunks_write_the_kv_of_a_whole_prefill(llama, method):
             steps += 1
         assert steps == (-(-70 // 8) if shared else 1)
         slots = torch.tensor([seq.block_table[p // 16] * 16 + p % 16 for p in range(len(prompt))])
-        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.target_caches + engine.drafter_caches])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.runner.target_caches + engine.runner.drafter_caches])
     for a, b in zip(*kv):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
@@ -790,7 +790,7 @@ def test_bf16_packed_weights_change_nothing(method):
 
 # --------------------------------------------------------------------------- every dtype (batch invariance)
 
-@pytest.mark.skipif(not native_cpu(torch.device("cpu")), reason="the CPU kernels make every dtype batch-invariant")
+@pytest.mark.skipif(not kernels.native(torch.device("cpu")), reason="the CPU kernels make every dtype batch-invariant")
 @pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
 def test_speculation_is_exact_in_every_weight_dtype(weights):
     """16-bit weights with float32 arithmetic on the CPU kernels: P-EAGLE and EAGLE-3 at K=3 and `auto`,
@@ -812,7 +812,7 @@ def test_speculation_is_exact_in_every_weight_dtype(weights):
             assert outs == plain, (weights, method, k)
 
 
-@pytest.mark.skipif(not native_cpu(torch.device("cpu")), reason="the CPU kernels make every dtype batch-invariant")
+@pytest.mark.skipif(not kernels.native(torch.device("cpu")), reason="the CPU kernels make every dtype batch-invariant")
 @pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
 def test_a_rows_logits_are_the_same_bits_in_any_pass(weights):
     """The sharp form of the test above: after a 30-token prompt, the next 8 positions' logits and taps,

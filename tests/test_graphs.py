@@ -17,7 +17,7 @@ from peagle.models.loader import init_drafter
 
 def padded_engine(target, drafter, method, k, **kw) -> LLMEngine:
     engine = make_engine(target, drafter, method, k, **kw)
-    engine.graphs = engine.make_graphs(capture=False)
+    engine.runner.graphs = engine.runner.make_graphs(capture=False)
     return engine
 
 

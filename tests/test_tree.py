@@ -123,7 +123,7 @@ def test_greedy_trees_are_plain_decoding_token_for_token(llama, tree, wrong_ever
         engine = make_engine(llama, oracle, "parallel", depth if shape == "chain" else k, speculative_token_tree=shape)
         if shape == "auto":   # fixed costs: rows nearly free, so the tree pays
             from test_auto_k import DRAFTER, TARGET
-            engine.auto.target, engine.auto.drafter, engine.auto.observe = TARGET, DRAFTER, lambda *a: None
+            engine.scheduler.auto.target, engine.scheduler.auto.drafter, engine.scheduler.auto.observe = TARGET, DRAFTER, lambda *a: None
         outs[shape] = engine.generate(ps[:1], params)[0]
         assert outs[shape].token_ids == ref[0], shape
     assert outs[tree].stats.acceptance_length > 1.3 * outs["chain"].stats.acceptance_length
@@ -190,7 +190,7 @@ def test_only_the_accepted_paths_kv_stays_where_a_chain_keeps_it(llama):
             engine.step()
         n = len(p) + 30
         slots = torch.tensor([seq.block_table[q // 16] * 16 + q % 16 for q in range(n)])
-        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.target_caches])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.runner.target_caches])
     assert seq.stats.accepted_per_pos[1] > 0   # paths two deep were accepted
     for a, b in zip(*kv):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
