@@ -6,17 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
-from test_engine import MASK, OracleDrafter, make_engine, prompts
+from speculation import DRAFTER, MASK, TARGET, OracleDrafter, Watch, fixed_costs, make_engine, prompts
 
 from peagle.engine.auto_k import AutoK, CostCurve
 from peagle.engine.llm_engine import EngineConfig
 from peagle.engine.sampling import SamplingParams
 from peagle.engine.tree import Tree
 from peagle.models.loader import init_drafter
-
-# a CPU in bf16: 8 rows cost about one row, then rows get dearer; drafting a tenth of a target pass
-TARGET = CostCurve([1, 8, 16, 64, 256], [1.0, 1.1, 1.6, 4.0, 14.0])
-DRAFTER = CostCurve([1, 8, 16, 64, 256], [0.05, 0.06, 0.09, 0.25, 0.9])
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +21,7 @@ def llama():
 
 
 def auto_engine(target, head, method, **kw):
-    engine = make_engine(target, head, method, "auto", max_speculative_tokens=8, **kw)
-    engine.scheduler.auto.target, engine.scheduler.auto.drafter = TARGET, DRAFTER
-    engine.scheduler.auto.observe = lambda *a: None   # the fixed curves stand: real step times would correct them
-    return engine
+    return fixed_costs(make_engine(target, head, method, "auto", max_speculative_tokens=8, **kw))
 
 
 def chosen(engine, ps, params) -> tuple[list[list[int]], list[int]]:
@@ -63,8 +56,10 @@ def test_auto_is_lossless_at_every_k_it_picks(llama, method):
     seen = set()
     for wrong_every in (2, 4, 1000):
         head = OracleDrafter.of(llama, ps[0] + ref[0], wrong_every)
-        got, ks = chosen(auto_engine(llama, head, method), ps[:1], params)
-        assert got == ref[:1], wrong_every
+        engine = auto_engine(llama, head, method)
+        watch = Watch(engine)
+        got, ks = chosen(engine, ps[:1], params)
+        watch.check(got, ref[:1], rate=0.2 if wrong_every == 2 else 1 / 3)   # (every other draft wrong: a fifth)
         seen |= set(ks)
     got, ks = chosen(auto_engine(llama, init_drafter(llama, 2, MASK, seed=3), method), ps, params)
     assert got == ref

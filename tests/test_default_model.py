@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from test_engine import OracleDrafter
+from speculation import OracleDrafter
 
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
-from test_engine import MASK, OracleDrafter, make_engine, prompts
+from speculation import MASK, OracleDrafter, make_engine, prompts
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from peagle.engine.graphs import bucket
