@@ -63,7 +63,7 @@ class Batch:
 class Verified:
     """One sequence's outcome of a step, read back from the device."""
     accepted: int                  # drafts accepted (their KV, and the new tokens', is valid now)
-    tokens: list[int] = field(default_factory=list)   # the accepted drafts, then the target's token (none: a prompt chunk)
+    tokens: list[int] = field(default_factory=list)   # the accepted drafts, the target's token (none: a chunk)
     path: list[int] = field(default_factory=list)     # the accepted nodes, the root first
     candidates: list[list[int]] = field(default_factory=list)  # the next drafts' [position][rank] candidates
     logprobs: list[TokenLogprob] = field(default_factory=list)
