@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from peagle import kernels
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *DTYPES)
 QUANTIZATION_CHOICES = ("gguf", "none")
@@ -68,13 +70,6 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     return dev
 
 
-def native_cpu(device: torch.device) -> bool:
-    """Whether peagle's own CPU kernels run the linear layers on ``device``."""
-    from peagle import kernels
-
-    return device.type == "cpu" and kernels.available()
-
-
 def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """The weights' dtype. ``auto``/None -> bfloat16 on CUDA and on the CPU with the native kernels;
     without them bfloat16 on native-bf16 CPUs, else float32."""
@@ -83,7 +78,7 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
     if name in (None, "", "auto"):
         if device.type == "cuda":
             return torch.bfloat16
-        return torch.bfloat16 if native_cpu(device) or cpu_has_native_bf16() else torch.float32
+        return torch.bfloat16 if kernels.native(device) or cpu_has_native_bf16() else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}")
     return DTYPES[name]
@@ -92,7 +87,7 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
 def compute_dtype(weights: torch.dtype, device: torch.device) -> torch.dtype:
     """The activations' (and KV cache's) dtype for weights in ``weights``: float32 where the native CPU
     kernels run, else the weights' own."""
-    return torch.float32 if native_cpu(device) else weights
+    return torch.float32 if kernels.native(device) else weights
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -86,13 +86,16 @@ def run_full(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.fixture(scope="session")
 def tiny_chat_dir(tmp_path_factory):
     """A tiny random Llama folder with SmolLM2's tokenizer and chat template (vocab 49152), for the
-    code paths that need text: the server, synthesis."""
+    code paths that need text: the server, synthesis. Randomised as the other tiny models (:func:`randomize`),
+    so its outputs see positions."""
     d = tmp_path_factory.mktemp("tiny_chat")
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       eos_token_id=2, bos_token_id=1, tie_word_embeddings=True)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+    model = AutoModelForCausalLM.from_config(cfg)
+    randomize(model)
+    model.save_pretrained(d)
     for f in resolve_target(None).iterdir():
         if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
             shutil.copy(f, d / f.name)

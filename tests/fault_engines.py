@@ -23,7 +23,7 @@ def faulty_engine(**kwargs) -> LLMEngine:
                 marked[seq.request_id] = tok.decode(seq.prompt_ids)
         return any(marker in marked[s.request_id] for s in engine.running)
 
-    real_propose, real_forward, real_step = engine._propose, engine.target.forward, engine.step
+    real_propose, real_forward, real_step = engine.runner.propose, engine.target.forward, engine.step
     proposals = [0]
 
     def propose(*args):  # raises in the middle of the third step that drafts for a marked request
@@ -42,5 +42,5 @@ def faulty_engine(**kwargs) -> LLMEngine:
             time.sleep(0.03)
         return real_step()
 
-    engine._propose, engine.target.forward, engine.step = propose, forward, step
+    engine.runner.propose, engine.target.forward, engine.step = propose, forward, step
     return engine

@@ -6,17 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
-from test_engine import MASK, OracleDrafter, make_engine, prompts
+from speculation import DRAFTER, MASK, TARGET, OracleDrafter, Watch, fixed_costs, make_engine, prompts
 
 from peagle.engine.auto_k import AutoK, CostCurve
 from peagle.engine.llm_engine import EngineConfig
 from peagle.engine.sampling import SamplingParams
 from peagle.engine.tree import Tree
 from peagle.models.loader import init_drafter
-
-# a CPU in bf16: 8 rows cost about one row, then rows get dearer; drafting a tenth of a target pass
-TARGET = CostCurve([1, 8, 16, 64, 256], [1.0, 1.1, 1.6, 4.0, 14.0])
-DRAFTER = CostCurve([1, 8, 16, 64, 256], [0.05, 0.06, 0.09, 0.25, 0.9])
 
 
 @pytest.fixture(scope="module")
@@ -25,22 +21,19 @@ def llama():
 
 
 def auto_engine(target, head, method, **kw):
-    engine = make_engine(target, head, method, "auto", max_speculative_tokens=8, **kw)
-    engine.auto.target, engine.auto.drafter = TARGET, DRAFTER
-    engine.auto.observe = lambda *a: None   # the fixed curves stand: real step times would correct them
-    return engine
+    return fixed_costs(make_engine(target, head, method, "auto", max_speculative_tokens=8, **kw))
 
 
 def chosen(engine, ps, params) -> tuple[list[list[int]], list[int]]:
     """Outputs, and the K of every step's drafts."""
-    ks, choose = [], engine.auto.choose
+    ks, choose = [], engine.scheduler.auto.choose
 
     def spy(*a):
         tree = choose(*a)
         ks.append(len(tree))
         return tree
 
-    engine.auto.choose = spy
+    engine.scheduler.auto.choose = spy
     return [o.token_ids for o in engine.generate(ps, params)], ks
 
 
@@ -63,8 +56,10 @@ def test_auto_is_lossless_at_every_k_it_picks(llama, method):
     seen = set()
     for wrong_every in (2, 4, 1000):
         head = OracleDrafter.of(llama, ps[0] + ref[0], wrong_every)
-        got, ks = chosen(auto_engine(llama, head, method), ps[:1], params)
-        assert got == ref[:1], wrong_every
+        engine = auto_engine(llama, head, method)
+        watch = Watch(engine)
+        got, ks = chosen(engine, ps[:1], params)
+        watch.check(got, ref[:1], rate=0.2 if wrong_every == 2 else 1 / 3)   # (every other draft wrong: a fifth)
         seen |= set(ks)
     got, ks = chosen(auto_engine(llama, init_drafter(llama, 2, MASK, seed=3), method), ps, params)
     assert got == ref
@@ -106,9 +101,9 @@ def test_k_shrinks_as_the_batch_grows_and_follows_acceptance():
 def test_auto_config_and_k_max(llama):
     head = init_drafter(llama, 1, MASK, trained_k=6)
     engine = make_engine(llama, head, "parallel", "auto")
-    assert engine.k_max == 6 and engine.auto.target(1) > 0 and engine.auto.drafter(1) > 0
+    assert engine.bounds.k_max == 6 and engine.scheduler.auto.target(1) > 0 and engine.scheduler.auto.drafter(1) > 0
     engine.generate([prompts(1)[0]], SamplingParams(max_tokens=30, ignore_eos=True))
-    assert engine.auto.scale and all(s > 0 for s in engine.auto.scale.values())  # steady steps were timed
+    assert engine.scheduler.auto.scale and all(s > 0 for s in engine.scheduler.auto.scale.values())  # steady steps were timed
     with pytest.raises(ValueError, match="exceeds"):
         make_engine(llama, head, "parallel", "auto", max_speculative_tokens=7)
     with pytest.raises(ValueError, match="'auto'"):
@@ -167,16 +162,16 @@ def test_steps_at_k0_skip_the_drafter_and_leave_no_hole_in_its_kv(llama, method)
     for plan in ([3] * 20, [3, 0, 0, 0, 2, 0, 0, 3, 0, 3, 3, 0, 0, 0, 0, 0, 3, 3, 3, 3]):
         engine = auto_engine(llama, head, method)
         ks = iter(plan)
-        engine.auto.choose = lambda *a: Tree.chain(next(ks))
-        calls, propose = [], engine._propose
-        engine._propose = lambda *a: calls.append(1) or propose(*a)
+        engine.scheduler.auto.choose = lambda *a: Tree.chain(next(ks))
+        calls, propose = [], engine.runner.propose
+        engine.runner.propose = lambda *a: calls.append(1) or propose(*a)
         seq = engine.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True))
         for _ in range(len(plan)):
             engine.step()
         assert len(calls) == sum(k > 0 for k in plan)
         n = seq.num_cached - 1   # positions whose drafter KV a kept row wrote
         slots = torch.tensor([seq.block_table[q // 16] * 16 + q % 16 for q in range(n)])
-        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.drafter_caches])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.runner.drafter_caches])
         outs.append(seq.output_ids)
     m = min(len(outs[0]), len(outs[1]))
     assert outs[0][:m] == outs[1][:m]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from test_engine import OracleDrafter
+from speculation import OracleDrafter
 
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
@@ -164,10 +164,10 @@ def test_speculation_is_exact_in_every_weight_format_on_the_default_model(fmt):
     shipped heads, greedy and seeded, alone and eight together, give plain decoding's tokens. K is
     `auto` in 16-bit; on the GGUF, where `auto` seldom drafts (a round costs 3x a step), K=3 makes
     every step a verify pass."""
-    from peagle.runtime import native_cpu
+    from peagle import kernels
 
     import torch
-    if not native_cpu(torch.device("cpu")):
+    if not kernels.native(torch.device("cpu")):
         pytest.skip("batch invariance in 16-bit and quantized weights comes with the CPU kernels")
     target, path = load_target(None, "auto", quantization="gguf") if fmt == "gguf" else \
         load_target(None, fmt, quantization="none")

@@ -8,9 +8,12 @@ import math
 import pytest
 import torch
 from conftest import native_from_hf, run_full, tiny_hf
+from speculation import (CHAIN_FAULTS, MASK, OracleDrafter, Watch, assert_caught, fixed_costs, make_engine, oracle_run,
+                         prompts, references)
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
+from peagle import kernels
 from peagle.engine.llm_engine import EngineConfig, LLMEngine, RequestError
 from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, probs_from_logits, sample_tokens
 from peagle.engine.tree import Tree, TreeBatch, accept_paths
@@ -18,54 +21,6 @@ from peagle.models.drafter import Drafter
 from peagle.models.llama import LlamaModel, ModelConfig
 from peagle.models.layers import set_precision
 from peagle.models.loader import init_drafter
-from peagle.runtime import native_cpu
-
-MASK = 159  # the tiny vocabulary's last id, never produced by the tests' prompts
-
-
-def make_engine(target, drafter, method="parallel", k=4, **kw) -> LLMEngine:
-    return LLMEngine(target, drafter, EngineConfig(method=method, num_speculative_tokens=k, **kw))
-
-
-def prompts(n: int, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 150, (int(torch.randint(3, 20, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
-
-
-class OracleDrafter(Drafter):
-    """Proposes the target's own greedy continuation, corrupted at a fixed rate: exercises long
-    accepted runs, rejections at every depth and the bonus token, all through the real drafter
-    plumbing (positions, mask slots, KV writes, EAGLE-3 feedback)."""
-
-    def __init__(self, cfg, reference: list[int], wrong_every: int):
-        super().__init__(cfg)
-        self.reference, self.wrong_every = reference, wrong_every
-
-    @classmethod
-    def of(cls, target, reference: list[int], wrong_every: int, cfg=None) -> "OracleDrafter":
-        """An initialised oracle for ``target`` (a 1-layer head's shape unless ``cfg``), ready to run."""
-        head = cls(cfg or init_drafter(target, 1, MASK).cfg, reference, wrong_every)
-        head.init_weights(0)
-        return head.eval()
-
-    def forward(self, ids, hidden, positions, caches, meta):
-        normed, prenorm = super().forward(ids, hidden, positions, caches, meta)
-        tag = positions.to(normed.dtype)[:, None]  # the row at position p predicts token p + 2
-        return torch.cat([tag, normed[:, 1:]], 1), torch.cat([tag, prenorm[:, 1:]], 1)
-
-    def logits(self, normed):
-        if not hasattr(self, "_draft_id"):  # target id -> draft id (heads with a reduced draft vocabulary)
-            targets = self.to_target_ids(torch.arange(self.cfg.draft_vocab_size)).tolist()
-            self._draft_id = {t: d for d, t in enumerate(targets)}
-        out = torch.zeros(normed.shape[0], self.cfg.draft_vocab_size)
-        for r, p in enumerate(normed[:, 0].round().long().tolist()):
-            i = p + 2
-            tok = self.reference[i] if i < len(self.reference) else 0
-            if i % self.wrong_every == 0:
-                tok = (tok + 1) % self.cfg.vocab_size
-            out[r, self._draft_id.get(tok, 0)] = 1.0  # a token outside the draft vocabulary: another one
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +29,21 @@ def llama():
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_lossless_random_heads_every_k(family):
+def test_lossless_at_every_k(family):
+    """Both methods at every K from 1 to 10, three prompts batched, through a 2-layer head's plumbing drafting
+    each sequence's own continuation (every 11th position wrong): plain decoding's tokens with most drafts
+    accepted; planted faults (a verifier that rejects everything, one that keeps a rejected draft) are caught."""
     target = native_from_hf(tiny_hf(family))
-    drafter = init_drafter(target, 2, MASK, seed=1)
     ps = prompts(3)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     ref = [o.token_ids for o in make_engine(target, None, "none").generate(ps, params)]
+    head = OracleDrafter.of(target, references(ps, ref), 11, cfg=init_drafter(target, 2, MASK).cfg)
     for method in ("parallel", "eagle3"):
         for k in range(1, 11):
-            got = [o.token_ids for o in make_engine(target, drafter, method, k).generate(ps, params)]
-            assert got == ref, (method, k)
+            _, watch, got = oracle_run(target, head, method, k, ps, params)()
+            watch.check(got, ref)
+    for fault in CHAIN_FAULTS:
+        assert_caught(fault, oracle_run(target, head, "eagle3", 4, ps, params), ref)
 
 
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
@@ -155,29 +115,44 @@ def test_per_position_acceptance_follows_the_oracles_pattern(llama, method):
 @pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
 def test_every_request_of_a_batch_equals_itself_alone(llama, method):
     """Batches of 1..16 requests with different prompt lengths and lengths of output: requests join
-    and leave mid-flight, decode and verify rows share attention batches with prefills."""
-    drafter = init_drafter(llama, 1, MASK, seed=2)
+    and leave mid-flight, decode and verify rows share attention batches with prefills; an oracle head's
+    drafts are mostly accepted, and planted faults are caught."""
     ps = prompts(16, seed=9)
     params = [SamplingParams(max_tokens=6 + (5 * i) % 17, ignore_eos=True) for i in range(16)]
-    alone = [make_engine(llama, drafter, method, 3).generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
+    alone = [make_engine(llama, None, "none").generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
+    head = OracleDrafter.of(llama, references(ps, alone), 7) if method != "none" else None
     for n in (1, 2, 5, 11, 16):
-        engine = make_engine(llama, drafter, method, 3, max_num_seqs=n)
-        assert [o.token_ids for o in engine.generate(ps, params)] == alone, (method, n)
+        engine, watch, got = oracle_run(llama, head, method, 3, ps, params, max_num_seqs=n)()
+        assert got == alone, (method, n)
+        if head is not None:
+            watch.check(got, alone)
         assert engine.blocks.num_free == engine.blocks.num_blocks
+    if head is not None:
+        for fault in CHAIN_FAULTS:
+            assert_caught(fault, oracle_run(llama, head, method, 3, ps, params, max_num_seqs=5), alone)
 
 
 def test_batch_equals_alone_and_survives_kv_exhaustion(llama):
-    drafter = init_drafter(llama, 1, MASK, seed=2)
+    """Nine requests batched, then in a KV pool far too small for all nine at once: sequences are preempted
+    (some with accepted drafts) and recomputed, every output plain decoding's; planted faults are caught."""
     ps = prompts(9, seed=5)
     params = [SamplingParams(max_tokens=12 + i, ignore_eos=True) for i in range(len(ps))]
+    alone = [make_engine(llama, None, "none").generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
+    head = OracleDrafter.of(llama, references(ps, alone), 7)
+    tight = dict(max_num_seqs=16, block_size=4, kv_cache_tokens=96)
     for method in ("none", "parallel", "eagle3"):
-        alone = [make_engine(llama, drafter, method, 3).generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
-        batched = make_engine(llama, drafter, method, 3, max_num_seqs=16).generate(ps, params)
-        assert [o.token_ids for o in batched] == alone, method
-        # a KV pool far too small for all nine at once: sequences are preempted and recomputed
-        tight = make_engine(llama, drafter, method, 3, max_num_seqs=16, block_size=4, kv_cache_tokens=96)
-        assert [o.token_ids for o in tight.generate(ps, params)] == alone, method
-        assert tight.blocks.num_free == tight.blocks.num_blocks
+        h = head if method != "none" else None
+        engine, watch, got = oracle_run(llama, h, method, 3, ps, params, max_num_seqs=16)()
+        assert got == alone, method
+        if h:
+            watch.check(got, alone)
+        engine, watch, got = oracle_run(llama, h, method, 3, ps, params, **tight)()
+        assert got == alone, method
+        if h:
+            watch.check(got, alone, crossing="preempt")
+        assert engine.blocks.num_free == engine.blocks.num_blocks
+    for fault in CHAIN_FAULTS:
+        assert_caught(fault, oracle_run(llama, head, "parallel", 3, ps, params, **tight), alone, crossing="preempt")
 
 
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
@@ -199,7 +174,7 @@ def test_drafter_never_reads_unwritten_kv(llama, method):
         head.load_state_dict(random_head.state_dict())
         head.seen = []
         engine = make_engine(llama, head.eval(), method, 5)
-        for cache in engine.drafter_caches + engine.target_caches:
+        for cache in engine.runner.drafter_caches + engine.runner.target_caches:
             cache.k.normal_(0, fill) if fill else cache.k.zero_()
             cache.v.normal_(0, fill) if fill else cache.v.zero_()
         engine.generate(prompts(3), SamplingParams(max_tokens=30, ignore_eos=True))
@@ -382,37 +357,46 @@ SEEDED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, max_tokens=28, ig
 
 def test_seeded_sampling_is_plain_decodings_whatever_the_speculation(llama):
     """With a seed, sampled output is plain decoding's token for token: both methods, K in 1, 3, 7
-    and auto, a head that rejects most drafts and one that drafts plain decoding's own output
-    (deep acceptance); another seed gives another output."""
+    and auto, a head that drafts plain decoding's own output (every 9th position wrong), most of it
+    accepted; another seed gives another output; planted faults are caught."""
     p = prompts(1, seed=11)[0]
     ref = make_engine(llama, None, "none").generate([p], SEEDED)[0].token_ids
     assert make_engine(llama, None, "none").generate([p], dataclasses.replace(SEEDED, seed=8))[0].token_ids != ref
-    oracle = OracleDrafter.of(llama, p + ref, 1000)
-    for head in (init_drafter(llama, 1, MASK, seed=2), oracle):
-        for method in ("parallel", "eagle3"):
-            for k in (1, 3, 7, "auto"):
-                out = make_engine(llama, head, method, k).generate([p], SEEDED)[0]
-                assert out.token_ids == ref, (type(head).__name__, method, k)
-        if head is oracle:
-            assert out.stats.acceptance_length > 2
+    oracle = OracleDrafter.of(llama, p + ref, 9)
+    for method in ("parallel", "eagle3"):
+        for k in (1, 3, 7, "auto"):
+            _, watch, got = oracle_run(llama, oracle, method, k, [p], SEEDED)()
+            watch.check(got, [ref])
+    for fault in CHAIN_FAULTS:
+        assert_caught(fault, oracle_run(llama, oracle, "parallel", 3, [p], SEEDED), [ref])
 
 
 @pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
 def test_seeded_sampling_alone_equals_in_a_batch_chunked_and_preempted(llama, method):
     """Eight requests (seeded, unseeded and greedy) together, with prompts prefilled in chunks, and
     with a KV pool so small that sequences are preempted and recomputed: each seeded request's
-    output is what it is alone, and what plain decoding gives it."""
-    drafter = init_drafter(llama, 1, MASK, seed=3)
+    output is what it is alone, and what plain decoding gives it. An oracle head drafts each seeded
+    request's plain output: most drafts are accepted, beside prompt chunks and across preemptions too;
+    planted faults are caught."""
     ps = prompts(8, seed=12)
     params = [dataclasses.replace(SEEDED, seed=100 + i, max_tokens=10 + 3 * i) if i % 3 else
               dataclasses.replace(SEEDED, seed=None if i % 2 else 5, temperature=0.0 if i == 6 else 1.0)
               for i in range(8)]
     seeded = [i for i, sp in enumerate(params) if sp.seed is not None]
-    plain = {i: make_engine(llama, None, "none").generate([ps[i]], params[i])[0].token_ids for i in seeded}
-    for kw in ({}, dict(max_num_seqs=8), dict(max_num_seqs=8, max_num_batched_tokens=7),
-               dict(max_num_seqs=8, block_size=4, kv_cache_tokens=96)):
-        outs = make_engine(llama, drafter, method, "auto" if kw else 3, **kw).generate(ps, params)
-        assert {i: outs[i].token_ids for i in seeded} == plain, (method, kw)
+    plain = [make_engine(llama, None, "none").generate([ps[i]], params[i])[0].token_ids for i in seeded]
+    head = None if method == "none" else OracleDrafter.of(llama, references([ps[i] for i in seeded], plain), 7)
+    crossings = (None, None, "chunk", "preempt")
+    for kw, crossing in zip(({}, dict(max_num_seqs=8), dict(max_num_seqs=8, max_num_batched_tokens=7),
+                             dict(max_num_seqs=8, block_size=4, kv_cache_tokens=96)), crossings):
+        engine, watch, outs = oracle_run(llama, head, method, "auto" if kw else 3, ps, params, **kw)()
+        got = [outs[i] for i in seeded]
+        assert got == plain, (method, kw)
+        if head is not None:
+            watch.check(got, plain, crossing=crossing)
+    if head is not None:
+        for fault in CHAIN_FAULTS:
+            run = oracle_run(llama, head, method, 3, ps, params, max_num_seqs=8, block_size=4, kv_cache_tokens=96)
+            assert_caught(fault, lambda patch: (lambda e, w, o: (e, w, [o[i] for i in seeded]))(*run(patch)), plain)
 
 
 # --------------------------------------------------------------------------- bad input
@@ -441,15 +425,19 @@ def test_bad_input_is_refused(llama):
 
 def test_greedy_and_sampled_requests_share_a_batch(llama):
     """Greedy requests mixed with sampled ones give their solo output, and seeded sampled requests
-    give their solo sample, in every mode."""
-    drafter = init_drafter(llama, 1, MASK, seed=3)
+    give their solo sample, in every mode, with an oracle head's drafts mostly accepted."""
     ps = prompts(6, seed=11)
     params = [SamplingParams(max_tokens=16, ignore_eos=True) if i % 2 else
               SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=16, ignore_eos=True) for i in range(6)]
+    alone = [make_engine(llama, None, "none").generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
+    head = OracleDrafter.of(llama, references(ps, alone), 7)
     for method in ("none", "parallel", "eagle3"):
-        alone = [make_engine(llama, drafter, method, 3).generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
-        mixed = make_engine(llama, drafter, method, 3, max_num_seqs=8).generate(ps, params)
-        assert [o.token_ids for o in mixed] == alone, method
+        _, watch, mixed = oracle_run(llama, head if method != "none" else None, method, 3, ps, params, max_num_seqs=8)()
+        assert mixed == alone, method
+        if method != "none":
+            watch.check(mixed, alone)
+    for fault in CHAIN_FAULTS:
+        assert_caught(fault, oracle_run(llama, head, "eagle3", 3, ps, params, max_num_seqs=8), alone)
 
 
 # --------------------------------------------------------------------------- device discipline
@@ -469,7 +457,7 @@ def test_step_creates_every_tensor_on_the_models_device(llama, method, padded):
     expected = [o.token_ids for o in make_engine(llama, head, method).generate(ps, params)]
     engine = make_engine(llama, head, method)
     if padded:
-        engine.graphs = engine.make_graphs(capture=False)
+        engine.runner.graphs = engine.runner.make_graphs(capture=False)
     torch.set_default_device("meta")
     try:
         got = [o.token_ids for o in engine.generate(ps, params)]
@@ -520,16 +508,17 @@ def test_long_prompts_fit_and_oversized_requests_are_refused(llama):
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
 def test_full_length_sequences_share_a_tight_pool(llama, method):
     """Every sequence runs to max_model_len in a pool holding barely two: preemption and recompute,
-    never a sequence evicted for good."""
-    drafter = init_drafter(llama, 1, MASK, seed=2)
+    never a sequence evicted for good; an oracle head's drafts accepted across the preemptions."""
     ps = prompts(5, seed=9)
     params = SamplingParams(max_tokens=60, ignore_eos=True)
-    ref = [make_engine(llama, drafter, method, 5, max_model_len=48).generate([p], params)[0].token_ids for p in ps]
-    tight = make_engine(llama, drafter, method, 5, max_num_seqs=5, max_model_len=48, block_size=4,
-                        kv_cache_tokens=2 * (48 + 6) + 4)
+    ref = [make_engine(llama, None, "none", max_model_len=48).generate([p], params)[0].token_ids for p in ps]
+    head = OracleDrafter.of(llama, references(ps, ref), 7)
+    tight = head.bind(make_engine(llama, head, method, 5, max_num_seqs=5, max_model_len=48, block_size=4,
+                                  kv_cache_tokens=2 * (48 + 6) + 4))
+    watch = Watch(tight)
     seqs = [tight.add_request(p, params) for p in ps]
     run_bounded(tight)
-    assert [s.output_ids for s in seqs] == ref
+    watch.check([s.output_ids for s in seqs], ref, crossing="preempt")
     assert tight.blocks.num_free == tight.blocks.num_blocks
 
 
@@ -592,23 +581,26 @@ def test_logprobs_are_the_targets_under_speculation(llama, method):
 def test_chunked_prefill_is_lossless(llama, method):
     """Prompts longer than a chunk (max_num_batched_tokens 7 and 16, prompts of 20-70 tokens), alone
     and in batches where chunks share steps with decode and verify rows: the same tokens as plain
-    greedy decoding of the whole prompt at once; a deep-accepting oracle head drafts after chunks."""
+    greedy decoding of the whole prompt at once, with an oracle head's drafts accepted beside the chunks;
+    planted faults are caught."""
     g = torch.Generator().manual_seed(11)
     ps = [torch.randint(3, 150, (n,), generator=g).tolist() for n in (20, 45, 70, 33)]
     params = SamplingParams(max_tokens=14, ignore_eos=True)
     ref = [o.token_ids for o in make_engine(llama, None, "none", enable_chunked_prefill=False).generate(ps, params)]
-    heads = [None] if method == "none" else [init_drafter(llama, 2, MASK, seed=5)]
-    if method != "none":
-        heads.append(OracleDrafter.of(llama, ps[2] + ref[2], 1000, cfg=heads[0].cfg))
-    for head in heads:
-        for budget in (7, 16):
-            for n in (1, 4):
-                engine = make_engine(llama, head, method, 4, max_num_batched_tokens=budget, max_num_seqs=n)
-                assert [o.token_ids for o in engine.generate(ps, params)] == ref, (budget, n)
-                assert engine.blocks.num_free == engine.blocks.num_blocks
-        out = make_engine(llama, head, method, 4, max_num_batched_tokens=16).generate([ps[2]], params)[0]
-        if isinstance(head, OracleDrafter):
-            assert out.stats.acceptance_length > 3
+    head = None if method == "none" else OracleDrafter.of(llama, references(ps, ref), 7,
+                                                          cfg=init_drafter(llama, 2, MASK).cfg)
+    for budget in (7, 16):
+        for n in (1, 4):
+            engine, watch, got = oracle_run(llama, head, method, 4, ps, params, max_num_batched_tokens=budget,
+                                            max_num_seqs=n)()
+            assert got == ref, (budget, n)
+            if head is not None:
+                watch.check(got, ref, crossing="chunk" if n > 1 else None)
+            assert engine.blocks.num_free == engine.blocks.num_blocks
+    if head is not None:
+        for fault in CHAIN_FAULTS:
+            assert_caught(fault, oracle_run(llama, head, method, 4, ps, params, max_num_batched_tokens=7,
+                                            max_num_seqs=4), ref, crossing="chunk")
 
 
 def test_a_long_prompt_does_not_stall_running_streams(llama):
@@ -643,7 +635,7 @@ def test_chunked_prefill_writes_the_kv_of_a_whole_prefill(llama, method):
         while not seq.output_ids:
             engine.step()
         slots = torch.tensor([seq.block_table[p // 16] * 16 + p % 16 for p in range(len(prompt))])
-        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.target_caches + engine.drafter_caches])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.runner.target_caches + engine.runner.drafter_caches])
     for a, b in zip(*kv):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
@@ -712,20 +704,36 @@ def test_one_long_prompt_at_a_time_and_short_ones_pass(llama):
 @pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
 def test_fair_prefill_is_lossless(llama, method):
     """Long and short prompts arriving while others prefill and decode, the long ones in capped
-    chunks beside them: every request's tokens (greedy, and seeded sampling) are its tokens alone."""
-    head = None if method == "none" else init_drafter(llama, 2, MASK, seed=5)
+    chunks beside them: every request's tokens (greedy, and seeded sampling) are its tokens alone, an
+    oracle head's drafts accepted beside the chunks (K = 3 and auto); planted faults are caught."""
     ps = [random_prompt(n, seed) for n, seed in ((150, 1), (9, 2), (120, 3), (14, 4), (6, 5))]
-    for sp in (SamplingParams(max_tokens=12, ignore_eos=True), dataclasses.replace(SEEDED, max_tokens=12)):
-        alone = [make_engine(llama, None, "none").generate([p], sp)[0].token_ids for p in ps]
-        for k in (3, "auto"):
-            engine = make_engine(llama, head, method, k, max_num_batched_tokens=24, long_prefill_token_threshold=8)
-            seqs = []
+
+    def arrivals(head, k, sp):
+        def run(patch=lambda e: e):
+            engine = patch(fixed_costs(make_engine(llama, head, method, k, max_num_batched_tokens=24,
+                                                   long_prefill_token_threshold=8)))
+            if head is not None:
+                head.bind(engine)
+            watch, seqs = Watch(engine), []
             for p in ps:  # one arrival a step
                 seqs.append(engine.add_request(p, sp))
                 engine.step()
             while engine.has_unfinished():
                 engine.step()
-            assert [s.output_ids for s in seqs] == alone, (method, k, sp.seed)
+            return engine, watch, [s.output_ids for s in seqs]
+        return run
+
+    for sp in (SamplingParams(max_tokens=12, ignore_eos=True), dataclasses.replace(SEEDED, max_tokens=12)):
+        alone = [make_engine(llama, None, "none").generate([p], sp)[0].token_ids for p in ps]
+        head = None if method == "none" else OracleDrafter.of(llama, references(ps, alone), 7)
+        for k in (3, "auto"):
+            _, watch, got = arrivals(head, k, sp)()
+            assert got == alone, (method, k, sp.seed)
+            if head is not None:
+                watch.check(got, alone, crossing="chunk")
+        if head is not None and sp.seed is not None:
+            for fault in CHAIN_FAULTS:
+                assert_caught(fault, arrivals(head, 3, sp), alone, crossing="chunk")
 
 
 @pytest.mark.parametrize("method", ["none", "parallel"])
@@ -748,7 +756,7 @@ def test_capped_chunks_write_the_kv_of_a_whole_prefill(llama, method):
             steps += 1
         assert steps == (-(-70 // 8) if shared else 1)
         slots = torch.tensor([seq.block_table[p // 16] * 16 + p % 16 for p in range(len(prompt))])
-        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.target_caches + engine.drafter_caches])
+        kv.append([torch.cat([c.k[slots], c.v[slots]]) for c in engine.runner.target_caches + engine.runner.drafter_caches])
     for a, b in zip(*kv):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
@@ -790,29 +798,31 @@ def test_bf16_packed_weights_change_nothing(method):
 
 # --------------------------------------------------------------------------- every dtype (batch invariance)
 
-@pytest.mark.skipif(not native_cpu(torch.device("cpu")), reason="the CPU kernels make every dtype batch-invariant")
+@pytest.mark.skipif(not kernels.native(torch.device("cpu")), reason="the CPU kernels make every dtype batch-invariant")
 @pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
 def test_speculation_is_exact_in_every_weight_dtype(weights):
     """16-bit weights with float32 arithmetic on the CPU kernels: P-EAGLE and EAGLE-3 at K=3 and `auto`,
     greedy and seeded, alone and eight together with prompts prefilled in chunks of 7, all equal plain
-    decoding token for token, because a row's result no longer depends on the rows beside it."""
+    decoding token for token, because a row's result no longer depends on the rows beside it (an oracle
+    head's drafts mostly accepted)."""
     target = native_from_hf(tiny_hf("llama"))
     set_precision(target, weights, torch.float32)
     ps = prompts(8, seed=21)
     greedy = dataclasses.replace(SEEDED, temperature=0.0, seed=None)
     params = [greedy if i % 2 else dataclasses.replace(SEEDED, seed=40 + i) for i in range(8)]
     plain = [make_engine(target, None, "none").generate([p], sp)[0].token_ids for p, sp in zip(ps, params)]
+    drafter = OracleDrafter.of(target, references(ps, plain), 7)
+    set_precision(drafter, weights, torch.float32)
     for method in ("parallel", "eagle3"):
-        drafter = init_drafter(target, 1, MASK, seed=5)
-        set_precision(drafter, weights, torch.float32)
         for k, kw in ((3, {}), ("auto", dict(max_num_seqs=8, max_num_batched_tokens=7))):
-            engine = make_engine(target, drafter, method, k, **kw)
+            engine = fixed_costs(drafter.bind(make_engine(target, drafter, method, k, **kw)))
+            watch = Watch(engine)
             outs = [engine.generate([p], sp)[0].token_ids for p, sp in zip(ps, params)] if not kw else \
                 [o.token_ids for o in engine.generate(ps, params)]
-            assert outs == plain, (weights, method, k)
+            watch.check(outs, plain, crossing="chunk" if kw else None)
 
 
-@pytest.mark.skipif(not native_cpu(torch.device("cpu")), reason="the CPU kernels make every dtype batch-invariant")
+@pytest.mark.skipif(not kernels.native(torch.device("cpu")), reason="the CPU kernels make every dtype batch-invariant")
 @pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
 def test_a_rows_logits_are_the_same_bits_in_any_pass(weights):
     """The sharp form of the test above: after a 30-token prompt, the next 8 positions' logits and taps,

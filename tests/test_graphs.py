@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
-from test_engine import MASK, OracleDrafter, make_engine, prompts
+from speculation import MASK, OracleDrafter, make_engine, prompts
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from peagle.engine.graphs import bucket
@@ -17,7 +17,7 @@ from peagle.models.loader import init_drafter
 
 def padded_engine(target, drafter, method, k, **kw) -> LLMEngine:
     engine = make_engine(target, drafter, method, k, **kw)
-    engine.graphs = engine.make_graphs(capture=False)
+    engine.runner.graphs = engine.runner.make_graphs(capture=False)
     return engine
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
-from test_engine import MASK, OracleDrafter, make_engine, prompts
+from speculation import MASK, OracleDrafter, make_engine, prompts
 from test_quant import case, random_blocks
 
 from peagle import kernels

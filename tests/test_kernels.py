@@ -5,6 +5,7 @@ pass (batch invariance), results are float32-accurate against float64, and witho
 rounding. ``make setup`` builds the kernels: here they must be there unless turned off."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -291,3 +292,16 @@ def test_the_native_stack_gives_the_bits_of_the_layer_by_layer_path(family, monk
         assert torch.equal(got, want), family
     for got, want in zip(stacked_caches, plain_caches):
         assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v), family
+
+
+@native
+def test_the_kernels_publish_the_limits_the_python_side_reads():
+    """``peagle::limits`` (kernels.h) is what :func:`kernels.limits` returns, and its fallback where the
+    kernels are not loaded holds the same values; :func:`kernels.native` refuses heads past them."""
+    lim, q = kernels.limits(), torch.zeros(2, 4, 8)   # (loads the kernels)
+    assert torch.ops.peagle.limits() == dataclasses.asdict(kernels.Limits()) == dataclasses.asdict(lim)
+    assert lim.tree_nodes == lim.span_rows - 1
+    with torch.inference_mode():
+        assert kernels.native(q, lim.head_dim, lim.group) and kernels.native(torch.device("cpu"))
+        assert not kernels.native(q, lim.head_dim + 1, 1) and not kernels.native(q, 64, lim.group + 1)
+        assert not kernels.native(q.double()) and not kernels.native(torch.device("meta"))

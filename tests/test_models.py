@@ -428,7 +428,7 @@ def test_default_model_matches_hf():
 
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
 def test_long_chunk_after_a_cached_prefix_equals_full_pass(family, layout):
-    """A prompt chunk of more than SHORT_ROWS rows after a cached prefix (chunked prefill) attends
+    """A prompt chunk of more than the kernels' span_rows rows after a cached prefix (chunked prefill) attends
     through SDPA's causal kernel aligned to its last key (or its window's mask): 70 then 80 tokens."""
     hf = tiny_hf(family)
     model = native_from_hf(hf)

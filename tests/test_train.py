@@ -56,8 +56,9 @@ def head_tensors(out) -> dict[str, torch.Tensor]:
 def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synth_dir, tmp_path, method):
     cfg = config(tiny_chat_dir, synth_dir, tmp_path / "head", method=method, max_steps=4)
     res = train(cfg)
-    # the tiny target's greedy text repeats itself: four steps learn it (an untrained head scores 1.0)
-    assert res is not None and len(res["acc"]) == K and res["al"] > 3.0 and res["anchors"] > 0, res
+    # the tiny target's greedy text repeats itself in part: four steps learn much of it (an untrained head
+    # scores 1.0; 2.65 and 2.90 here since the target sees positions, conftest.randomize)
+    assert res is not None and len(res["acc"]) == K and res["al"] > 2.2 and res["anchors"] > 0, res
     log = [json.loads(line) for line in open(tmp_path / "head" / "train_log.jsonl")]
     assert [r["step"] for r in log if r.get("event") == "eval"] == [3, 4]
     assert vllm_problems(tmp_path / "head", parallel_drafting=method == "peagle") == []
@@ -65,13 +66,13 @@ def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synt
     head = load_drafter(tmp_path / "head")
     assert head.cfg.draft_vocab_size == 512 and head.cfg.trained_k == K
     engine_method = "parallel" if method == "peagle" else "eagle3"
-    rec = load_records(synth_dir, 256)[0]
-    prompt = rec.ids[:rec.prompt_len]
+    ps = [rec.ids[:rec.prompt_len] for rec in load_records(synth_dir, 256)[:4]]
     params = SamplingParams(max_tokens=30, ignore_eos=True)
-    ref = LLMEngine(target, None, EngineConfig(method="none")).generate([prompt], params)[0].token_ids
-    out = LLMEngine(target, head, EngineConfig(method=engine_method, num_speculative_tokens=K)).generate([prompt], params)[0]
-    assert out.token_ids == ref
-    assert out.stats.acceptance_length > 3.0, out.stats  # the held-out estimate holds in the engine
+    ref = [o.token_ids for o in LLMEngine(target, None, EngineConfig(method="none")).generate(ps, params)]
+    outs = LLMEngine(target, head, EngineConfig(method=engine_method, num_speculative_tokens=K)).generate(ps, params)
+    assert [o.token_ids for o in outs] == ref
+    # the held-out estimate holds in the engine where the target's text repeats (two of these four prompts)
+    assert max(o.stats.acceptance_length for o in outs) > 3.0, [o.stats for o in outs]
 
 
 def test_resume_continues_exactly(tiny_chat_dir, synth_dir, tmp_path):
@@ -214,13 +215,13 @@ def test_draft_vocabulary_is_the_most_frequent_response_tokens(synth_dir):
 
 def test_heads_learn(tiny_chat_dir, synth_dir, tmp_path):
     """More training gives a better held-out acceptance estimate than none (the tiny target's
-    greedy text repeats itself, which a head picks up within a few dozen steps)."""
+    greedy text repeats itself in part, which a head picks up within a few dozen steps: AL 3.0 here)."""
     cfg = config(tiny_chat_dir, synth_dir, tmp_path / "learn", max_steps=40, eval_every=40, save_every=40, lr=1e-2)
     trainer = Trainer(cfg)
     trainer.evaluate()
     before = trainer.last_eval
     after = trainer.run()
-    assert after["acc"][0] > before["acc"][0] + 0.1 and after["al"] > 4.0 > before["al"], (before, after)
+    assert after["acc"][0] > before["acc"][0] + 0.1 and after["al"] > 2.5 > before["al"], (before, after)
 
 
 def test_export_writes_the_complete_vllm_layout_and_the_compact_one(tiny_chat_dir, synth_dir, tmp_path):

@@ -13,7 +13,7 @@
    and HF's forward with a DynamicCache for reference);
 3. the prefill of a 4,000-token prompt, ours against HF's forward and llama.cpp's prompt eval, in the
    same precision;
-4. the cost of drafting K tokens through the engine's own ``_propose``: one parallel (P-EAGLE)
+4. the cost of drafting K tokens through the engine's own ``ModelRunner.propose``: one parallel (P-EAGLE)
    drafter pass, and K sequential EAGLE-3 passes, for K = 1..10, in ms and as a fraction of a
    one-token step. HF runs in the engine's dtype throughout;
 5. llama.cpp's own ``llama-bench`` on the same files (tg128, and pp1 / pp8 / pp16: what a batch of
@@ -366,7 +366,7 @@ def bench_prefill(args, ours: EnginePeer, whole: EnginePeer, others: list[Peer],
 # ----------------------------------------------------------------------------- 4. drafting
 
 def bench_drafting(args, ours: EnginePeer, heads: dict, ctx: list[int], target_1tok_ms: float, bar) -> dict:
-    """The engine's own drafting call (``LLMEngine._propose``) in a decode step's shape: a sequence
+    """The engine's own drafting call (``ModelRunner.propose``) in a decode step's shape: a sequence
     at a context of C tokens has had K drafts verified; its expansion, the head's pass (P-EAGLE) or
     passes (EAGLE-3), the LM head and argmax are timed, re-run on the arguments the engine passed."""
     from peagle.engine.llm_engine import EngineConfig, LLMEngine
@@ -379,8 +379,8 @@ def bench_drafting(args, ours: EnginePeer, heads: dict, ctx: list[int], target_1
         head.cfg = dataclasses.replace(head.cfg, trained_k=None)
         engine = LLMEngine(ours.engine.target, head, EngineConfig(method=method, num_speculative_tokens=k,
                                                                   max_num_seqs=1))
-        calls, propose = [], engine._propose
-        engine._propose = lambda *a: calls.append(a) or propose(*a)
+        calls, propose = [], engine.runner.propose
+        engine.runner.propose = lambda *a: calls.append(a) or propose(*a)
         engine.add_request(ctx, SamplingParams(max_tokens=10 ** 6, ignore_eos=True))
         engine.step()      # prefill, first drafts
         engine.step()      # verify K drafts, draft again: the call timed
@@ -555,7 +555,7 @@ def markdown_drafting(res: dict) -> list[str]:
     dr = res["drafting"]
     hd = ", ".join(f"{m}: {h['num_layers']} layer(s), draft vocabulary {h['draft_vocab_size']}"
                    for m, h in dr["heads"].items())
-    out.append(f"### 4. Drafting K tokens through `LLMEngine._propose` after a verify step (shipped heads, {hd}; "
+    out.append(f"### 4. Drafting K tokens through `ModelRunner.propose` after a verify step (shipped heads, {hd}; "
                f"context {dr['context']}; median of {a['micro_reps']}; fraction of a {dr['target_1tok_ms']:.2f} ms "
                f"one-token step; other jobs kept {fmt(dr['other_cores'], 2)} cores busy, median)\n")
     out.append("| K | P-EAGLE 1 pass ms | / target | EAGLE-3 K passes ms | / target | EAGLE-3 / P-EAGLE |")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from peagle.models.layers import native_rows
+from peagle import kernels
 from peagle.runtime import to_device
 
 GREEDY_BELOW = 1e-5      # temperatures under this are greedy (vLLM's rule): dividing by them overflows
@@ -119,7 +119,7 @@ def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's argmax (the first of equal maxima) and whether the row is finite (no NaN, no infinity):
     one pass over the logits on peagle's CPU kernels (torch's argmax and isfinite take ~20x as long there)."""
-    if native_rows(logits) and logits.dim() == 2 and logits.is_contiguous():
+    if kernels.native(logits) and logits.dim() == 2 and logits.is_contiguous():
         values, tokens = torch.ops.peagle.argmax(logits)
         return tokens, values.isfinite()
     return logits.argmax(-1), logits.isfinite().all(-1)

@@ -1,4 +1,5 @@
-"""Token trees from one drafting pass.
+"""Token trees from one drafting pass: their shape, their layout in the target's pass, verification, and
+the accepted path's KV.
 
 One P-EAGLE pass gives a distribution at each of the K draft positions. A chain keeps the top token of
 each; a tree keeps several, and the target verifies all of them in one pass. A parallel draft at depth
@@ -8,8 +9,10 @@ rank-``rd`` candidate of position d. Nodes are numbered in breadth-first order (
 the root (the last emitted token) 0, so cutting a tree to a depth keeps a prefix of its nodes.
 
 The target's pass lays the tree out as rows ``[root, node 1, ..., node N]``; node i writes its KV at
-index ``p0 + i`` and reads its ancestors there (:class:`peagle.models.attention.TreeRows`); the
-accepted path's KV is then moved to ``p0 + depth``, where a chain's would be.
+index ``p0 + i`` and reads its ancestors there (:func:`tree_rows`, the attention's
+:class:`peagle.models.attention.TreeRows`); the accepted path's KV is then moved to ``p0 + depth``, where a
+chain's would be (:func:`path_slots`), and the drafter reads the path's rows as a chain's (:func:`path_rows`).
+How many nodes a tree may have is the attention kernel's limit (:func:`peagle.kernels.limits`).
 """
 from __future__ import annotations
 
@@ -20,7 +23,10 @@ from functools import cached_property
 
 import torch
 
-MAX_NODES = 63   # a tree's nodes and its root fit the 64 rows the attention kernel takes as one short span
+from peagle import kernels
+from peagle.models.attention import AttnMeta, Span, TreeRows
+from peagle.runtime import to_device
+
 MAX_RANK = 16    # candidates per depth a tree may use
 
 
@@ -34,8 +40,9 @@ class Tree:
         for p in self.paths:
             if not p or any(not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < MAX_RANK for r in p):
                 raise ValueError(f"token tree node {p}: a node is a non-empty tuple of ranks in 0..{MAX_RANK - 1}")
-        if len(self.paths) > MAX_NODES:
-            raise ValueError(f"a token tree has at most {MAX_NODES} nodes, got {len(self.paths)}")
+        most = kernels.limits().tree_nodes
+        if len(self.paths) > most:
+            raise ValueError(f"a token tree has at most {most} nodes, got {len(self.paths)}")
         paths = tuple(sorted(self.paths, key=_bfs))
         seen = {()}
         for p in paths:
@@ -116,6 +123,16 @@ class Tree:
         """The nodes' tokens from the drafter's candidates ``[position][rank]``."""
         return [candidates[len(p) - 1][p[-1]] for p in self.paths]
 
+    def ranks_on(self, path: list[int], candidates: list[list[int]], token: int) -> list[int | None]:
+        """What one verified round tells :meth:`peagle.engine.auto_k.AutoK.record`: the rank of each accepted
+        node of ``path`` (root first), then, where the path stopped short of the drafted positions, the rank
+        of the target's ``token`` among that position's ``candidates`` (None: not drafted)."""
+        ranks = [self.paths[j - 1][-1] for j in path[1:]]
+        a = len(ranks)
+        if a < len(candidates):
+            ranks.append(candidates[a].index(token) if token in candidates[a] else None)
+        return ranks
+
     def __str__(self) -> str:
         return "chain" if self.is_chain else str(list(self.paths))
 
@@ -154,8 +171,6 @@ class TreeBatch:
 
     @classmethod
     def of(cls, trees: list[Tree], tokens: list[list[int]], first_rows: list[int], device: torch.device) -> "TreeBatch":
-        from peagle.runtime import to_device
-
         n = 1 + max(len(t) for t in trees)
         d = 1 + max(t.depth for t in trees)
         rows, toks, par, dep, lin = [], [], [], [], []
@@ -184,3 +199,55 @@ def accept_paths(y: torch.Tensor, tb: TreeBatch) -> tuple[torch.Tensor, torch.Te
     accepted = depth.gather(1, end[:, None])[:, 0]
     path = tb.lineage.gather(1, end[:, None, None].expand(-1, 1, tb.lineage.shape[2]))[:, 0]
     return accepted, y.gather(1, end[:, None])[:, 0], path
+
+
+# --------------------------------------------------------------------------- the trees in a pass
+
+def tree_rows(layout: list[tuple[int, Tree] | None], spans: list[Span], positions: list[int],
+              device: torch.device) -> TreeRows:
+    """Where the rows of a pass write and read their KV: node i of a tree verified from KV index ``start``
+    (``layout``: ``(start, tree)`` per sequence, None outside a tree) writes index ``start + i`` and reads its
+    ancestors there, the root in place; other rows as usual."""
+    kv, base, maps = [], [], []
+    width = max(t.depth for _, t in filter(None, layout))
+    first = 0
+    for span, t in zip(spans, layout):
+        if t is None:
+            for p in positions[first:first + span.num_rows]:
+                kv.append(p), base.append(p + 1), maps.append([0] * width)
+        else:
+            start, tree = t
+            for i, line in enumerate(tree.lineage):
+                kv.append(start + i), base.append(start + 1)
+                maps.append([start + j for j in line[1:]] + [start] * (width + 1 - len(line)))
+        first += span.num_rows
+    return TreeRows(to_device(kv, device), to_device(base, device), to_device(maps, device))
+
+
+def path_slots(layout: list[tuple[int, Tree] | None], path: torch.Tensor,
+               meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
+    """The KV slots each tree's accepted ``path`` (:func:`accept_paths`) moves from (index start + node) and
+    to (start + depth, where the next steps read it as a chain's; past the path's end dead slots, written
+    again later)."""
+    pairs = [(i, t[0], j) for i, t in enumerate(layout) if t is not None for j in range(1, t[1].depth + 1)]
+    seq_i, start, depth = (to_device(list(x), path.device) for x in zip(*pairs))
+    return meta.slots(seq_i, start + path[seq_i, depth]), meta.slots(seq_i, start + depth)
+
+
+def path_rows(layout: list[tuple[int, Tree] | None], path: torch.Tensor, spans: list[Span],
+              cu: list[int]) -> tuple[torch.Tensor, list[Span]]:
+    """The pass's rows as the drafter reads them: a tree's root and the nodes of its accepted path by depth
+    (then, past the path's end, rows the expansion marks rejected), other sequences' rows as they are.
+    Returns the rows (indices into the pass's ``cu[-1]`` rows) and their spans."""
+    T, depth1, dev = cu[-1], path.shape[1], path.device
+    on_path = torch.cat([torch.arange(T, device=dev), (to_device(cu[:-1], dev)[:, None] + path).flatten()])
+    index, new_spans = [], []
+    for i, (t, s) in enumerate(zip(layout, spans)):
+        if t is not None:
+            start, depth = t[0], t[1].depth
+            index += range(T + i * depth1, T + i * depth1 + depth + 1)
+            new_spans.append(Span(depth + 1, start + depth + 1, s.block_table, start))
+        else:
+            index += range(cu[i], cu[i + 1])
+            new_spans.append(s)
+    return on_path[to_device(index, dev)], new_spans

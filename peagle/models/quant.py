@@ -156,7 +156,7 @@ class QuantTensor(torch.Tensor):
         from peagle import kernels
 
         flat = ids.reshape(-1).to(self.blocks.device)
-        if self.blocks.device.type == "cpu" and kernels.available():
+        if kernels.native(self.blocks.device):
             out = torch.ops.peagle.dequantize_rows(self.blocks, flat).to(dtype or self.dtype)
         else:
             blocks = column_blocks(self.blocks[flat // GROUP], flat % GROUP) if self.packed else self.blocks[flat]

@@ -146,6 +146,8 @@ constexpr int64_t KEY_BLOCK = 64;
 constexpr int64_t MAX_GROUP = 16;   // query heads per KV head
 constexpr int64_t MAX_QUERIES = 32; // query vectors (rows x heads of a KV head) one work item attends
 constexpr int64_t MAX_HEAD_DIM = 256;
+constexpr int64_t MAX_SPAN_ROWS = 64;  // a sequence's rows attended whole (decoding, verifying, drafting)
+constexpr int64_t MAX_TREE_NODES = MAX_SPAN_ROWS - 1;  // a token tree's nodes, its root beside them in one span
 
 struct AttnArgs {
   const float* q;          // [*, H, d]: row r at q + r * q_stride

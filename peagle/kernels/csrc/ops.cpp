@@ -2,6 +2,7 @@
 // named: tests run each); the *_ref operators are the scalar references of a path's lane order. Work is
 // split across torch's threads (the same OpenMP team as every other op).
 #include <ATen/Parallel.h>
+#include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -74,6 +75,16 @@ static std::vector<std::string> int_isas() {
   if (has_avx512vnni()) out.push_back("avx512vnni");
   if (has_avxvnni()) out.push_back("avxvnni");
   if (has_avx2()) out.push_back("avx2");
+  return out;
+}
+
+// The limits above, published for the Python side (peagle.kernels.limits): one source for both.
+static c10::Dict<std::string, int64_t> limits() {
+  c10::Dict<std::string, int64_t> out;
+  out.insert("head_dim", MAX_HEAD_DIM);
+  out.insert("group", MAX_GROUP);
+  out.insert("span_rows", MAX_SPAN_ROWS);
+  out.insert("tree_nodes", MAX_TREE_NODES);
   return out;
 }
 
@@ -381,6 +392,7 @@ TORCH_LIBRARY(peagle, m) {
   m.def("int_isa() -> str", [] { return best_int_isa(); });
   m.def("int_isas() -> str[]", [] { return int_isas(); });
   m.def("set_isa(str isa) -> ()", set_isa);
+  m.def("limits() -> Dict(str, int)", limits);
   m.impl("attention", c10::DispatchKey::CPU, TORCH_FN(attention));
   m.impl("attention_ref", c10::DispatchKey::CPU, TORCH_FN(attention_reference));
   m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(linear));

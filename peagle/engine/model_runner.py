@@ -1,0 +1,302 @@
+"""How a step runs on the device: the KV caches, one flat batch laid out for the target's pass (CUDA graphs for
+decode steps, :mod:`peagle.engine.graphs`), verification, the accepted tree paths' KV, and drafting:
+
+* ``parallel`` (P-EAGLE): one drafter pass over [accepted tokens, bonus, K-1 mask slots] yields K drafts,
+  or the top candidates of each position, of which a token tree is verified next (:mod:`peagle.engine.tree`);
+* ``eagle3``: the same head run K times, feeding its own pre-norm hidden state back;
+* ``none``: the target alone.
+
+:meth:`ModelRunner.run` does it all with one host sync at the end, which reads every sequence's accepted
+count, emitted token, accepted path and next drafts.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+import torch
+import torch.nn.functional as F
+
+from peagle.engine.auto_k import CostCurve
+from peagle.engine.config import Bounds, EngineConfig
+from peagle.engine.expansion import expand
+from peagle.engine.graphs import StepGraphs, bucket
+from peagle.engine.sampling import SamplingError, TokenLogprob, greedy, logprobs_of, sample_tokens
+from peagle.engine.sequence import Sequence
+from peagle.engine.tree import Tree, TreeBatch, accept_paths, path_rows, path_slots, tree_rows
+from peagle.models.attention import AttnMeta, KVCache, Span, TreeRows
+from peagle.models.drafter import Drafter
+from peagle.models.layers import pack_for_inference, weight_dtype
+from peagle.models.llama import LlamaModel
+from peagle.runtime import precision_name, to_device
+
+
+def offsets(spans: list[Span]) -> list[int]:
+    """Each span's first row in the flat batch, and the rows in all."""
+    return list(accumulate((s.num_rows for s in spans), initial=0))
+
+
+@dataclass
+class Batch:
+    """One step's target pass laid out: the rows, and what verification and drafting read of them."""
+    work: list[tuple[Sequence, int]]       # the sequences, each with its new tokens
+    layout: list[tuple[int, Tree] | None]  # (KV index of the root, tree) where a tree (not a chain) is verified
+    partial: list[bool]                    # prompt chunks before the last: nothing emitted
+    ids: torch.Tensor
+    positions: torch.Tensor
+    spans: list[Span]
+    cu: list[int]                          # each sequence's first row (padding sequences' too)
+    first: list[int]                       # each sequence's first verified (logit) row
+    logit_rows: torch.Tensor
+    tree_batch: TreeBatch                  # the verified nodes, as verification reads them
+    tree_rows: TreeRows | None             # where tree nodes keep their KV
+    tables: torch.Tensor | None = None     # the padded decode layout (CUDA graphs): block tables ...
+    num_pad: int = 0                       # ... and padding sequences
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [seq for seq, _ in self.work]
+
+
+@dataclass
+class Verified:
+    """One sequence's outcome of a step, read back from the device."""
+    accepted: int                  # drafts accepted (their KV, and the new tokens', is valid now)
+    tokens: list[int] = field(default_factory=list)   # the accepted drafts, the target's token (none: a chunk)
+    path: list[int] = field(default_factory=list)     # the accepted nodes, the root first
+    candidates: list[list[int]] = field(default_factory=list)  # the next drafts' [position][rank] candidates
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class ModelRunner:
+    def __init__(self, target: LlamaModel, drafter: Drafter | None, config: EngineConfig, bounds: Bounds,
+                 num_blocks: int):
+        self.target, self.drafter, self.cfg, self.bounds = target, drafter, config, bounds
+        self.device, self.dtype = target.lm_weight.device, target.dtype
+        target.pack_for_inference()
+        if drafter is not None:
+            pack_for_inference(drafter)
+        if config.method != "none":
+            if drafter is None:
+                raise ValueError(f"method {config.method!r} needs a drafter")
+            drafter.cfg.check_target(target.cfg, target.aux_layers)
+            mine = (drafter.lm_head.weight.device, weight_dtype(drafter), drafter.embed_tokens.weight.dtype)
+            if mine != (self.device, target.weight_dtype, self.dtype):
+                raise ValueError(f"the drafter is {precision_name(*mine[1:])} on {mine[0]}, the target "
+                                 f"{precision_name(target.weight_dtype, self.dtype)} on {self.device}: "
+                                 "load both with the same dtype and device")
+        self.num_blocks = num_blocks
+        self.pad_block = num_blocks  # one more block, never handed out: padding sequences write there
+        num_slots = (num_blocks + 1) * config.block_size
+        self.target_caches = target.make_caches(num_slots)
+        self.drafter_caches = drafter.make_caches(num_slots) if config.method != "none" else []
+        use_graphs = self.device.type == "cuda" and not config.enforce_eager and target.graph_safe
+        self.graphs = self.make_graphs(capture=True) if use_graphs else None
+
+    def make_graphs(self, capture: bool) -> StepGraphs:
+        """The padded decode passes (:mod:`peagle.engine.graphs`); ``capture=False`` runs them eagerly
+        (the CPU tests of the layout)."""
+        return StepGraphs(self.target, self.drafter if self.cfg.method != "none" else None, self.target_caches,
+                          self.drafter_caches, self.cfg.block_size, capture)
+
+    @torch.inference_mode()
+    def measure_costs(self) -> tuple[CostCurve, CostCurve]:
+        """The target's pass (logits of every row) and the drafter's pass (its LM head too) over
+        1, 2, 4, ... rows at a 128-token context, timed on the empty KV pool's first blocks (median
+        of 3 after a warm-up): what :class:`~peagle.engine.auto_k.AutoK` weighs K by."""
+        bs, dev, b = self.cfg.block_size, self.device, self.bounds
+        most = min(self.cfg.max_num_seqs * (max(b.k_max, b.max_nodes) + 1) * 2, 512, self.num_blocks * bs // 2)
+        rows = sorted({r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if r < most} | {max(most, 2)})
+        ctx = min(128, self.num_blocks * bs - rows[-1])
+        d = self.drafter
+
+        def timed(n: int, drafter: bool) -> float:
+            ids, pos = torch.zeros(n, dtype=torch.long, device=dev), torch.arange(ctx, ctx + n, device=dev)
+            meta = AttnMeta([Span(n, ctx + n, list(range(-(-(ctx + n) // bs))), ctx)], bs)
+            if drafter:
+                hidden = torch.zeros(n, d.cfg.hidden_size, dtype=self.dtype, device=dev)
+                run = lambda: greedy(d.logits(d(ids, hidden, pos, self.drafter_caches, meta)[0]))  # noqa: E731
+            else:
+                run = lambda: greedy(self.target(ids, pos, self.target_caches, meta, pos - ctx)[0])  # noqa: E731
+            times = []
+            for _ in range(4):
+                t0 = time.perf_counter()
+                run()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                times.append(time.perf_counter() - t0)
+            return sorted(times[1:])[1]
+
+        return (CostCurve(rows, [timed(n, False) for n in rows]), CostCurve(rows, [timed(n, True) for n in rows]))
+
+    # ------------------------------------------------------------------ one step
+    def run(self, work: list[tuple[Sequence, int]], tree: Tree) -> list[Verified]:
+        """One target pass over ``work`` (prompts or chunks of them, and [last token, drafts...] of decoding
+        sequences), verification, and drafting of ``tree`` for the next step; one host sync at the end.
+        Raises :class:`SamplingError` before any sequence's tokens change if a verified row is not finite."""
+        b = self.prepare(work)
+        logits, taps, meta = self.forward(b)
+        y, finite_rows = self.sample(b, logits)
+        accepted, tokens, path = self.accept(y, b)
+        if any(b.partial):  # the drafter reads the prompt's next token where a chunk stops short
+            nxt = [seq.tokens[seq.num_cached + n] if p else 0 for (seq, n), p in zip(work, b.partial)]
+            tokens = torch.where(to_device(b.partial, self.device, torch.bool), to_device(nxt, self.device), tokens)
+        ids, positions, spans, cu = b.ids, b.positions, b.spans, b.cu   # the rows as the drafter reads them
+        if any(b.layout):  # the accepted paths' KV where a chain's would be; the drafter reads the paths
+            self.keep_paths(b, path, meta)
+            rows, spans = path_rows(b.layout, path, b.spans, b.cu)
+            ids, positions, taps, cu = ids[rows], positions[rows], taps[rows], offsets(spans)
+        out = [finite_rows[b.tree_batch.rows].all(1)[:, None].long(), accepted[:, None], tokens[:, None], path]
+        k = tree.depth
+        if k:  # rows whose KV stays valid: the new tokens and the accepted drafts
+            num_valid, bonus = to_device([n for _, n in work], self.device) + accepted, tokens
+            if b.num_pad:  # padding sequences keep one row and read token 0
+                num_valid, bonus = F.pad(num_valid, (0, b.num_pad), value=1), F.pad(tokens, (0, b.num_pad))
+            drafter_in = (spans, ids, positions, cu, num_valid, taps)
+            if any(seq.draft_lag for seq in b.seqs):
+                drafter_in = self._with_lag(b.seqs, *drafter_in)
+            out.append(self.propose(*drafter_in, bonus, k, b.tables)[:len(work)].flatten(1))
+        packed = torch.cat(out, dim=1).tolist()
+        if not all(row[0] for row in packed):  # before any state changes: the caller fails these requests
+            raise SamplingError("the model produced non-finite logits")
+        return [self._read_back(b, i, row, path.shape[1], k, (ids, positions, taps, cu), logits)
+                for i, row in enumerate(packed)]
+
+    def prepare(self, work: list[tuple[Sequence, int]]) -> Batch:
+        """The target pass's rows: a tree's node i at position start + its depth, keeping its KV at index
+        start + i. A decode step takes the padded layout under CUDA graphs: every sequence feeds ``width``
+        rows (filler rows after its drafts, verified by no one, rejected), padding sequences fill the batch
+        to a bucket."""
+        seqs, dev = [seq for seq, _ in work], self.device
+        layout = [(seq.num_cached, seq.tree) if not seq.tree.is_chain else None for seq in seqs]
+        padded = (self.graphs is not None and all(n == 1 for _, n in work) and not any(s.draft_lag for s in seqs)
+                  and not any(layout))
+        width = max(len(seq.drafts) for seq in seqs) + 1 if padded else 0
+        num_pad = bucket(len(seqs), self.cfg.max_num_seqs) - len(seqs) if padded else 0
+        ids, positions, spans, verify_rows, partial = [], [], [], [], []
+        for (seq, n), t in zip(work, layout):
+            start = seq.num_cached
+            inp = seq.tokens[start:start + n] + seq.drafts   # drafts only when decoding
+            inp += [0] * (width - len(inp))
+            ids += inp
+            positions += [start + d for d in seq.tree.depths] if t else range(start, start + len(inp))
+            spans.append(Span(len(inp), start + len(inp), seq.block_table, None if t else start))
+            verify_rows.append(len(seq.drafts) + 1)
+            partial.append(start + n < seq.num_tokens)
+        tables = None
+        if padded:
+            ids += [0] * (num_pad * width)
+            positions += [0] * (num_pad * width)
+            spans += [Span(width, 1, [self.pad_block], 0)] * num_pad
+            nb = bucket(max(len(s.block_table) for s in spans), -(-self.bounds.max_positions // self.cfg.block_size))
+            tables = to_device([s.block_table + [self.pad_block] * (nb - len(s.block_table)) for s in spans], dev)
+        cu, first = offsets(spans), list(accumulate(verify_rows, initial=0))
+        # the verified rows: each sequence's last new token and its drafts
+        logit_rows = to_device([c + n - 1 + j for c, (_, n), v in zip(cu, work, verify_rows) for j in range(v)], dev)
+        return Batch(work, layout, partial, to_device(ids, dev), to_device(positions, dev), spans, cu, first,
+                     logit_rows, TreeBatch.of([s.tree for s in seqs], [s.drafts for s in seqs], first[:-1], dev),
+                     tree_rows(layout, spans, positions, dev) if any(layout) else None, tables, num_pad)
+
+    def forward(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor, AttnMeta | None]:
+        """The target's pass: logits of the verified rows, the aux hidden states of every row, and the
+        attention metadata (None in the graphed layout)."""
+        if b.tables is not None:
+            logits, taps = self.graphs.target(b.ids, b.positions, b.tables)
+            return logits[b.logit_rows], taps, None
+        meta = AttnMeta(b.spans, self.cfg.block_size, tree=b.tree_rows)
+        return *self.target(b.ids, b.positions, self.target_caches, meta, b.logit_rows), meta
+
+    def sample(self, b: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's token ``y`` at every verified row (argmax, or sampled keyed by the output position),
+        and whether each row is finite."""
+        y, finite_rows = greedy(logits)
+        for (seq, _), partial, f, f1 in zip(b.work, b.partial, b.first, b.first[1:]):
+            if not seq.params.greedy and not partial:
+                out_pos = len(seq.output_ids)
+                y[f:f1] = sample_tokens(logits[f:f1], seq.params, seq.seed, [out_pos + d for d in seq.tree.depths])
+        return y, finite_rows
+
+    def accept(self, y: torch.Tensor, b: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Verification on the device (:func:`peagle.engine.tree.accept_paths`): accepted drafts ``[B]``, the
+        token emitted after them ``[B]`` and the accepted path's nodes by depth ``[B, D+1]``."""
+        return accept_paths(y[b.tree_batch.rows], b.tree_batch)
+
+    def keep_paths(self, b: Batch, path: torch.Tensor, meta: AttnMeta) -> None:
+        """Move the target KV of each tree's accepted path to where a chain's would be (:func:`path_slots`)."""
+        KVCache.move(self.target_caches, *path_slots(b.layout, path, meta))
+
+    def _read_back(self, b: Batch, i: int, row: list[int], depth1: int, k: int, drafter_rows: tuple,
+                   logits: torch.Tensor) -> Verified:
+        """Sequence ``i``'s outcome from its row of the step's one host read; where the drafter skipped
+        this step (K = 0), the rows it will read when drafting resumes are kept on the sequence."""
+        (seq, n), a, token, nodes, cands = b.work[i], row[1], row[2], row[3:3 + depth1], row[3 + depth1:]
+        if self.bounds.k_max and not k:   # (taps may be a graph's output: copied)
+            ids, positions, taps, cu = drafter_rows
+            rows = slice(cu[i], cu[i] + n + a)
+            seq.draft_lag.append((ids[rows], positions[rows], taps[rows].clone()))
+        if b.partial[i]:
+            return Verified(a)
+        tokens = [seq.drafts[j - 1] for j in nodes[1:a + 1]] + [token]
+        r = self.bounds.ranks
+        logprobs = [] if seq.params.logprobs is None else logprobs_of(  # the target's, at each emitted position
+            logits[[b.first[i] + j for j in nodes[:a + 1]]], tokens, seq.params.logprobs)
+        return Verified(a, tokens, nodes[:a + 1], [cands[d * r:(d + 1) * r] for d in range(k)], logprobs)
+
+    # ------------------------------------------------------------------ drafting
+    def _with_lag(self, seqs: list[Sequence], spans: list[Span], ids: torch.Tensor, positions: torch.Tensor,
+                  cu: list[int], num_valid: torch.Tensor, taps: torch.Tensor) -> tuple:
+        """The drafter's inputs with each sequence's lagging rows (steps at K = 0) before its rows of
+        this pass: they are kept rows at the positions just before, so the expansion reads them as
+        one longer prefix and the drafter's KV has no holes. Rare (drafting resumes), so per sequence."""
+        parts, lags = [], []
+        for i, seq in enumerate(seqs):
+            rows = slice(cu[i], cu[i + 1])
+            lag = seq.draft_lag + [(ids[rows], positions[rows], taps[rows])]
+            parts.append([torch.cat(x) for x in zip(*lag)])
+            lags.append(seq.draft_lag_rows)
+            seq.draft_lag = []
+        spans = [Span(s.num_rows + n, s.ctx_len, s.block_table) for s, n in zip(spans, lags)]
+        ids, positions, taps = (torch.cat(x) for x in zip(*parts))
+        return spans, ids, positions, offsets(spans), num_valid + to_device(lags, self.device), taps
+
+    def propose(self, spans: list[Span], ids: torch.Tensor, positions: torch.Tensor, cu: list[int],
+                num_valid: torch.Tensor, taps: torch.Tensor, bonus: torch.Tensor, k: int,
+                tables: torch.Tensor | None = None) -> torch.Tensor:
+        """``k`` drafts ``[B, k, ranks]`` (the top ``ranks`` candidates of each position, best first: one
+        for a chain) for each sequence of the target pass (``spans``; ``cu`` its row
+        offsets; ``num_valid`` rows kept, ``taps`` the target's aux hidden states, ``bonus`` the
+        emitted token): the verified batch is expanded as vLLM does (:mod:`peagle.engine.expansion`),
+        one drafter pass reads the drafts at the bonus and mask rows, and EAGLE-3 then continues one
+        token at a time, feeding back the head's own pre-norm hidden state. With ``tables`` (the
+        padded block tables of a decode step) the drafter's passes are the graphed ones."""
+        d, dev, ranks = self.drafter, self.device, self.bounds.ranks
+        parallel = self.cfg.method == "parallel"
+        num_masks = k - 1 if parallel else 0
+        b = expand(ids, positions, to_device(cu, dev), num_valid, bonus, num_masks, d.cfg.mask_token_id)
+        hidden = d.project(taps)[b.hidden_map.clamp(min=0)]
+        if num_masks:
+            hidden = torch.where(b.is_masked[:, None], d.mask_feature(), hidden)
+        bs = self.cfg.block_size
+        if tables is not None:
+            normed, prenorm = self.graphs.drafter(b.input_ids, hidden, b.positions, tables, b.is_rejected)
+        else:
+            meta = AttnMeta([Span(s.num_rows + num_masks, s.ctx_len + num_masks, s.block_table) for s in spans], bs,
+                            no_write=b.is_rejected)
+            normed, prenorm = d(b.input_ids, hidden, b.positions, self.drafter_caches, meta)
+        rows = b.sample_idx.flatten()
+        logits = d.logits(normed[rows])
+        best = greedy(logits)[0][:, None] if ranks == 1 else logits.topk(ranks, -1).indices
+        drafts = d.to_target_ids(best).view(len(spans), -1, ranks)
+        if parallel:
+            return drafts
+        h, pos, out = prenorm[rows], b.positions[rows], [drafts[:, 0, 0]]
+        every_row_writes = torch.zeros(len(spans), dtype=torch.bool, device=dev) if tables is not None else None
+        for step in range(1, k):
+            if tables is not None:
+                normed, h = self.graphs.drafter(out[-1], h, pos + step, tables, every_row_writes)
+            else:
+                meta = AttnMeta([Span(1, s.ctx_len + step, s.block_table) for s in spans], bs)
+                normed, h = d(out[-1], h, pos + step, self.drafter_caches, meta)
+            out.append(d.to_target_ids(greedy(d.logits(normed))[0]))
+        return torch.stack(out, dim=1)[..., None]

@@ -1,0 +1,210 @@
+"""What runs each step, and what becomes of it: the queues, the KV blocks, admission, preemption and abort
+(:meth:`Scheduler.schedule`), the shape of the drafts (:meth:`Scheduler.next_tree`, the engine's own choice
+under ``auto``), and the tokens a step verified taken in (:meth:`Scheduler.postprocess`). Nothing here
+touches the device: the model runner (:mod:`peagle.engine.model_runner`) does, between the two."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from peagle.engine.auto_k import AutoK
+from peagle.engine.block_manager import BlockManager
+from peagle.engine.config import Bounds, EngineConfig
+from peagle.engine.model_runner import Verified
+from peagle.engine.sequence import Sequence, SpecStats, Status
+from peagle.engine.tree import Tree
+
+Work = list[tuple[Sequence, int]]   # a step's sequences, each with the new tokens it feeds
+
+
+@dataclass
+class StepResult:
+    """Sequences that produced tokens this step (``finished`` ones are done and released)."""
+    updated: list[Sequence] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, bounds: Bounds, blocks: BlockManager, eos_token_ids: set[int],
+                 auto: AutoK | None):
+        self.cfg, self.bounds, self.blocks, self.eos_token_ids, self.auto = config, bounds, blocks, eos_token_ids, auto
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = SpecStats()  # engine-wide totals, for metrics
+        self.last_tree: Tree | None = None   # the tree of the drafts the next step verifies
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request_id: str) -> bool:
+        for seq in list(self.waiting) + self.running:
+            if seq.request_id == request_id:
+                self._finish(seq, "abort")
+                if seq in self.waiting:
+                    self.waiting.remove(seq)
+                else:
+                    self.running.remove(seq)
+                    self.blocks.release(seq)
+                return True
+        return False
+
+    # ------------------------------------------------------------------ what runs
+    def positions_needed(self, seq: Sequence) -> int:
+        """KV positions this step may write: the verify pass plus the drafting after it."""
+        return min(seq.num_tokens + len(seq.drafts) + self.bounds.k_max + 1, self.bounds.max_positions)
+
+    def schedule(self) -> Work:
+        """This step's work: ``(sequence, new tokens to feed)`` for each sequence, within
+        ``max_num_batched_tokens``: decode and verify rows of running sequences first, then prompts.
+        A sequence is prefilled until all its tokens but the last emitted have KV.
+
+        With chunked prefill, prompts share the rest of the budget (:meth:`_schedule_prefills`);
+        without it, a prompt is fed whole, one after another (a longer one than the budget alone)."""
+        budget = self.cfg.max_num_batched_tokens
+        for seq in list(self.running):  # reserve blocks first; preemption frees the newest
+            while seq in self.running and not self.blocks.ensure(seq, self.positions_needed(seq)):
+                self.preempt(self.running[-1])  # newest first, as vLLM does; it recomputes later
+        work = []
+        for seq in self.running:
+            if seq.num_tokens - seq.num_cached == 1:  # decoding: the last token and its drafts, never held back
+                work.append((seq, 1))
+                budget -= 1 + len(seq.drafts)
+        if self.cfg.enable_chunked_prefill:
+            return work + self._schedule_prefills(budget, bool(work))
+        for seq in self.running:
+            left = seq.num_tokens - seq.num_cached
+            if left > 1 and budget > 0 and (left <= budget or not work):
+                work.append((seq, left))
+                budget -= left
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            if seq.num_tokens > budget and work:
+                break
+            if not self.blocks.ensure(seq, self.positions_needed(seq)):
+                break
+            self._admit(seq)
+            work.append((seq, seq.num_tokens))
+            budget -= seq.num_tokens
+        return work
+
+    def _schedule_prefills(self, budget: int, decoding: bool) -> Work:
+        """Fair chunked prefill: prompts already prefilling keep their turn, then waiting ones are
+        admitted beside them (``max_num_partial_prefills`` at a time, ``max_long_partial_prefills`` of
+        them long; a short prompt may pass a long one that must wait). A long prompt gets at most
+        ``long_prefill`` tokens a step unless it has the step to itself, so a request that arrives
+        during a long prefill waits for one chunk at most, and the long prompt always progresses."""
+        cfg, limit = self.cfg, self.cfg.long_prefill
+        partial = [seq for seq in self.running if seq.num_tokens - seq.num_cached > 1]
+        num_long = sum(seq.num_tokens - seq.num_cached > limit for seq in partial)
+        for seq in list(self.waiting):
+            if budget <= 0 or len(self.running) >= cfg.max_num_seqs or len(partial) >= cfg.max_num_partial_prefills:
+                break
+            long = seq.num_tokens - seq.num_cached > limit
+            if long and num_long >= cfg.max_long_partial_prefills:
+                continue
+            if not self.blocks.ensure(seq, self.positions_needed(seq)):
+                break
+            self._admit(seq)
+            partial.append(seq)
+            num_long += long
+        alone = not decoding and len(partial) == 1 and not self.waiting
+        work = []
+        for seq in partial:
+            if budget <= 0:
+                break
+            left = seq.num_tokens - seq.num_cached
+            work.append((seq, min(left, budget, left if alone else limit)))
+            budget -= work[-1][1]
+        return work
+
+    def _admit(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and queue it first: it is recomputed from its first token."""
+        # admission guarantees that a sequence alone fits: evicting the last one could never be undone
+        if len(self.running) == 1:
+            raise RuntimeError(f"request {seq.request_id} does not fit the KV cache alone")
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        seq.set_drafts(Tree(()), [])
+        seq.draft_lag = []
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+
+    def next_tree(self, work: Work) -> Tree:
+        """What this step drafts: the tree ``auto`` chooses, the explicit one, or the chain of K."""
+        if self.auto:
+            return self.auto.choose(len(work), sum(seq.draft_lag_rows for seq, _ in work))
+        tree = self.bounds.token_tree
+        return tree if isinstance(tree, Tree) else Tree.chain(self.bounds.k_max)
+
+    # ------------------------------------------------------------------ what became of it
+    def postprocess(self, work: Work, verified: list[Verified], tree: Tree) -> StepResult:
+        """Take in what the step verified (``tree``: what it drafted): KV now valid, tokens emitted, the
+        next drafts kept, the statistics counted; finished sequences retired and their blocks freed."""
+        result = StepResult()
+        for (seq, n), v in zip(work, verified):
+            seq.num_cached += n + v.accepted      # the new tokens and the accepted drafts have KV now
+            if not v.tokens:                      # a prompt chunk before the last: nothing emitted
+                continue
+            per_depth = seq.tree.nodes_per_depth
+            seq.stats.record(per_depth, v.accepted)
+            self.stats.record(per_depth, v.accepted)
+            if self.auto and per_depth:
+                self.auto.record(seq.tree.ranks_on(v.path, seq.candidates, v.tokens[-1]))
+            seq.logprobs += v.logprobs
+            self._append(seq, v.tokens)
+            if not seq.finished:   # (a finished one's drafts were dropped)
+                seq.set_drafts(tree.cut(self._num_drafts(seq, tree.depth)), v.candidates)
+            result.updated.append(seq)
+        for seq, _ in work:
+            if seq.finished:
+                self.running.remove(seq)
+                self.blocks.release(seq)
+                result.finished.append(seq)
+        return result
+
+    def observe(self, work: Work, tree: Tree, seconds: float) -> None:
+        """A steady decode step verified a tree of the size and depth it drafted (what a step costs by):
+        ``auto`` corrects its model with the step's time (trees change shape from step to step; their sizes
+        repeat)."""
+        last = self.last_tree
+        if self.auto and last is not None and (len(tree), tree.depth) == (len(last), last.depth) \
+                and all(n == 1 for _, n in work):
+            self.auto.observe(tree, len(work), seconds)
+        self.last_tree = tree
+
+    def _num_drafts(self, seq: Sequence, k: int) -> int:
+        """K, less where the request is about to hit max_tokens or max_model_len."""
+        left = seq.params.max_tokens - len(seq.output_ids)
+        return max(0, min(k, left - 1, self.bounds.max_model_len - seq.num_tokens))
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> None:
+        p = seq.params
+        for t in tokens:
+            seq.tokens.append(t)
+            if seq.first_token_time is None:
+                seq.first_token_time = time.perf_counter()
+            if not p.ignore_eos and t in self.eos_token_ids:
+                return self._finish(seq, "stop")
+            cut = seq.detok.push(t) if seq.detok is not None else None
+            if cut is not None:
+                return self._finish(seq, "stop", cut)
+            if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.bounds.max_model_len:
+                return self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str, text: str | None = None) -> None:
+        """``text``: the output cut before a stop string; else all the detokenized output."""
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = time.perf_counter()
+        seq.set_drafts(Tree(()), [])
+        seq.text = text if text is not None else seq.detok.text if seq.detok is not None else ""
+        del seq.logprobs[len(seq.output_ids):]  # tokens of the last step after a stop are not emitted
