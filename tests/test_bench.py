@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from test_serve import KEY, server  # noqa: F401  (the live tiny server fixture)
 
-from peagle.bench.llamacpp import available as llamacpp_available
+from peagle.bench.peers.llamacpp import available as llamacpp_available
 from peagle.bench.metrics import RequestRecord, parse_spec_counters, spec_delta, spec_summary, summarize
 from peagle.bench.offline import grid_cells, k_order
 from peagle.bench.peers import Decode, Peer, PeerError, Prefills, checked_decode
@@ -308,7 +308,7 @@ def test_bench_serving_tiny(tiny_chat_dir, head_dir, prompts_file, tmp_path, cap
 
 
 def test_llamacpp_peer_configuration(monkeypatch):
-    from peagle.bench import llamacpp
+    from peagle.bench.peers import llamacpp
     from peagle.models.loader import default_gguf
 
     assert llamacpp.gguf_file("Q4_1") == default_gguf()   # the shipped file, as it ships
@@ -473,7 +473,8 @@ def test_a_peer_that_stops_early_is_caught(short):
 
 
 def test_llamacpp_peers_chosen_and_skipped(monkeypatch, capsys):
-    from peagle.bench import baseline, llamacpp
+    from peagle.bench import baseline
+    from peagle.bench.peers import llamacpp
 
     assert baseline.llamacpp_kinds("auto", "BF16") == ["BF16", "Q4_1"]
     assert baseline.llamacpp_kinds("auto", "Q4_1") == ["Q4_1"] and baseline.llamacpp_kinds("none", "F32") == []
@@ -551,7 +552,8 @@ def test_a_quantized_engine_meets_the_llama_cpp_file_of_its_format():
 def test_baseline_quotes_llama_bench_against_our_decode(monkeypatch):
     """The llama-bench section: tg128 and pp1/pp8/pp16 a file, our `none` over tg128 at the same precision;
     left out with a note where the binary is missing."""
-    from peagle.bench import baseline, llamacpp
+    from peagle.bench import baseline
+    from peagle.bench.peers import llamacpp
 
     monkeypatch.setattr(llamacpp, "native_bin", lambda name: None)
     assert "left_out" in baseline.bench_llama_bench(["Q4_1"], 2, 1, None)

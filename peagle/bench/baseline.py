@@ -23,7 +23,7 @@
 The machine is shared, so every figure is a median of several repetitions, systems are
 interleaved (each repetition runs every system back to back, in a rotating order), and the
 headline numbers are ratios between figures taken in this same run. llama.cpp's in-process peers need
-``pip install '.[llamacpp]'``, ``llama-bench`` its binaries (:func:`peagle.bench.llamacpp.native_bin`);
+``pip install '.[llamacpp]'``, ``llama-bench`` its binaries (:func:`peagle.bench.peers.llamacpp.native_bin`);
 without them their rows are left out, with a note.
 
     python -m peagle.bench.baseline --max-new-tokens 128 --prompts 3 --reps 3 --json out.json
@@ -46,8 +46,8 @@ from pathlib import Path
 
 import torch
 
-from peagle.bench import llamacpp
 from peagle.bench.peers import Peer, Prefills, checked_decode, time_once
+from peagle.bench.peers import llamacpp
 from peagle.bench.peers.engine import EnginePeer
 from peagle.engine.auto_k import parse_k
 from peagle.prompts import MT_BENCH, read_prompt_file
@@ -655,10 +655,8 @@ def llamacpp_peers(args, kinds: list[str], threads: int, prompts_ids: list[list[
         return [], None
     if not llamacpp.available():
         return [], "llama.cpp not installed (pip install '.[llamacpp]'): its rows are left out"
-    from peagle.bench.peers import llamacpp as llamacpp_peer
-
     n_ctx = max([len(ids) + args.max_new_tokens for ids in prompts_ids] + [args.prefill_tokens]) + 1
-    return [llamacpp_peer.load(kind, threads, n_ctx) for kind in kinds], None
+    return [llamacpp.load(kind, threads, n_ctx) for kind in kinds], None
 
 
 def main(args: argparse.Namespace) -> int:
