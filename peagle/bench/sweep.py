@@ -91,7 +91,7 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
     import torch
     from tqdm import tqdm
 
-    from peagle.bench.baseline import DEFAULT_TORCH_THREADS, cpu_name
+    from peagle.bench.machine import DEFAULT_TORCH_THREADS, cpu_name
 
     hf_threads = cfg.hf_threads or DEFAULT_TORCH_THREADS
     models = Models.load(target, drafter, eagle3_drafter, cfg.methods, max_model_len, dtype, device, enforce_eager,
