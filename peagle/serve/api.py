@@ -38,7 +38,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
     limits = Limits(model_name, info.vocab_size, info.max_model_len, engine.max_queue + info.max_num_seqs)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
-    app.add_exception_handler(Refusal, lambda _, r: r.response())
+    app.add_exception_handler(Refusal, _refused)
     if api_key:
         app.add_middleware(_Auth, api_key=api_key)
     app.openapi = functools.partial(_openapi, app)
@@ -76,6 +76,10 @@ async def _invalid(_, exc: RequestValidationError) -> Response:
     """A body that does not fit the schema: 400 (never FastAPI's 422), every problem named."""
     parts = [f"{'.'.join(str(x) for x in e['loc'] if x != 'body')}: {e['msg']}" for e in exc.errors()]
     return error(400, "; ".join(parts) or "invalid request")
+
+
+async def _refused(_, r: Refusal) -> Response:
+    return r.response()
 
 
 async def _http(_, exc: StarletteHTTPException) -> Response:
