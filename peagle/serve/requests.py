@@ -3,8 +3,7 @@ wrong) and the checks a schema cannot make (the model's name, the prompt against
 the server's room), each a :class:`Refusal` with the error the client gets. Tested without HTTP."""
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, ClassVar
 
 from jinja2 import TemplateError
@@ -151,5 +150,5 @@ def choice_params(req: GenerationRequest, prompts: list[list[int]], limits: Limi
         raise Refusal(400, f"{len(prompts)} prompts x n={req.n} choices are more than the {limits.max_requests} "
                            "requests the server takes at once")
     params = [sampling_params(req, ids, limits) for ids in prompts]
-    return [dataclasses.replace(p, seed=p.seed + j if p.seed is not None else None)
+    return [replace(p, seed=p.seed + j if p.seed is not None else None)
             for p in params for j in range(req.n)]
