@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from test_serve import KEY, server  # noqa: F401  (the live tiny server fixture)
 
-from peagle.bench.llamacpp import available as llamacpp_available
+from peagle.bench.peers.llamacpp import available as llamacpp_available
 from peagle.bench.metrics import RequestRecord, parse_spec_counters, spec_delta, spec_summary, summarize
 from peagle.bench.offline import grid_cells, k_order
 from peagle.bench.peers import Decode, Peer, PeerError, Prefills, checked_decode
@@ -308,7 +308,7 @@ def test_bench_serving_tiny(tiny_chat_dir, head_dir, prompts_file, tmp_path, cap
 
 
 def test_llamacpp_peer_configuration(monkeypatch):
-    from peagle.bench import llamacpp
+    from peagle.bench.peers import llamacpp
     from peagle.models.loader import default_gguf
 
     assert llamacpp.gguf_file("Q4_1") == default_gguf()   # the shipped file, as it ships
@@ -424,7 +424,8 @@ def test_baseline_orchestration_with_fake_peers():
     summary pairs peagle with llama.cpp at the same precision and says whose greedy tokens agree."""
     from tqdm import tqdm
 
-    from peagle.bench.baseline import bench_end_to_end, markdown, summarize_end_to_end
+    from peagle.bench.baseline.end_to_end import bench_end_to_end, summarize_end_to_end
+    from peagle.bench.baseline.runner import markdown
 
     calls: list = []
     peers = fake_peers(calls)
@@ -462,7 +463,7 @@ def test_a_peer_that_stops_early_is_caught(short):
     """A peer returning n-1 tokens (stopping at EOS, say) would be timed on other work than its peers."""
     from tqdm import tqdm
 
-    from peagle.bench.baseline import bench_end_to_end
+    from peagle.bench.baseline.end_to_end import bench_end_to_end
 
     peers = fake_peers([], short=short)
     with pytest.raises(PeerError, match=f"{short} gave 7 tokens, 8 asked for"):
@@ -473,20 +474,21 @@ def test_a_peer_that_stops_early_is_caught(short):
 
 
 def test_llamacpp_peers_chosen_and_skipped(monkeypatch, capsys):
-    from peagle.bench import baseline, llamacpp
+    from peagle.bench.baseline import runner
+    from peagle.bench.peers import llamacpp
 
-    assert baseline.llamacpp_kinds("auto", "BF16") == ["BF16", "Q4_1"]
-    assert baseline.llamacpp_kinds("auto", "Q4_1") == ["Q4_1"] and baseline.llamacpp_kinds("none", "F32") == []
-    assert baseline.parse_args(["--llamacpp", "F32,Q4_1"]).llamacpp == ["F32", "Q4_1"]
+    assert runner.llamacpp_kinds("auto", "BF16") == ["BF16", "Q4_1"]
+    assert runner.llamacpp_kinds("auto", "Q4_1") == ["Q4_1"] and runner.llamacpp_kinds("none", "F32") == []
+    assert runner.parse_args(["--llamacpp", "F32,Q4_1"]).llamacpp == ["F32", "Q4_1"]
     with pytest.raises(SystemExit):
-        baseline.parse_args(["--llamacpp", "F32,Q2_K"])
+        runner.parse_args(["--llamacpp", "F32,Q2_K"])
     assert main(["bench", "baseline", "--llamacpp", "Q2_K"]) == 1   # `peagle bench baseline`: one line
     assert "unknown llama.cpp precisions ['Q2_K']" in capsys.readouterr().err
     monkeypatch.setattr(llamacpp, "available", lambda: False)
     args = SimpleNamespace(max_new_tokens=8, prefill_tokens=64)
-    peers, note = baseline.llamacpp_peers(args, ["F32"], 1, [[1, 2]])
+    peers, note = runner.llamacpp_peers(args, ["F32"], 1, [[1, 2]])
     assert peers == [] and "pip install '.[llamacpp]'" in note
-    assert baseline.llamacpp_peers(args, [], 1, [[1, 2]]) == ([], None)
+    assert runner.llamacpp_peers(args, [], 1, [[1, 2]]) == ([], None)
 
 
 @pytest.mark.skipif(not llamacpp_available(), reason="llama-cpp-python is not installed")
@@ -551,15 +553,16 @@ def test_a_quantized_engine_meets_the_llama_cpp_file_of_its_format():
 def test_baseline_quotes_llama_bench_against_our_decode(monkeypatch):
     """The llama-bench section: tg128 and pp1/pp8/pp16 a file, our `none` over tg128 at the same precision;
     left out with a note where the binary is missing."""
-    from peagle.bench import baseline, llamacpp
+    from peagle.bench.baseline import llamabench
+    from peagle.bench.peers import llamacpp
 
     monkeypatch.setattr(llamacpp, "native_bin", lambda name: None)
-    assert "left_out" in baseline.bench_llama_bench(["Q4_1"], 2, 1, None)
+    assert "left_out" in llamabench.bench_llama_bench(["Q4_1"], 2, 1, None)
     monkeypatch.setattr(llamacpp, "native_bin", lambda name: Path("/opt/llama") / name)
     speeds = {(0, 128): 100.0, (1, 0): 90.0, (8, 0): 240.0, (16, 0): 300.0}
     monkeypatch.setattr(llamacpp, "llama_bench", lambda kind, prompt, gen, reps, threads: {"avg_ts": speeds[prompt, gen]})
     e2e = {"systems": {"none": {"precision": "Q4_1", "decode_tok_s": 150.0}}}
-    res = baseline.bench_llama_bench(["Q4_1", "BF16"], 2, 1, e2e)
+    res = llamabench.bench_llama_bench(["Q4_1", "BF16"], 2, 1, e2e)
     assert res["rows"][0]["ours_none_vs_tg128"] == 1.5 and "ours_none_vs_tg128" not in res["rows"][1]
-    md = "\n".join(baseline.markdown_llama_bench({"llama_bench": res}))
+    md = "\n".join(llamabench.markdown_llama_bench({"llama_bench": res}))
     assert "| Q4_1 | 100.0 | 90.0 | 240.0 | 300.0 | 3.00x | 1.50 |" in md and "| BF16 |" in md

@@ -137,7 +137,7 @@ def test_init_drafter_then_generate_with_it(tmp_path):
 def test_baseline_runs_the_sections_asked_for(tmp_path):
     """``peagle.bench.baseline --sections``: only those are timed and reported (here prefill and the
     pass table drafting needs, each tiny), in the JSON and in the markdown."""
-    from peagle.bench import llamacpp
+    from peagle.bench.peers import llamacpp
     from peagle.bench.baseline import parse_args, run
 
     questions = tmp_path / "question.jsonl"  # MT-Bench's format; CI has no shared data

@@ -15,7 +15,7 @@ from conftest import run_full
 from test_kernels import LANES, each_isa
 
 from peagle import kernels
-from peagle.bench.llamacpp import available as llamacpp_available
+from peagle.bench.peers.llamacpp import available as llamacpp_available
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.checkpoint import CheckpointError

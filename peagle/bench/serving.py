@@ -8,7 +8,7 @@ the server costs. Repeats go round every system in turn; the table gives medians
 Systems: ``peagle-none``, ``peagle-parallel`` (P-EAGLE), ``peagle-eagle3`` (K chosen by the engine,
 the default model and its shipped heads), and ``llamacpp-F32|F16|BF16|Q8_0|Q4_1``: llama.cpp's own
 ``llama-server`` with ``--llamacpp-parallel`` slots (else the binding's ``llama_cpp.server``, one request at a
-time) on the default model's GGUF in that precision (:mod:`peagle.bench.llamacpp`).
+time) on the default model's GGUF in that precision (:mod:`peagle.bench.peers.llamacpp`).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from peagle.bench import llamacpp
+from peagle.bench.peers import llamacpp
 from peagle.bench.workload import add_dataset_args, load_workload
 from peagle.runtime import DTYPE_CHOICES, add_quantization_arg
 

@@ -1,6 +1,6 @@
 """``peagle bench sweep``: method x K x concurrency x dataset, in-process (``bench offline``'s
 closed-loop cells), plus peer baselines on the same prompts at concurrency 1: HF transformers
-``generate`` (greedy) and HF prompt-lookup decoding. Writes, under ``--out``:
+``generate`` (greedy) and HF prompt-lookup decoding (:mod:`peagle.bench.peers.hf`). Writes, under ``--out``:
 
 * ``sweep.json``: every cell (vLLM's result keys, acceptance) and baseline, the settings, the machine;
 * ``sweep.md``: the paper's tables: AL per dataset and K; tok/s per concurrency with the speedup of
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from peagle.bench.offline import (Models, add_model_args, agreement, check_grid, grid_cells, k_order, parse_list,
                                   run_cell)
+from peagle.bench.peers import hf as hf_peer
 from peagle.engine.auto_k import parse_k
 from peagle.engine.llm_engine import EngineConfig
 from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
@@ -91,7 +92,7 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
     import torch
     from tqdm import tqdm
 
-    from peagle.bench.baseline import DEFAULT_TORCH_THREADS, cpu_name
+    from peagle.bench.machine import DEFAULT_TORCH_THREADS, cpu_name
 
     hf_threads = cfg.hf_threads or DEFAULT_TORCH_THREADS
     models = Models.load(target, drafter, eagle3_drafter, cfg.methods, max_model_len, dtype, device, enforce_eager,
@@ -102,7 +103,8 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
                unit="req", file=sys.stderr, disable=not progress)
     t0 = time.perf_counter()
     results, baselines = [], []
-    hf = load_hf(models.path, models.target.lm_weight) if cfg.baselines else None
+    like = models.target.lm_weight   # HF in the engine's dtype, on its device (same-dtype comparisons)
+    hf = hf_peer.load(models.path, like.dtype, like.device, hf_threads) if cfg.baselines else None
     for work in workloads:
         for m, k, c, t, b in cells:
             bar.set_postfix_str(f"{work.name} {m} K={k} C={c}")
@@ -110,7 +112,7 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
         if hf is not None:
             for lookup in (None, cfg.prompt_lookup_num_tokens):
                 bar.set_postfix_str(f"{work.name} HF {'prompt lookup' if lookup else 'generate'}")
-                baselines.append(run_hf(hf, models.tokenizer, work, lookup, hf_threads, bar))
+                baselines.append(run_hf(hf, models.tokenizer, work, lookup, bar))
     bar.close()
     agreement(results)
     res = {
@@ -132,57 +134,26 @@ def run_sweep(cfg: SweepConfig, workloads: list[Workload], target: str | None = 
 
 # ----------------------------------------------------------------------------- HF peers
 
-def load_hf(path: Path, like: "torch.Tensor"):
-    """HF transformers' model in the engine's dtype, on its device (same-dtype comparisons)."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=like.dtype).to(like.device).eval()
-
-
-def run_hf(hf, tokenizer, work: Workload, lookup: int | None, threads: int, bar=None) -> dict:
+def run_hf(hf: hf_peer.HFPeer, tokenizer, work: Workload, lookup: int | None, bar=None) -> dict:
     """HF ``generate``, one request at a time, greedy (with ``prompt_lookup_num_tokens`` when
     ``lookup``): the same requests and the same metrics as an engine cell at concurrency 1."""
     import torch
-    from transformers.generation.streamers import BaseStreamer
 
     from peagle.bench.metrics import RequestRecord, summarize
     from peagle.runtime import configure_cpu
 
-    class ChunkTimer(BaseStreamer):
-        """``generate`` puts the prompt first, then each step's new tokens."""
-
-        def __init__(self, rec: RequestRecord):
-            self.rec, self.prompt_seen = rec, False
-
-        def put(self, value):
-            if self.prompt_seen:
-                self.rec.chunk(time.perf_counter())
-            self.prompt_seen = True
-
-        def end(self):
-            pass
-
-    extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
-    pad = hf.generation_config.pad_token_id
-    pad = pad if pad is not None else tokenizer.eos_token_id
-
-    def generate(ids: list[int], max_new: int, streamer=None) -> list[int]:
-        x = torch.tensor([ids])
-        out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new,
-                          pad_token_id=pad, streamer=streamer, **extra)
-        return out[0, len(ids):].tolist()
-
     records = []
-    torch.set_num_threads(threads)
+    hf.prepare()
     with torch.inference_mode():
-        generate(encode(tokenizer, messages(work.prompts[0].turns[:1], []), work.chat), 4)  # warm-up, untimed
+        hf.generate(encode(tokenizer, messages(work.prompts[0].turns[:1], []), work.chat), 4,
+                    prompt_lookup=lookup)  # warm-up, untimed
         t0 = time.perf_counter()
         for p in work.prompts:
             turns, answers = work.turns(p), []
             for _ in turns:
                 ids = encode(tokenizer, messages(turns, answers), work.chat)
                 rec = RequestRecord(start_time=time.perf_counter(), prompt_len=len(ids))
-                new = generate(ids, work.output_len, ChunkTimer(rec))
+                new = hf.generate(ids, work.output_len, hf_peer.token_streamer(rec.chunk), prompt_lookup=lookup)
                 rec.output_tokens = len(new)
                 rec.text = tokenizer.decode(new, skip_special_tokens=True)
                 records.append(rec)

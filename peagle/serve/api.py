@@ -2,114 +2,156 @@
 (streamed or not, ``n`` choices, logprobs), models, health and Prometheus metrics.
 
 Every error is an OpenAI error object: 400 for any request the server cannot take (never 422),
-401, 404, 503 when the queue is full, 500 for the requests an engine fault failed."""
+401, 404, 503 when the queue is full, 500 for the requests an engine fault failed.
+
+The routes are here, with the streams they run through the engine; what a request may ask is checked
+in :mod:`peagle.serve.requests`, the answers are made in :mod:`peagle.serve.responses`."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import json
 import time
 import uuid
-from typing import Annotated, Any, AsyncIterator
+from typing import Any, AsyncIterator
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
-from jinja2 import TemplateError
 from prometheus_client import generate_latest
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from peagle.engine.sampling import MAX_LOGPROBS, SamplingParams
-from peagle.prompts import encode
 from peagle.serve.async_engine import AsyncEngine, Delta, EngineError, QueueFullError
-
-MAX_N = 16  # choices per request
-
-
-def _utf8(s: str) -> str:
-    s.encode("utf-8")  # a lone surrogate ("\ud800") raises UnicodeEncodeError, a ValueError: 400
-    return s
-
-
-Text = Annotated[str, AfterValidator(_utf8)]
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: Text | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
-    seed: int | None = Field(None, ge=-(2 ** 63), lt=2 ** 63)
-    stop: Text | list[Text] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    n: int = Field(1, ge=1, le=MAX_N)
-
-
-class CompletionRequest(_Sampling):
-    prompt: Text | list[int] | list[Text] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Text
-    text: Text | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Text
-    content: Text | list[ContentPart]
-
-
-class ChatRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: int
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
+from peagle.serve.requests import ChatRequest, CompletionRequest, GenerationRequest, Limits, choice_params
+from peagle.serve.responses import DONE_EVENT, ErrorResponse, Formatter, Refusal, error, error_event
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": ErrorResponse, "description": "an OpenAI error object"} for c in codes}
 
 
-def error_body(status: int, message: str, kind: str) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="peagle", description="P-EAGLE speculative decoding server")
+    info = engine.info
+    tok = info.tokenizer  # this process's copy (the engine process detokenizes with its own)
+    limits = Limits(model_name, info.vocab_size, info.max_model_len, engine.max_queue + info.max_num_seqs)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Refusal, _refused)
+    if api_key:
+        app.add_middleware(_Auth, api_key=api_key)
+    app.openapi = functools.partial(_openapi, app)
+
+    @app.get("/health", response_class=Response,
+             responses={200: {"description": "the engine is running (empty body)"}, **_errors(503)})
+    async def health():
+        if not engine.alive:
+            return error(503, "the engine process has stopped", "ServiceUnavailableError")
+        return Response(status_code=200)
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def metrics():
+        return Response(generate_latest(engine.metrics.registry), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models", responses=_errors(401))
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "peagle", "max_model_len": info.max_model_len}]}
+
+    post_responses = {200: {"content": {"text/event-stream": {}}}, **_errors(400, 401, 404, 500, 503)}
+
+    @app.post("/v1/completions", responses=post_responses)
+    async def completions(req: CompletionRequest, request: Request):
+        return await _generate(engine, limits, request, req, req.prompts(tok))
+
+    @app.post("/v1/chat/completions", responses=post_responses)
+    async def chat(req: ChatRequest, request: Request):
+        return await _generate(engine, limits, request, req, [req.prompt(tok)])
+
+    return app
 
 
-def error(status: int, message: str, kind: str = "BadRequestError", headers: dict | None = None) -> Response:
-    """An OpenAI error object. ASCII JSON: a message may quote input that UTF-8 cannot encode."""
-    return Response(json.dumps(error_body(status, message, kind)), status_code=status, headers=headers,
-                    media_type="application/json")
+async def _invalid(_, exc: RequestValidationError) -> Response:
+    """A body that does not fit the schema: 400 (never FastAPI's 422), every problem named."""
+    parts = [f"{'.'.join(str(x) for x in e['loc'] if x != 'body')}: {e['msg']}" for e in exc.errors()]
+    return error(400, "; ".join(parts) or "invalid request")
 
 
-class _Refused(Exception):
-    """A request the server answers with an error instead of running it."""
+async def _refused(_, r: Refusal) -> Response:
+    return r.response()
 
-    def __init__(self, response: Response):
-        self.response = response
+
+async def _http(_, exc: StarletteHTTPException) -> Response:
+    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(exc.status_code, "Error")
+    return error(exc.status_code, str(exc.detail), kind, exc.headers)
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema, with the 400 this server answers for invalid input in place of 422."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        for op in (op for path in schema["paths"].values() for op in path.values()):
+            op["responses"].pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+async def _generate(engine: AsyncEngine, limits: Limits, request: Request, req: GenerationRequest,
+                    prompts: list[list[int]]):
+    """Every choice of ``req`` through the engine: the whole answer, or its stream of events."""
+    params = choice_params(req, prompts, limits)
+    chat = isinstance(req, ChatRequest)
+    fmt = Formatter(("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, limits.model_name, chat,
+                    req.num_logprobs is not None, sum(len(ids) for ids in prompts), len(params))
+    streams = [engine.generate(prompts[i // req.n], p, f"{fmt.request_id}-{i}", req.stream)
+               for i, p in enumerate(params)]
+    # not streamed, the first delta is the whole answer: a client that leaves meanwhile aborts it
+    firsts = await (_start(streams) if req.stream else _unless_disconnected(request, _start(streams)))
+    if firsts is None:
+        return Response(status_code=499)  # nobody reads it: the client has gone
+    deltas = _replay(streams, firsts)
+    if req.stream:
+        return StreamingResponse(_events(fmt, deltas, req.include_usage), media_type="text/event-stream")
+    try:
+        done = await _unless_disconnected(request, _collect(deltas, len(streams)))
+    except EngineError as e:
+        raise Refusal(500, str(e), "InternalServerError") from None
+    if done is None:
+        return Response(status_code=499)  # nobody reads it: the client has gone
+    return fmt.completion(done)
+
+
+async def _start(streams: list[AsyncIterator[Delta]]) -> list[Delta]:
+    """Submit every choice at once (they share the first step) and wait for its first delta; an
+    engine that refuses one refuses the request."""
+    firsts = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
+    failed = next((f for f in firsts if isinstance(f, BaseException)), None)
+    if failed is None:
+        return firsts
+    for s in streams:
+        await s.aclose()
+    if isinstance(failed, QueueFullError):
+        raise Refusal(503, str(failed), "ServiceUnavailableError", {"Retry-After": "1"})
+    if isinstance(failed, EngineError):
+        raise Refusal(500, str(failed), "InternalServerError")
+    if isinstance(failed, ValueError):
+        raise Refusal(400, str(failed))
+    raise failed
+
+
+async def _replay(streams: list[AsyncIterator[Delta]], firsts: list[Delta]) -> AsyncIterator[tuple[int, Delta]]:
+    """Every choice's deltas, the first ones first; closed early (a client gone), it aborts the unfinished ones."""
+    try:
+        for i, d in enumerate(firsts):
+            yield i, d
+        async for item in _merge(streams, [i for i, d in enumerate(firsts) if d.finish_reason is None]):
+            yield item
+    finally:
+        for s in streams:
+            await s.aclose()
 
 
 async def _merge(streams: list[AsyncIterator[Delta]], live: list[int]) -> AsyncIterator[tuple[int, Delta]]:
@@ -134,231 +176,30 @@ async def _merge(streams: list[AsyncIterator[Delta]], live: list[int]) -> AsyncI
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
-    app = FastAPI(title="peagle", description="P-EAGLE speculative decoding server")
-    info = engine.info
-    tok = info.tokenizer  # this process's copy (the engine process detokenizes with its own)
+async def _collect(deltas: AsyncIterator[tuple[int, Delta]], n: int) -> list[list[Delta]]:
+    """Each of the ``n`` choices' deltas, in order."""
+    out: list[list[Delta]] = [[] for _ in range(n)]
+    async for i, d in deltas:
+        out[i].append(d)
+    return out
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_, exc: RequestValidationError):
-        parts = [f"{'.'.join(str(x) for x in e['loc'] if x != 'body')}: {e['msg']}" for e in exc.errors()]
-        return error(400, "; ".join(parts) or "invalid request")
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_, exc: StarletteHTTPException):
-        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(exc.status_code, "Error")
-        return error(exc.status_code, str(exc.detail), kind, exc.headers)
-
-    if api_key:
-        app.add_middleware(_Auth, api_key=api_key)
-
-    def openapi() -> dict:
-        """FastAPI's schema, with the 400 this server answers for invalid input in place of 422."""
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            for op in (op for path in schema["paths"].values() for op in path.values()):
-                op["responses"].pop("422", None)
-            for name in ("HTTPValidationError", "ValidationError"):
-                schema.get("components", {}).get("schemas", {}).pop(name, None)
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi
-
-    @app.get("/health", response_class=Response,
-             responses={200: {"description": "the engine is running (empty body)"}, **_errors(503)})
-    async def health():
-        if not engine.alive:
-            return error(503, "the engine process has stopped", "ServiceUnavailableError")
-        return Response(status_code=200)
-
-    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
-    async def metrics():
-        return Response(generate_latest(engine.metrics.registry), media_type="text/plain; version=0.0.4")
-
-    @app.get("/v1/models", responses=_errors(401))
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "peagle", "max_model_len": info.max_model_len}]}
-
-    def sampling(req: _Sampling, prompt_ids: list[int], default_max: int | None,
-                 logprobs: int | None) -> SamplingParams:
-        if not prompt_ids:
-            raise _Refused(error(400, "the prompt is empty"))
-        if max(prompt_ids) >= info.vocab_size or min(prompt_ids) < 0:
-            raise _Refused(error(400, f"prompt token ids must be in 0..{info.vocab_size - 1}"))
-        room = info.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise _Refused(error(400, f"the prompt has {len(prompt_ids)} tokens; this model's maximum context "
-                                      f"length is {info.max_model_len}"))
-        max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
-        max_tokens = max_tokens if max_tokens is not None else min(default_max or room, room)
-        if max_tokens > room:
-            raise _Refused(error(400, f"max_tokens must be in 1..{room} (maximum context length "
-                                      f"{info.max_model_len}, prompt {len(prompt_ids)} tokens), got {max_tokens}"))
-        stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        try:
-            return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0),
-                                  max_tokens=max_tokens, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos,
-                                  logprobs=logprobs)
-        except ValueError as e:
-            raise _Refused(error(400, str(e))) from None
-
-    async def start(streams: list[AsyncIterator[Delta]]) -> list[Delta]:
-        """Submit every choice at once (they share the first step) and wait for its first delta."""
-        firsts = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
-        failed = next((f for f in firsts if isinstance(f, BaseException)), None)
-        if failed is None:
-            return firsts
-        for s in streams:
-            await s.aclose()
-        if isinstance(failed, QueueFullError):
-            raise _Refused(error(503, str(failed), "ServiceUnavailableError", {"Retry-After": "1"}))
-        if isinstance(failed, EngineError):
-            raise _Refused(error(500, str(failed), "InternalServerError"))
-        if isinstance(failed, ValueError):
-            raise _Refused(error(400, str(failed)))
-        raise failed
-
-    async def run(request: Request, req: _Sampling, prompts: list[list[int]], default_max: int | None,
-                  chat: bool, logprobs: int | None):
-        if req.model is not None and req.model != model_name:
-            return error(404, f"the model {req.model!r} does not exist; this server serves {model_name!r}",
-                         "NotFoundError")
-        room = engine.max_queue + info.max_num_seqs
-        if len(prompts) * req.n > room:
-            return error(400, f"{len(prompts)} prompts x n={req.n} choices are more than the {room} requests "
-                              "the server takes at once")
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        created = int(time.time())
-        try:
-            params = [sampling(req, ids, default_max, logprobs) for ids in prompts]
-            # choice i is sample i % n of prompt i // n; with a seed, sample j draws with seed + j
-            choices = [dataclasses.replace(p, seed=p.seed + j if p.seed is not None else None)
-                       for p in params for j in range(req.n)]
-            streams = [engine.generate(prompts[i // req.n], p, f"{rid}-{i}", req.stream) for i, p in enumerate(choices)]
-            # not streamed, the first delta is the whole answer: a client that leaves meanwhile aborts it
-            firsts = await (start(streams) if req.stream else _unless_disconnected(request, start(streams)))
-        except _Refused as r:
-            return r.response
-        if firsts is None:
-            return Response(status_code=499)  # nobody reads it: the client has gone
-        obj = "chat.completion" if chat else "text_completion"
-        num_prompt_tokens = sum(len(ids) for ids in prompts)
-        offsets = [0] * len(streams)  # completions' text_offset, per choice
-
-        async def replay() -> AsyncIterator[tuple[int, Delta]]:
-            """Every choice's deltas; closed early (a client gone), it aborts the unfinished ones."""
-            try:
-                for i, d in enumerate(firsts):
-                    yield i, d
-                async for item in _merge(streams, [i for i, d in enumerate(firsts) if d.finish_reason is None]):
-                    yield item
-            finally:
-                for s in streams:
-                    await s.aclose()
-
-        def usage(done: list[Delta]) -> dict:
-            n = sum(d.num_output_tokens for d in done)
-            return {"prompt_tokens": num_prompt_tokens, "completion_tokens": n, "total_tokens": num_prompt_tokens + n}
-
-        def lp_json(i: int, deltas: list[Delta]) -> dict | None:
-            """OpenAI's logprobs object for the tokens of ``deltas`` (choice ``i``); -inf is sent as -9999."""
-            if logprobs is None:
-                return None
-            lps = [x for d in deltas for x in d.logprobs]
-            texts = {t: s for d in deltas for t, s in d.token_texts.items()}
-            if chat:
-                def entry(t: int, lp: float) -> dict:
-                    return {"token": texts[t], "logprob": max(lp, -9999.0), "bytes": list(texts[t].encode())}
-                return {"content": [{**entry(x.token_id, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]}
-                                    for x in lps]}
-            tokens = [texts[x.token_id] for x in lps]
-            text_offset = []
-            for s in tokens:
-                text_offset.append(offsets[i])
-                offsets[i] += len(s)
-            return {"tokens": tokens, "token_logprobs": [max(x.logprob, -9999.0) for x in lps],
-                    "top_logprobs": [{texts[t]: max(v, -9999.0) for t, v in x.top} for x in lps],
-                    "text_offset": text_offset}
-
-        def choice(i: int, text: str, finish: str | None, lps: dict | None, delta: bool) -> dict:
-            if not chat:
-                return {"index": i, "text": text, "logprobs": lps, "finish_reason": finish}
-            return {"index": i, ("delta" if delta else "message"): {"role": "assistant", "content": text},
-                    "logprobs": lps, "finish_reason": finish}
-
-        if not req.stream:
-            async def collect() -> list[list[Delta]]:
-                deltas: list[list[Delta]] = [[] for _ in streams]
-                async for i, d in replay():
-                    deltas[i].append(d)
-                return deltas
-
-            try:
-                deltas = await _unless_disconnected(request, collect())
-            except EngineError as e:
-                return error(500, str(e), "InternalServerError")
-            if deltas is None:
-                return Response(status_code=499)  # nobody reads it: the client has gone
-            out = [choice(i, "".join(d.text for d in ds), ds[-1].finish_reason, lp_json(i, ds), False)
-                   for i, ds in enumerate(deltas)]
-            return {"id": rid, "object": obj, "created": created, "model": model_name, "choices": out,
-                    "usage": usage([ds[-1] for ds in deltas])}
-
-        chunk_obj = obj + ".chunk" if chat else obj
-
-        head = {"id": rid, "object": chunk_obj, "created": created, "model": model_name}
-
-        def event(body: dict) -> bytes:
-            """One SSE event (orjson: a stream's events are most of the server's own work per token)."""
-            return b"data: " + orjson.dumps({**head, **body}) + b"\n\n"
-
-        async def events():
-            last: list[Delta | None] = [None] * len(streams)
-            try:
-                async for i, d in replay():
-                    last[i] = d
-                    if d.text or d.finish_reason or d.logprobs:
-                        yield event({"choices": [choice(i, d.text, d.finish_reason, lp_json(i, [d]), True)]})
-            except EngineError as e:
-                yield b"data: " + orjson.dumps(error_body(500, str(e), "InternalServerError")) + b"\n\n"
-            else:
-                if req.stream_options is not None and req.stream_options.include_usage:
-                    yield event({"choices": [], "usage": usage(last)})
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    post_responses = {200: {"content": {"text/event-stream": {}}}, **_errors(400, 401, 404, 500, 503)}
-
-    @app.post("/v1/completions", responses=post_responses)
-    async def completions(req: CompletionRequest, request: Request):
-        p = req.prompt
-        prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) or not p else p
-        prompts = [tok(x)["input_ids"] if isinstance(x, str) else x for x in prompts]
-        return await run(request, req, prompts, 16, chat=False, logprobs=req.logprobs)
-
-    @app.post("/v1/chat/completions", responses=post_responses)
-    async def chat(req: ChatRequest, request: Request):
-        if not tok.chat_template:
-            return error(400, "this model has no chat template; use /v1/completions")
-        msgs = []
-        for m in req.messages:
-            parts = [m.content] if isinstance(m.content, str) else m.content
-            if any(not isinstance(x, str) and (x.type != "text" or x.text is None) for x in parts):
-                return error(400, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported")
-            msgs.append({"role": m.role, "content": "\n".join(x if isinstance(x, str) else x.text for x in parts)})
-        if req.top_logprobs is not None and not req.logprobs:
-            return error(400, "top_logprobs needs logprobs: true")
-        try:
-            ids = encode(tok, msgs, True)
-        except TemplateError as e:
-            return error(400, f"the chat template refused these messages: {e}")
-        return await run(request, req, [ids], None, chat=True,
-                         logprobs=(req.top_logprobs or 0) if req.logprobs else None)
-
-    return app
+async def _events(fmt: Formatter, deltas: AsyncIterator[tuple[int, Delta]],
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    """The SSE stream: an event per delta with something in it, the usage if asked for, ``[DONE]``;
+    an engine fault after the 200 is an error event."""
+    last: list[Delta | None] = [None] * fmt.num_choices
+    try:
+        async for i, d in deltas:
+            last[i] = d
+            if (event := fmt.chunk(i, d)) is not None:
+                yield event
+    except EngineError as e:
+        yield error_event(500, str(e), "InternalServerError")
+    else:
+        if include_usage:
+            yield fmt.usage_event(last)
+    yield DONE_EVENT
 
 
 class _Auth:

@@ -15,8 +15,8 @@ import queue
 import threading
 from typing import AsyncIterator
 
-from peagle.engine.llm_engine import RequestError
 from peagle.engine.sampling import SamplingParams
+from peagle.request_checks import RequestError
 from peagle.serve.engine_core import Delta, EngineInfo, EngineSpec, Failure, run_engine_core
 from peagle.serve.metrics import Metrics
 

@@ -11,7 +11,7 @@ import statistics
 import sys
 import time
 
-from peagle.bench import llamacpp
+from peagle.bench.peers import llamacpp
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.prompts import dataset_path, read_prompt_file

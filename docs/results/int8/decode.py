@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from peagle.bench import llamacpp
+from peagle.bench.peers import llamacpp
 from peagle.bench.peers import checked_decode
 from peagle.bench.peers import hf as hf_peer
 from peagle.engine.llm_engine import LLMEngine

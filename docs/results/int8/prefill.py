@@ -7,7 +7,7 @@ exact` (the engine's default chunks of 2,048 tokens), and llama.cpp's own prompt
 import statistics
 import sys
 
-from peagle.bench import llamacpp
+from peagle.bench.peers import llamacpp
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
 

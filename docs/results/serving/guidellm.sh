@@ -26,7 +26,7 @@ run() {  # name, extra backend settings, server command...
 }
 run peagle-none "" .venv/bin/peagle serve --port 8802
 run peagle-parallel "" .venv/bin/peagle serve --port 8802 --speculative-config '{"method": "eagle3", "parallel_drafting": true}'
-run llamacpp-BF16 ,validate_backend=false $(.venv/bin/python -c "from peagle.bench.llamacpp import server_command; print(' '.join(server_command('BF16', 8802)))")
+run llamacpp-BF16 ,validate_backend=false $(.venv/bin/python -c "from peagle.bench.peers.llamacpp import server_command; print(' '.join(server_command('BF16', 8802)))")
 python3 - "$out" > "$out/guidellm.md" <<'PY'
 import gzip, json, sys
 print("| system | streams | output tok/s (mean) | TTFT ms (median) | ITL ms (median) | output tokens / request |")

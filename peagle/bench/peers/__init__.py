@@ -3,7 +3,9 @@ orchestration (interleaving, rotating order, medians, tables) is written once fo
 
 * :mod:`.engine`: peagle's engine, one peer per method (plain decoding and each shipped head);
 * :mod:`.hf`: HF transformers ``generate``, the reference the engine's tokens are checked against;
-* :mod:`.llamacpp`: llama.cpp in-process (llama-cpp-python), one peer per GGUF precision: the CPU anchor.
+* :mod:`.llamacpp`: llama.cpp in-process (llama-cpp-python), one peer per GGUF precision: the CPU anchor;
+  the same module finds its GGUF files and its own binaries (``llama-bench``, ``llama-server``), which
+  ``bench baseline``'s llama-bench section and ``bench serving`` run.
 
 Every peer decodes greedily exactly ``n`` new tokens (EOS ignored) from token ids it is given (the
 engine's tokenizer and chat template for all), so the peers' tokens and rates compare one to one.

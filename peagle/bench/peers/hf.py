@@ -1,6 +1,7 @@
 """HF transformers as a peer: ``generate`` greedy (``min_new_tokens`` = ``max_new_tokens``, so EOS is
 masked rather than ending the request), its forward into a ``DynamicCache`` for prefill and passes.
-It runs in the engine's weight dtype (HF has one dtype for weights and arithmetic)."""
+It runs in the engine's weight dtype (HF has one dtype for weights and arithmetic). ``bench sweep``
+runs its ``generate`` on whole workloads too, ending at EOS, plain and with prompt lookup."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,24 +15,24 @@ import torch
 from peagle.bench.peers import PRECISION, Decode, Peer, time_once
 
 
-def first_token_streamer():
+def token_streamer(on_token: Callable[[float], None]):
+    """A ``generate`` streamer that calls ``on_token(time)`` as each step's new tokens come (``generate``
+    puts the prompt first: that put is not a token)."""
     from transformers.generation.streamers import BaseStreamer
 
-    class FirstTokenTimer(BaseStreamer):
-        """``generate`` puts the prompt first, then each new token: the second put is the first token."""
-
+    class TokenTimer(BaseStreamer):
         def __init__(self):
-            self.calls, self.first = 0, None
+            self.prompt_seen = False
 
         def put(self, value):
-            self.calls += 1
-            if self.calls == 2 and self.first is None:
-                self.first = time.perf_counter()
+            if self.prompt_seen:
+                on_token(time.perf_counter())
+            self.prompt_seen = True
 
         def end(self):
             pass
 
-    return FirstTokenTimer()
+    return TokenTimer()
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -46,16 +47,26 @@ class HFPeer(Peer):
     def prepare(self) -> None:
         torch.set_num_threads(self.torch_threads)
 
-    def decode(self, ids: list[int], n: int) -> Decode:
+    def generate(self, ids: list[int], n: int, streamer=None, exact: bool = False,
+                 prompt_lookup: int | None = None) -> list[int]:
+        """Greedy ``generate``: up to ``n`` new tokens after ``ids`` (``exact``: ``n``, EOS masked); with
+        ``prompt_lookup``, HF's prompt-lookup decoding, drafting that many tokens."""
         x = torch.tensor([ids], device=self.device)
-        streamer = first_token_streamer()
+        extra = {"min_new_tokens": n} if exact else {}
+        if prompt_lookup:
+            extra["prompt_lookup_num_tokens"] = prompt_lookup
+        out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                                  pad_token_id=self.model.config.eos_token_id, streamer=streamer, **extra)
+        return out[0, len(ids):].tolist()
+
+    def decode(self, ids: list[int], n: int) -> Decode:
+        times: list[float] = []
+        streamer = token_streamer(times.append)
         with torch.inference_mode():
             t0 = time.perf_counter()
-            out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
-                                      min_new_tokens=n, pad_token_id=self.model.config.eos_token_id,
-                                      streamer=streamer)
+            tokens = self.generate(ids, n, streamer, exact=True)
             t1 = time.perf_counter()
-        return Decode(tokens=out[0, len(ids):].tolist(), ttft_s=streamer.first - t0, elapsed_s=t1 - t0)
+        return Decode(tokens=tokens, ttft_s=times[0] - t0, elapsed_s=t1 - t0)
 
     def prefill_s(self, ids: list[int]) -> float:
         """Its forward over the prompt into a fresh DynamicCache, logits of the last row only."""

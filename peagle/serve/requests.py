@@ -1,0 +1,154 @@
+"""What the server accepts: the request bodies (pydantic: their shape, answered with a 400 when
+wrong) and the checks a schema cannot make (the model's name, the prompt against the model's limits,
+the server's room), each a :class:`Refusal` with the error the client gets. Tested without HTTP."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Annotated, ClassVar
+
+from jinja2 import TemplateError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from peagle.engine.sampling import MAX_LOGPROBS, SamplingParams
+from peagle.prompts import encode
+from peagle.request_checks import RequestError, check_prompt
+from peagle.serve.responses import Refusal
+
+MAX_N = 16  # choices per request
+
+
+def _utf8(s: str) -> str:   # its name shows in the 400's message: "function-after[_utf8(), str]"
+    s.encode("utf-8")  # a lone surrogate ("\ud800") raises UnicodeEncodeError, a ValueError: 400
+    return s
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """The fields completions and chat completions share."""
+    model_config = ConfigDict(extra="ignore")
+    default_max_tokens: ClassVar[int | None] = None   # None: the room the context leaves
+    model: Text | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    seed: int | None = Field(None, ge=-(2 ** 63), lt=2 ** 63)
+    stop: Text | list[Text] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    n: int = Field(1, ge=1, le=MAX_N)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingRequest):
+    default_max_tokens: ClassVar[int | None] = 16   # OpenAI's default for completions
+    prompt: Text | list[int] | list[Text] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Alternatives a token asked for (0: the token's own logprob only); None: no logprobs."""
+        return self.logprobs
+
+    def prompts(self, tokenizer) -> list[list[int]]:
+        """One prompt (text or token ids) or a list of them, as token ids."""
+        p = self.prompt
+        prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) or not p else p
+        return [tokenizer(x)["input_ids"] if isinstance(x, str) else x for x in prompts]
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Text
+    text: Text | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Text
+    content: Text | list[ContentPart]
+
+
+class ChatRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def prompt(self, tokenizer) -> list[int]:
+        """The messages through the model's chat template, as token ids; text content parts only."""
+        if not tokenizer.chat_template:
+            raise Refusal(400, "this model has no chat template; use /v1/completions")
+        msgs = []
+        for m in self.messages:
+            parts = [m.content] if isinstance(m.content, str) else m.content
+            if any(not isinstance(x, str) and (x.type != "text" or x.text is None) for x in parts):
+                raise Refusal(400, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported")
+            msgs.append({"role": m.role, "content": "\n".join(x if isinstance(x, str) else x.text for x in parts)})
+        if self.top_logprobs is not None and not self.logprobs:
+            raise Refusal(400, "top_logprobs needs logprobs: true")
+        try:
+            return encode(tokenizer, msgs, True)
+        except TemplateError as e:
+            raise Refusal(400, f"the chat template refused these messages: {e}") from None
+
+
+GenerationRequest = CompletionRequest | ChatRequest
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request is checked against: the served model and the requests the server takes at once."""
+    model_name: str
+    vocab_size: int
+    max_model_len: int
+    max_requests: int   # the queue and the running batch
+
+
+def sampling_params(req: GenerationRequest, prompt_ids: list[int], limits: Limits) -> SamplingParams:
+    """One prompt's sampling: :func:`check_prompt`, then ``max_tokens`` (default: the request kind's,
+    within the context's room) and the sampling fields."""
+    try:
+        room = check_prompt(prompt_ids, limits.vocab_size, limits.max_model_len)
+    except RequestError as e:
+        raise Refusal(400, str(e)) from None
+    max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
+    max_tokens = max_tokens if max_tokens is not None else min(req.default_max_tokens or room, room)
+    if max_tokens > room:
+        raise Refusal(400, f"max_tokens must be in 1..{room} (maximum context length {limits.max_model_len}, "
+                           f"prompt {len(prompt_ids)} tokens), got {max_tokens}")
+    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    try:
+        return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0),
+                              max_tokens=max_tokens, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos,
+                              logprobs=req.num_logprobs)
+    except ValueError as e:
+        raise Refusal(400, str(e)) from None
+
+
+def choice_params(req: GenerationRequest, prompts: list[list[int]], limits: Limits) -> list[SamplingParams]:
+    """Every choice's sampling, checked: choice ``i`` is sample ``i % n`` of prompt ``i // n``; with a
+    seed, sample ``j`` draws with ``seed + j``."""
+    if req.model is not None and req.model != limits.model_name:
+        raise Refusal(404, f"the model {req.model!r} does not exist; this server serves {limits.model_name!r}",
+                      "NotFoundError")
+    if len(prompts) * req.n > limits.max_requests:
+        raise Refusal(400, f"{len(prompts)} prompts x n={req.n} choices are more than the {limits.max_requests} "
+                           "requests the server takes at once")
+    params = [sampling_params(req, ids, limits) for ids in prompts]
+    return [replace(p, seed=p.seed + j if p.seed is not None else None)
+            for p in params for j in range(req.n)]
