@@ -101,6 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        long_prefill_token_threshold=args.long_prefill_token_threshold,
                        max_num_partial_prefills=args.max_num_partial_prefills,
                        max_long_partial_prefills=args.max_long_partial_prefills, enforce_eager=args.enforce_eager,
+                       long_prefill_step_ms=args.long_prefill_step_ms or None,
                        speculative_token_tree=spec["speculative_token_tree"],
                        speculative_tree_budget=spec["speculative_tree_budget"])
     EngineConfig(method=spec["method"], num_speculative_tokens=spec["k"], **engine_args)  # refused here, before loading
@@ -293,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--long-prefill-token-threshold", type=int, default=None,
                    help="a prompt with more tokens left to prefill is long: it gets at most this many tokens a "
                         "step while other requests run (default: an eighth of --max-num-batched-tokens)")
+    v.add_argument("--long-prefill-step-ms", type=float, default=200.0,
+                   help="a long prompt's chunk is no more than fits a step of this many ms by the measured cost of "
+                        "its rows, so requests that arrive during a long prefill wait about that long for their "
+                        "first step (0: the token threshold alone, vLLM's rule; default 200)")
     v.add_argument("--max-num-partial-prefills", type=int, default=8,
                    help="prompts prefilled side by side (chunked prefill)")
     v.add_argument("--max-long-partial-prefills", type=int, default=1,

@@ -3,6 +3,7 @@ sampling keeps the target distribution, batching changes nothing, and bad input 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import math
 
 import pytest
@@ -411,7 +412,7 @@ def test_bad_input_is_refused(llama):
     engine = make_engine(llama, drafter, max_model_len=64)
     with pytest.raises(RequestError, match="empty"):
         engine.add_request([])
-    with pytest.raises(RequestError, match="max_model_len"):
+    with pytest.raises(RequestError, match="maximum context length is 64"):
         engine.add_request(list(range(3, 67)))
     with pytest.raises(RequestError, match="token ids"):
         engine.add_request([1, 2, 10_000])
@@ -647,10 +648,11 @@ def random_prompt(n: int, seed: int = 1) -> list[int]:
 
 
 def test_a_short_prompt_prefills_beside_a_long_one(llama):
-    """A long prompt alone takes the whole budget; a short one that arrives is prefilled in the
-    next step beside a chunk of the long one capped at the threshold, and the cap holds while the
-    short one runs; alone again, the long prompt takes the whole budget."""
-    engine = make_engine(llama, None, "none", max_num_batched_tokens=64, long_prefill_token_threshold=16)
+    """The token rule (vLLM's; no step target): a long prompt alone takes the whole budget; a short one
+    that arrives is prefilled in the next step beside a chunk of the long one capped at the threshold,
+    and the cap holds while the short one runs; alone again, the long prompt takes the whole budget."""
+    engine = make_engine(llama, None, "none", max_num_batched_tokens=64, long_prefill_token_threshold=16,
+                         long_prefill_step_ms=None)
     long = engine.add_request(random_prompt(200), SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()
     assert long.num_cached == 64
@@ -664,6 +666,42 @@ def test_a_short_prompt_prefills_beside_a_long_one(llama):
     assert long.num_cached == 160
     engine.step()
     assert long.num_cached == 200 and len(long.output_ids) == 1
+
+
+def test_long_chunks_are_sized_by_time(llama, monkeypatch):
+    """With a step target, a long prompt's chunk is what fits it by the cost per token of the last step
+    that prefilled it. On a clock where a prefill token costs more the deeper its context (as attention
+    does), the chunks shrink as the context grows and every measured step stays near the target, alone
+    or beside a decoding request (there at most the token threshold); the tokens are the token rule's."""
+    target_ms, limit = 20.0, 24
+    prompt, short = random_prompt(230, seed=7), prompts(1)[0]
+
+    def run(step_ms):
+        engine = make_engine(llama, None, "none", max_num_batched_tokens=128, long_prefill_token_threshold=limit,
+                             long_prefill_step_ms=step_ms)
+        observe, steps = engine.scheduler.observe, []
+
+        def clock(work, tree, seconds):  # observed after the step: num_cached is each chunk's end
+            s = sum(n * (1e-4 + 3e-6 * seq.num_cached) for seq, n in work)
+            steps.append((sum(n for seq, n in work if seq is long), len(work) > 1, s))
+            observe(work, tree, s)
+        monkeypatch.setattr(engine.scheduler, "observe", clock)
+        long = engine.add_request(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+        for _ in range(3):
+            engine.step()
+        other = engine.add_request(short, SamplingParams(max_tokens=8, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        return [s for s in steps if s[0] > 1], long.output_ids + other.output_ids
+
+    chunks, tokens = run(target_ms)
+    assert chunks[0][0] == 128                             # unmeasured: the whole budget alone
+    times = [t / (target_ms / 1e3) for _, _, t in chunks[2:]]  # the second overshoots: its context grew
+    assert max(times) < 1.6 and statistics.median(times) < 1.2, chunks
+    alone, shared = [c for c, with_others, _ in chunks if not with_others], [c for c, w, _ in chunks if w]
+    assert alone[1] > limit and shared and max(shared) <= limit   # alone past the threshold; beside others not
+    assert alone[-1] < alone[1]                            # deeper context, smaller chunks
+    assert tokens == run(None)[1]
 
 
 def test_a_long_prompt_always_progresses(llama):
@@ -763,6 +801,7 @@ def test_capped_chunks_write_the_kv_of_a_whole_prefill(llama, method):
 
 def test_fair_prefill_settings_are_checked():
     for kw, msg in ((dict(long_prefill_token_threshold=5000), "long_prefill_token_threshold"),
+                    (dict(long_prefill_step_ms=0), "long_prefill_step_ms"),
                     (dict(long_prefill_token_threshold=-1), "long_prefill_token_threshold"),
                     (dict(max_num_partial_prefills=0), "max_num_partial_prefills"),
                     (dict(max_num_partial_prefills=2, max_long_partial_prefills=3), "must not exceed")):

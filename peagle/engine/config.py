@@ -30,6 +30,10 @@ class EngineConfig:
     # vLLM: an eighth of max_num_batched_tokens, BENCHMARKS.md §13); prompts prefill side by side, this many
     # at most, of them this many long ones
     long_prefill_token_threshold: int | None = None
+    # ... and, alone or not, no more than fit a step of this many ms by the measured cost of its rows
+    # (attention over its growing context included), so that decodes and new requests wait about this
+    # long a step on any CPU (None: the token threshold alone, the whole budget alone: vLLM's rule)
+    long_prefill_step_ms: float | None = 200.0
     max_num_partial_prefills: int = 8
     max_long_partial_prefills: int = 1
     block_size: int = 16
@@ -61,6 +65,8 @@ class EngineConfig:
         if self.max_long_partial_prefills > self.max_num_partial_prefills:
             raise ValueError(f"max_long_partial_prefills ({self.max_long_partial_prefills}) must not exceed "
                              f"max_num_partial_prefills ({self.max_num_partial_prefills})")
+        if self.long_prefill_step_ms is not None and not self.long_prefill_step_ms > 0:
+            raise ValueError(f"long_prefill_step_ms must be > 0 (or None), got {self.long_prefill_step_ms}")
         t = self.long_prefill_token_threshold
         if t is not None and not 0 <= t <= self.max_num_batched_tokens:
             raise ValueError(f"long_prefill_token_threshold must be in 0..max_num_batched_tokens "

@@ -28,10 +28,8 @@ from peagle.engine.tree import Tree
 from peagle.models.drafter import Drafter
 from peagle.models.llama import LlamaModel
 from peagle.models.quant import formats
+from peagle.request_checks import RequestError, check_prompt
 from peagle.runtime import configure_cpu
-
-class RequestError(ValueError):
-    """A request the engine cannot take (empty prompt, too long, bad parameters)."""
 
 
 class LLMEngine:
@@ -147,14 +145,7 @@ class LLMEngine:
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> Sequence:
         params, b = params or SamplingParams(), self.bounds
-        if not prompt_ids:
-            raise RequestError("the prompt is empty")
-        if len(prompt_ids) >= b.max_model_len:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; max_model_len is {b.max_model_len} "
-                               "and at least one token must be generated")
-        vocab = self.target.cfg.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise RequestError(f"prompt token ids must be in 0..{vocab - 1}")
+        check_prompt(prompt_ids, self.target.cfg.vocab_size, b.max_model_len)  # the server's checks, its words
         # the most KV positions it can need (Scheduler.positions_needed); admitted, it always fits alone
         need = min(len(prompt_ids) + params.max_tokens + max(b.k_max, b.max_nodes), b.max_positions)
         if -(-need // self.cfg.block_size) > self.blocks.num_blocks:

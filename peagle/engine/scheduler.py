@@ -16,6 +16,7 @@ from peagle.engine.sequence import Sequence, SpecStats, Status
 from peagle.engine.tree import Tree
 
 Work = list[tuple[Sequence, int]]   # a step's sequences, each with the new tokens it feeds
+MIN_LONG_CHUNK = 16                 # a long prompt's chunk while others run, at the least: it always progresses
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # engine-wide totals, for metrics
         self.last_tree: Tree | None = None   # the tree of the drafts the next step verifies
+        self.long_step_tokens = 0            # this step's prefill tokens, where a long prompt is among them
+        self.prefill_token_s: float | None = None  # seconds per prefill token of the last step that did
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -95,8 +98,9 @@ class Scheduler:
         """Fair chunked prefill: prompts already prefilling keep their turn, then waiting ones are
         admitted beside them (``max_num_partial_prefills`` at a time, ``max_long_partial_prefills`` of
         them long; a short prompt may pass a long one that must wait). A long prompt gets at most
-        ``long_prefill`` tokens a step unless it has the step to itself, so a request that arrives
-        during a long prefill waits for one chunk at most, and the long prompt always progresses."""
+        ``long_prefill`` tokens a step unless it has the step to itself, and no more than a step of
+        ``long_prefill_step_ms`` holds (:meth:`long_share`), so a request that arrives during a long
+        prefill waits for one such step at most, and the long prompt always progresses."""
         cfg, limit = self.cfg, self.cfg.long_prefill
         partial = [seq for seq in self.running if seq.num_tokens - seq.num_cached > 1]
         num_long = sum(seq.num_tokens - seq.num_cached > limit for seq in partial)
@@ -117,9 +121,22 @@ class Scheduler:
             if budget <= 0:
                 break
             left = seq.num_tokens - seq.num_cached
-            work.append((seq, min(left, budget, left if alone else limit)))
+            work.append((seq, min(left, budget, left if left <= limit else self.long_share(alone))))
             budget -= work[-1][1]
+        long = any(seq.num_tokens - seq.num_cached > limit for seq, _ in work)
+        self.long_step_tokens = sum(n for _, n in work) if long else 0
         return work
+
+    def long_share(self, alone: bool) -> int:
+        """A long prompt's chunk: as many tokens as the last step that prefilled a long prompt says fit
+        ``long_prefill_step_ms`` (its context has grown since: the next chunk costs a little more, the
+        step after corrects it), at most the token threshold while others run. Until a step is measured,
+        or without a time target, vLLM's rule: the threshold beside others, the whole budget alone."""
+        limit, ms = self.cfg.long_prefill, self.cfg.long_prefill_step_ms
+        if ms is None or self.prefill_token_s is None:
+            return self.cfg.max_num_batched_tokens if alone else limit
+        fit = max(MIN_LONG_CHUNK, int(ms / 1e3 / self.prefill_token_s))
+        return fit if alone else min(limit, fit)
 
     def _admit(self, seq: Sequence) -> None:
         self.waiting.remove(seq)
@@ -172,9 +189,11 @@ class Scheduler:
         return result
 
     def observe(self, work: Work, tree: Tree, seconds: float) -> None:
-        """A steady decode step verified a tree of the size and depth it drafted (what a step costs by):
-        ``auto`` corrects its model with the step's time (trees change shape from step to step; their sizes
-        repeat)."""
+        """The step's time: per prefill token where it fed a long prompt (:meth:`long_share`), and where a
+        steady decode step verified a tree of the size and depth it drafted (what a step costs by), ``auto``
+        corrects its model with it (trees change shape from step to step; their sizes repeat)."""
+        if self.long_step_tokens:  # the step's time over its prefill tokens (the other rows' cost included)
+            self.prefill_token_s = seconds / self.long_step_tokens
         last = self.last_tree
         if self.auto and last is not None and (len(tree), tree.depth) == (len(last), last.depth) \
                 and all(n == 1 for _, n in work):
