@@ -96,3 +96,9 @@ def int_isa() -> str:
     """The integer path's instruction set for packed GGUF blocks (``csrc/kernels.h``): ``avx512vnni``,
     ``avxvnni``, ``avx2``, or ``none`` (no such path here, or the kernels not loaded: the file's blocks run in float32)."""
     return torch.ops.peagle.int_isa() if available() else "none"
+
+
+def bf16_isa() -> str:
+    """The bf16 dot-product path's instruction set for packed bf16 weights (``csrc/kernels.h``): ``avx512bf16``,
+    or ``none`` (no such path here, or the kernels not loaded: bf16 weights stay plain, float32 arithmetic)."""
+    return torch.ops.peagle.bf16_isa() if available() else "none"
