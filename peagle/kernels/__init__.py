@@ -1,6 +1,6 @@
 """peagle's native CPU kernels: the linear layer (float32/float16/bfloat16 weights and GGUF Q8_0/Q4_0/Q4_1
 blocks in float32 arithmetic; packed GGUF blocks through integer dot products, llama.cpp's 8-bit
-activations) for the few rows of decoding, verification and drafting, paged attention for short spans, a
+activations; packed bfloat16 weights through AVX512_BF16's bf16 dot products) for the few rows of decoding, verification and drafting, paged attention for short spans, a
 layer's small ops fused, and every layer of such a pass in one call (``decoder_layers``); batch-invariant:
 a row's result does not depend on how many rows share the pass (``csrc/kernels.h``).
 
@@ -79,7 +79,7 @@ def available() -> bool:
 def use_isa(name: str):
     """Run the kernels on instruction set ``name`` (``avx512``, ``avxvnni``: AVX2 with AVX-VNNI's integer
     path, ``avx2``, ``scalar``; no wider than this CPU's) inside the block, as ``PEAGLE_ISA`` does for a process: weights loaded inside are packed for
-    that path's integer kernels, or not at all on ``scalar``."""
+    that path's integer kernels, or not at all on ``scalar``; bf16 weights only under ``avx512`` (AVX512_BF16)."""
     torch.ops.peagle.set_isa(name)
     try:
         yield

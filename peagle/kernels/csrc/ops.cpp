@@ -421,7 +421,7 @@ static at::Tensor bf16linear_reference(const at::Tensor& x, const at::Tensor& w,
 }
 
 TORCH_LIBRARY(peagle, m) {
-  // w: a float [N, K] matrix or GGUF blocks, uint8 [N, K / 32, block bytes] (kernels.h)
+  // w: a float [N, K] matrix, GGUF blocks, uint8 [N, K / 32, block bytes], or packed (kernels.h)
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str isa='') -> Tensor");
   m.def("linear_ref(Tensor x, Tensor w, Tensor? bias=None, int lanes=8) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, "
