@@ -140,6 +140,7 @@ def test_packing_is_a_permutation_of_the_matrix():
     both = torch.cat([p, p.detach()])
     assert both.packed and torch.equal(both.dequantize(), torch.cat([w.float()] * 2))
     assert not bf16_packable(w[:40]) and not bf16_packable(w[:, :95]) and not bf16_packable(w.float())
+    assert not bf16_packable(QuantTensor(packed, torch.bfloat16))  # packed once, or GGUF blocks nominally bf16
 
 
 @native
