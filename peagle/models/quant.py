@@ -254,7 +254,9 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None) -
         # the head multiplies by the layers' dtype (LlamaModel.head_weight): one packed table serves both
         w = tied.weight.detach()
         w16 = w.bfloat16()
-        if bf16_packable(w16) and torch.equal(w16.to(w.dtype), w):
+        same = all(torch.equal(w16[i:i + DEQUANT_ROWS].to(w.dtype), w[i:i + DEQUANT_ROWS])  # in slices: no second
+                   for i in range(0, w.shape[0], DEQUANT_ROWS))                              # float32 table at load
+        if bf16_packable(w16) and same:
             tied.weight = torch.nn.Parameter(QuantTensor(pack_bf16(w16), w.dtype), requires_grad=False)
 
 
