@@ -4,7 +4,8 @@
 On the CPU, where peagle's native kernels run (:mod:`peagle.kernels`), the arithmetic is float32
 whatever the weights are, as in llama.cpp's F32/F16/BF16 files: a decode step reads the weights once
 (16-bit weights: half the bytes) and every row's result is the same bits however many rows share the
-pass. ``auto`` there is bfloat16 weights (faster end to end than float16 on Zen 5, BENCHMARKS.md §15:
+pass (``--compute fast`` multiplies bfloat16 weights by bf16-rounded activations where the CPU has
+AVX512_BF16, accumulating in float32). ``auto`` there is bfloat16 weights (faster end to end than float16 on Zen 5, BENCHMARKS.md §15:
 widening bf16 is a shift). Without the kernels
 the CPU falls back to torch's matmul with one dtype for both: bfloat16 on CPUs that multiply it
 natively (AVX512_BF16 or AMX), else float32.
@@ -108,8 +109,9 @@ def add_quantization_arg(p) -> None:
                         "run as stored on peagle's CPU kernels; none: de-quantize the weights into --dtype")
     p.add_argument("--compute", choices=COMPUTE_CHOICES, default="fast",
                    help="fast (default): GGUF blocks through integer dot products, each row's activations rounded to "
-                        "8 bits as llama.cpp does (batch-invariant: speculation stays exact); exact: float32 arithmetic "
-                        "on the de-quantized weights, bit for bit")
+                        "8 bits as llama.cpp does, and bfloat16 weights through bf16 dot products where the CPU has "
+                        "AVX512_BF16 (batch-invariant: speculation stays exact); exact: float32 arithmetic on the "
+                        "de-quantized or bf16 weights, bit for bit")
 
 
 def add_runtime_args(p, engine: bool = False) -> None:

@@ -1,6 +1,6 @@
 """peagle's native CPU kernels: the linear layer (float32/float16/bfloat16 weights and GGUF Q8_0/Q4_0/Q4_1
 blocks in float32 arithmetic; packed GGUF blocks through integer dot products, llama.cpp's 8-bit
-activations) for the few rows of decoding, verification and drafting, paged attention for short spans, a
+activations; packed bfloat16 weights through AVX512_BF16's bf16 dot products) for the few rows of decoding, verification and drafting, paged attention for short spans, a
 layer's small ops fused, and every layer of such a pass in one call (``decoder_layers``); batch-invariant:
 a row's result does not depend on how many rows share the pass (``csrc/kernels.h``).
 
@@ -112,7 +112,7 @@ def native(x: torch.Tensor | torch.device, head_dim: int | None = None, group: i
 def use_isa(name: str):
     """Run the kernels on instruction set ``name`` (``avx512``, ``avxvnni``: AVX2 with AVX-VNNI's integer
     path, ``avx2``, ``scalar``; no wider than this CPU's) inside the block, as ``PEAGLE_ISA`` does for a process: weights loaded inside are packed for
-    that path's integer kernels, or not at all on ``scalar``."""
+    that path's integer kernels, or not at all on ``scalar``; bf16 weights only under ``avx512`` (AVX512_BF16)."""
     torch.ops.peagle.set_isa(name)
     try:
         yield
@@ -129,3 +129,9 @@ def int_isa() -> str:
     """The integer path's instruction set for packed GGUF blocks (``csrc/kernels.h``): ``avx512vnni``,
     ``avxvnni``, ``avx2``, or ``none`` (no such path here, or the kernels not loaded: the file's blocks run in float32)."""
     return torch.ops.peagle.int_isa() if available() else "none"
+
+
+def bf16_isa() -> str:
+    """The bf16 dot-product path's instruction set for packed bf16 weights (``csrc/kernels.h``): ``avx512bf16``,
+    or ``none`` (no such path here, or the kernels not loaded: bf16 weights stay plain, float32 arithmetic)."""
+    return torch.ops.peagle.bf16_isa() if available() else "none"

@@ -18,7 +18,7 @@ from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
 from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference,
                                   pack_weight, packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
-from peagle.models.quant import QuantTensor, formats, integer_path
+from peagle.models.quant import QuantTensor, bf16_dots, formats, integer_path
 from peagle.runtime import dtype_name, precision_name
 
 
@@ -225,12 +225,14 @@ class LlamaModel(nn.Module):
     @property
     def precision(self) -> str:
         """What runs, as the commands and the server's start line say it: ``float16 weights, float32
-        compute``, or ``GGUF Q4_1/Q8_0 weights, int8 compute`` where GGUF blocks are kept (``float32
-        compute`` with ``--compute exact``)."""
+        compute``, ``bfloat16 weights, bf16 dot products`` where they are packed for that path, or ``GGUF
+        Q4_1/Q8_0 weights, int8 compute`` where GGUF blocks are kept (``float32 compute`` with ``--compute exact``)."""
         quant = formats(self)
         if quant:
             arith = "int8" if integer_path(self) else dtype_name(self.dtype)
             return f"GGUF {'/'.join(f.upper() for f in quant)} weights, {arith} compute"
+        if bf16_dots(self):
+            return f"{dtype_name(self.weight_dtype)} weights, bf16 dot products"
         return precision_name(self.weight_dtype, self.dtype)
 
     def load_checkpoint(self, sd: dict[str, torch.Tensor]) -> None:

@@ -24,7 +24,7 @@ from peagle.models.checkpoint import read_safetensors, split_checkpoint
 from peagle.models.layers import set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle import kernels
-from peagle.models.quant import GGUFError, integer_path, pack_model, quantize_linears, read_gguf
+from peagle.models.quant import GGUFError, bf16_dots, integer_path, pack_model, quantize_linears, read_gguf
 from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype, dtype_name, resolve_device,
                             resolve_dtype)
 
@@ -163,7 +163,9 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
     A GGUF target with ``quantization`` ``gguf`` (:func:`resolve_quantization`) is read from its file,
     its block-quantized matrices kept as they are where peagle's CPU kernels run (``compute`` ``fast``: packed
     for the kernels' integer path where this CPU has one; ``exact``: float32 arithmetic); elsewhere (CUDA, no
-    kernels) they are de-quantized into ``dtype`` tensor by tensor, with a notice."""
+    kernels) they are de-quantized into ``dtype`` tensor by tensor, with a notice. With ``compute`` ``fast``
+    bfloat16 weights (and a tied embedding with them) are packed for the bf16 dot-product path where this CPU
+    has one (AVX512_BF16); ``exact`` keeps float32 arithmetic on them."""
     if compute not in COMPUTE_CHOICES:
         raise ValueError(f"unknown compute {compute!r}; choose one of {', '.join(COMPUTE_CHOICES)}")
     dev = resolve_device(device)
@@ -188,8 +190,8 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
     except (CheckpointError, GGUFError) as e:
         raise CheckpointError(f"{gguf if from_gguf else path}: {e}") from None
     set_precision(model, dt, compute_dtype(dt, dev))
-    if compute == "fast" and kernels.int_isa() != "none":
-        pack_model(model)
+    if compute == "fast":
+        pack_model(model, model.model.embed_tokens if model.lm_head is None else None)
     return model.eval(), path
 
 
@@ -241,7 +243,8 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
                      method: str = "parallel"):
     """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
     1-layer head (cached, so every run uses the same one). Beside a target on the integer path its linear
-    weights are quantized to Q8_0 and packed too (its pass reads half the bytes; lossless all the same)."""
+    weights are quantized to Q8_0 and packed too (its pass reads half the bytes; lossless all the same);
+    beside one on the bf16 dot-product path its bf16 weights are packed for it."""
     from peagle.models.drafter import load_drafter, save_drafter
 
     path = Path(drafter) if drafter else default_drafter_path(target_path, method)
@@ -257,5 +260,6 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
                         device=target.lm_weight.device, linear_dtype=target.weight_dtype)
     if integer_path(target):
         quantize_linears(head, "q8_0")
+    if integer_path(target) or bf16_dots(target):
         pack_model(head)
     return head

@@ -7,7 +7,9 @@ gate/up are fused), while peagle's operators get its blocks, uint8 ``[out, in / 
 block size names the format: ``peagle/kernels/csrc/kernels.h``), and an embedding lookup de-quantizes
 only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact. For
 the kernels' integer path (``--compute fast``) a loaded model's blocks are packed (:func:`pack_model`: 16
-rows interleaved, uint8 ``[out / 16, in / 32, 16 * block bytes]``), a permutation of the same bytes.
+rows interleaved, uint8 ``[out / 16, in / 32, 16 * block bytes]``), a permutation of the same bytes; so are
+its bfloat16 matrices for the bf16 dot-product path (:func:`pack_bf16`, uint8 ``[out / 16, in / 2, 64]``),
+a QuantTensor of format ``bf16`` (not GGUF-quantized: its values are the matrix's own).
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ FORMATS = {f.name: f for f in (BlockFormat("q8_0", 34, False, False), BlockForma
 BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
 GROUP = 16  # columns a packed block interleaves (kernels.h: QGROUP)
 PACKED = {GROUP * f.block_bytes: f for f in FORMATS.values()}  # a packed group's size names it too
+BF16_PAIR = GROUP * 4  # bytes of a packed bf16 matrix's (group, k pair): 16 columns' weights k, k+1
 
 
 def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
@@ -106,10 +109,34 @@ def column_blocks(packed: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
+def bf16_packable(w: torch.Tensor) -> bool:
+    """Whether :func:`pack_bf16` takes ``w``: a plain bfloat16 ``[N, K]`` matrix on the CPU (not a QuantTensor
+    standing for one), N a multiple of 16, K even."""
+    return (w.dtype == torch.bfloat16 and w.dim() == 2 and w.device.type == "cpu" and not w.is_mkldnn
+            and not isinstance(w, QuantTensor)
+            and w.shape[0] % GROUP == 0 and w.shape[1] % 2 == 0)
+
+
+def pack_bf16(w: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 matrix ``[N, K]`` packed for the kernels' bf16 dot-product path, uint8 ``[N / 16, K / 2, 64]``:
+    16 columns interleaved, column c's weights k, k+1 at bytes 4c .. 4c+3 of pair k / 2's vector (the layout:
+    ``peagle/kernels/csrc/kernels.h``). A permutation of the matrix's bytes."""
+    n, k = w.shape
+    pairs = w.contiguous().view(torch.int32).view(n // GROUP, GROUP, k // 2)  # weights k, k+1 as one int32
+    return pairs.transpose(1, 2).contiguous().view(torch.uint8)
+
+
+def bf16_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` of a :func:`pack_bf16`-ed matrix as bfloat16 ``[len(rows), K]``: the packing undone for them."""
+    pairs = packed.view(torch.int32)  # [N / 16, K / 2, 16]
+    return pairs[rows // GROUP, :, rows % GROUP].contiguous().view(torch.bfloat16)
+
+
 class QuantTensor(torch.Tensor):
     """A quantized ``[out, in]`` matrix standing for its de-quantized values in ``dtype`` (nominal: no
     such copy exists), its GGUF blocks in ``blocks``, as the file stores them or :func:`pack`-ed for the
-    kernels' integer path (:attr:`packed`). Supports what loading and running a model asks of a
+    kernels' integer path (:attr:`packed`); or a bfloat16 matrix :func:`pack_bf16`-ed for the bf16
+    dot-product path (format ``bf16``), standing for its values the same way. Supports what loading and running a model asks of a
     weight: detach, concatenation along rows, embedding lookups and row indexing (those rows
     de-quantized), ``.to`` (the whole matrix de-quantized, for callers that want a plain copy), and
     peagle's operators (given the blocks); anything else is refused with a clear error."""
@@ -118,11 +145,12 @@ class QuantTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, blocks: torch.Tensor, dtype: torch.dtype):
-        if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] not in {**BY_SIZE, **PACKED}:
+        if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.shape[2] not in {**BY_SIZE, **PACKED, BF16_PAIR: 0}:
             raise ValueError(f"GGUF blocks are uint8 [rows, blocks, one of {sorted(BY_SIZE)} bytes] (packed: "
-                             f"[rows / 16, blocks, one of {sorted(PACKED)}]), got {blocks.dtype} {tuple(blocks.shape)}")
-        rows = blocks.shape[0] * (GROUP if blocks.shape[2] in PACKED else 1)
-        shape = (rows, blocks.shape[1] * QBLOCK)
+                             f"[rows / 16, blocks, one of {sorted(PACKED)}]; packed bf16: [rows / 16, in / 2, "
+                             f"{BF16_PAIR}]), got {blocks.dtype} {tuple(blocks.shape)}")
+        packed = blocks.shape[2] in PACKED or blocks.shape[2] == BF16_PAIR
+        shape = (blocks.shape[0] * (GROUP if packed else 1), blocks.shape[1] * (2 if blocks.shape[2] == BF16_PAIR else QBLOCK))
         return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=blocks.device)
 
     def __init__(self, blocks: torch.Tensor, dtype: torch.dtype):
@@ -132,11 +160,13 @@ class QuantTensor(torch.Tensor):
 
     @property
     def packed(self) -> bool:
-        return self.blocks.shape[2] in PACKED
+        return self.blocks.shape[2] in PACKED or self.format == "bf16"
 
     @property
     def format(self) -> str:
-        return (PACKED if self.packed else BY_SIZE)[self.blocks.shape[2]].name
+        """The GGUF block format (``q8_0``, ``q4_0``, ``q4_1``), or ``bf16``."""
+        size = self.blocks.shape[2]
+        return "bf16" if size == BF16_PAIR else {**BY_SIZE, **PACKED}[size].name
 
     def __repr__(self) -> str:
         return f"QuantTensor({self.format}, {tuple(self.shape)}, nominal {self.dtype})"
@@ -158,6 +188,8 @@ class QuantTensor(torch.Tensor):
         flat = ids.reshape(-1).to(self.blocks.device)
         if kernels.native(self.blocks.device):
             out = torch.ops.peagle.dequantize_rows(self.blocks, flat).to(dtype or self.dtype)
+        elif self.format == "bf16":
+            out = bf16_rows(self.blocks, flat).to(dtype or self.dtype)
         else:
             blocks = column_blocks(self.blocks[flat // GROUP], flat % GROUP) if self.packed else self.blocks[flat]
             out = dequantize(blocks, dtype or self.dtype)
@@ -190,7 +222,8 @@ class QuantTensor(torch.Tensor):
 
 
 def quantized(w: torch.Tensor) -> bool:
-    return isinstance(w, QuantTensor)
+    """Whether ``w`` is GGUF-quantized (a :class:`QuantTensor` of a GGUF format, not packed bf16)."""
+    return isinstance(w, QuantTensor) and w.format in FORMATS
 
 
 def formats(model: torch.nn.Module) -> list[str]:
@@ -198,13 +231,33 @@ def formats(model: torch.nn.Module) -> list[str]:
     return sorted({p.format for p in model.parameters() if quantized(p)})
 
 
-def pack_model(model: torch.nn.Module) -> None:
-    """Every quantized weight of ``model`` whose rows come in groups of 16 :func:`pack`-ed for the kernels'
-    integer path, in place (after loading: fused q/k/v and gate/up matrices are packed whole)."""
+def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None) -> None:
+    """``model``'s weights packed for the kernels' paths that this CPU runs, in place (after loading: fused
+    q/k/v and gate/up matrices are packed whole): every quantized weight whose rows come in groups of 16
+    :func:`pack`-ed for the integer path; every bfloat16 :class:`~peagle.models.layers.Linear` weight
+    :func:`pack_bf16`-ed for the bf16 dot-product path, and with them ``tied``, an embedding that is also the
+    LM head, when its values are bfloat16 ones (it keeps its nominal dtype: lookups give the same values)."""
+    from peagle import kernels
+    from peagle.models.layers import Linear, weight_dtype
+
+    blocks, bf16 = kernels.int_isa() != "none", kernels.bf16_isa() != "none"
     for m in model.modules():
         for name, p in m.named_parameters(recurse=False):
-            if quantized(p) and not p.packed and packable(p.blocks):
-                setattr(m, name, torch.nn.Parameter(QuantTensor(pack(p.blocks), p.dtype), requires_grad=False))
+            if blocks and quantized(p) and not p.packed and packable(p.blocks):
+                w = QuantTensor(pack(p.blocks), p.dtype)
+            elif bf16 and isinstance(m, Linear) and name == "weight" and bf16_packable(p):
+                w = QuantTensor(pack_bf16(p.detach()), p.dtype)
+            else:
+                continue
+            setattr(m, name, torch.nn.Parameter(w, requires_grad=False))
+    if bf16 and tied is not None and not isinstance(tied.weight, QuantTensor) and weight_dtype(model) == torch.bfloat16:
+        # the head multiplies by the layers' dtype (LlamaModel.head_weight): one packed table serves both
+        w = tied.weight.detach()
+        w16 = w.bfloat16()
+        same = all(torch.equal(w16[i:i + DEQUANT_ROWS].to(w.dtype), w[i:i + DEQUANT_ROWS])  # in slices: no second
+                   for i in range(0, w.shape[0], DEQUANT_ROWS))                              # float32 table at load
+        if bf16_packable(w16) and same:
+            tied.weight = torch.nn.Parameter(QuantTensor(pack_bf16(w16), w.dtype), requires_grad=False)
 
 
 def quantize_linears(model: torch.nn.Module, fmt: str = "q8_0") -> None:
@@ -226,6 +279,11 @@ def quantize_linears(model: torch.nn.Module, fmt: str = "q8_0") -> None:
 def integer_path(model: torch.nn.Module) -> bool:
     """Whether ``model``'s quantized weights run the integer path (packed), not float32 arithmetic."""
     return any(quantized(p) and p.packed for p in model.parameters())
+
+
+def bf16_dots(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s bfloat16 weights run the bf16 dot-product path (packed), not float32 arithmetic."""
+    return any(isinstance(p, QuantTensor) and p.format == "bf16" for p in model.parameters())
 
 
 # ---------------------------------------------------------------------------------------- GGUF files

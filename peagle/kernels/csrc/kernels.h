@@ -63,7 +63,8 @@ struct LinearArgs {
 };
 
 // A linear's weight as the kernels read it (ops.cpp): a float32/float16/bfloat16 [N, K] matrix, GGUF
-// blocks, uint8 [N, K / 32, block_bytes], or packed blocks, uint8 [N / 16, K / 32, packed_bytes]; checked.
+// blocks, uint8 [N, K / 32, block_bytes], packed blocks, uint8 [N / 16, K / 32, packed_bytes], or a packed
+// bf16 matrix, uint8 [N / 16, K / 2, BF16_PAIR_BYTES] (wtype bf16, packed); checked.
 struct WeightView {
   const void* w;
   WType wtype;
@@ -133,6 +134,39 @@ void qlinear_avxvnni(const QLinearArgs& a, int64_t g0, int64_t g1);
 void qlinear_avx2(const QLinearArgs& a, int64_t g0, int64_t g1);
 // Columns [n0, n1) of every row, from the file's blocks: the scalar reference of the arithmetic above.
 void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1);
+
+// The bf16 dot-product path (``--compute fast`` on bfloat16 weights, where the CPU has AVX512_BF16):
+// each row of x rounded to bfloat16 once per call (bf16_rows: round to nearest even; a denormal to a zero
+// of its sign; a NaN quieted, its sign and top payload kept: vcvtneps2bf16, measured), then for every
+// output
+//     acc = 0; for each pair (k, k+1) in order: acc = ftz(fma(w_k, x_k, ftz(fma(w_k+1, x_k+1, acc))))
+//     y = acc (+ bias)
+// with w and x bf16 values as float32, a denormal one read as zero, fma rounded once (RNE) and ftz a
+// denormal result flushed to a zero of its sign: vdpbf16ps on one lane (the odd element added first;
+// measured on Zen 5 against Intel's definition). Each output is one column's own sequence of operations:
+// every path gives the same bits, whatever the pass; bit-equality with float32 arithmetic on the bf16
+// matrix (``--compute exact``) is given up.
+//
+// The SIMD path reads the weight packed (quant.py's pack_bf16): uint8 [N / 16, K / 2, 64], group g's pair
+// p one vector, column c's weights 2p, 2p+1 (bf16) at bytes 4c .. 4c+3, so that x's pair, broadcast, and one
+// vdpbf16ps advance 16 columns by two k. The last dimension (64) names the format, as for GGUF blocks.
+constexpr int64_t BF16_PAIR_BYTES = QGROUP * 4;
+
+struct BLinearArgs {
+  const uint16_t* x;  // [M, K] bf16 (bf16_rows)
+  const uint8_t* w;   // packed, or the plain bf16 [N, K] for the reference
+  const float* bias;  // [N] or nullptr
+  float* y;           // [M, N], row stride ldy
+  int64_t M, N, K, ldy;
+};
+
+// Rows [m0, m1) of x [*, K] (row stride ldx) into out [*, K] (the same bits on every path).
+void bf16_rows_ref(const float* x, int64_t ldx, int64_t K, uint16_t* out, int64_t m0, int64_t m1);
+void bf16_rows_avx512bf16(const float* x, int64_t ldx, int64_t K, uint16_t* out, int64_t m0, int64_t m1);
+// Column groups [g0, g1) of every row, packed (vdpbf16ps).
+void bf16linear_avx512bf16(const BLinearArgs& a, int64_t g0, int64_t g1);
+// Columns [n0, n1) of every row, from the plain bf16 matrix: the scalar reference of the arithmetic above.
+void bf16linear_ref(const BLinearArgs& a, int64_t n0, int64_t n1);
 
 // attention: each row's query heads over its own sequence's keys in the paged cache, keys p-window+1 .. p
 // visible to the row at position p (all of 0 .. p without a window). Keys go in blocks of KEY_BLOCK

@@ -40,6 +40,8 @@ static bool has_avx512() {
 
 static bool has_avx512vnni() { return has_avx512() && __builtin_cpu_supports("avx512vnni"); }
 
+static bool has_avx512bf16() { return has_avx512() && __builtin_cpu_supports("avx512bf16"); }
+
 static bool has_avxvnni() {  // __builtin_cpu_supports knows no avxvnni in gcc 12: CPUID leaf 7 subleaf 1, EAX bit 4
   unsigned a, b, c, d;
   return has_avx2() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
@@ -68,6 +70,10 @@ static std::string best_int_isa() {
   if (cap() >= AVXVNNI && has_level(AVXVNNI)) return "avxvnni";
   return cap() >= AVX2 && has_level(AVX2) ? "avx2" : "none";
 }
+
+// The bf16 dot-product path this CPU runs packed bf16 weights on under the cap: avx512bf16, or none (bf16
+// weights stay plain, float32 arithmetic).
+static std::string best_bf16_isa() { return cap() >= AVX512 && has_avx512bf16() ? "avx512bf16" : "none"; }
 
 // Every integer path this CPU has, widest first (tests run each).
 static std::vector<std::string> int_isas() {
@@ -218,8 +224,9 @@ WeightView weight_view(const at::Tensor& w) {
       if (w.size(2) == block_bytes(t)) return {w.data_ptr(), t, w.size(0), w.size(1) * QBLOCK, false};
       if (w.size(2) == packed_bytes(t)) return {w.data_ptr(), t, w.size(0) * QGROUP, w.size(1) * QBLOCK, true};
     }
+    if (w.size(2) == BF16_PAIR_BYTES) return {w.data_ptr(), WType::bf16, w.size(0) * QGROUP, w.size(1) * 2, true};
     TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know "
-                "(34: q8_0, 18: q4_0, 20: q4_1; packed 16 columns at a time: 544, 288, 320)");
+                "(34: q8_0, 18: q4_0, 20: q4_1; packed 16 columns at a time: 544, 288, 320, bf16 pairs 64)");
   }
   TORCH_CHECK(w.dim() == 2, "peagle::linear: the weight must be an [N, K] matrix");
   switch (w.scalar_type()) {
@@ -257,10 +264,10 @@ static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optiona
 }
 
 // Rows ``ids`` of a GGUF matrix (the file's blocks or packed), de-quantized to float32 [n, K]: gguf's values
-// (q * d exact, + m rounded once), as the embedding looks tokens up.
+// (q * d exact, + m rounded once), as the embedding looks tokens up; of a packed bf16 matrix, its values.
 static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
   const WeightView w = weight_view(blocks);
-  TORCH_CHECK(quantized(w.wtype), "peagle::dequantize_rows: takes GGUF blocks");
+  TORCH_CHECK(quantized(w.wtype) || w.packed, "peagle::dequantize_rows: takes GGUF blocks or a packed bf16 matrix");
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
               "peagle::dequantize_rows: ids must be contiguous int64 [n]");
   const int64_t n = ids.numel(), nb = w.K / QBLOCK, bb = block_bytes(w.wtype), PB = packed_bytes(w.wtype);
@@ -270,6 +277,15 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
   at::Tensor out = at::empty({n, w.K}, blocks.options().dtype(at::kFloat));
   const uint8_t* base = static_cast<const uint8_t*>(w.w);
   float* o = out.data_ptr<float>();
+  if (w.wtype == WType::bf16) {  // kernels.h's layout: column c of group g, pair p at (g * K / 2 + p) * 64 + 4c
+    at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t k = 0; k < w.K; ++k)
+          o[i * w.K + k] = weight_at(base + ((ip[i] / QGROUP * w.K + k) / 2 * BF16_PAIR_BYTES + 4 * (ip[i] % QGROUP)),
+                                     WType::bf16, k % 2);
+    });
+    return out;
+  }
   at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
     uint8_t blk[34];
     for (int64_t i = i0; i < i1; ++i)
@@ -294,7 +310,7 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
 
 static at::Tensor run(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias,
                       const Kernel& kernel) {
-  TORCH_CHECK(!w.packed, "peagle::linear: packed blocks run on the integer path only");
+  TORCH_CHECK(!w.packed, "peagle::linear: packed weights run on the integer or bf16 dot-product path only");
   const Call c = prepare(x, w, bias);
   const int64_t N = w.N, K = w.K;
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_CHUNK) {
@@ -353,9 +369,40 @@ static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::opti
   return c.y.view(c.shape);
 }
 
+// The bf16 dot-product path (kernels.h): x rounded to bf16 once, then the weight's columns.
+struct BKernel {
+  void (*rows)(const float*, int64_t, int64_t, uint16_t*, int64_t, int64_t);
+  std::function<void(const BLinearArgs&, int64_t, int64_t)> linear;  // column groups (packed) or columns (ref)
+  int64_t grain;
+};
+
+static BKernel bkernel_for(const std::string& isa) {
+  TORCH_CHECK(isa == "avx512bf16", "peagle::linear: packed bf16 weights run on avx512bf16, not '", isa,
+              "' (the plain bf16 matrix runs on every instruction set)");
+  TORCH_CHECK(has_avx512bf16(), "peagle::linear: this CPU has no AVX512_BF16");
+  return {bf16_rows_avx512bf16, bf16linear_avx512bf16, COL_GRAIN / QGROUP};
+}
+
+static at::Tensor brun(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias,
+                       const BKernel& k) {
+  const Call c = prepare(x, w, bias);
+  const int64_t N = w.N, K = w.K, M = c.M;
+  at::Tensor xb = at::empty({M, K}, x.options().dtype(at::kShort));
+  uint16_t* xp = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
+  at::parallel_for(0, M, ROW_GRAIN, [&](int64_t m0, int64_t m1) { k.rows(c.x.data_ptr<float>(), K, K, xp, m0, m1); });
+  const int64_t units = w.packed ? N / QGROUP : N;
+  for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
+    BLinearArgs a{xp + m0 * K, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
+                  std::min(ROW_CHUNK, M - m0), N, K, N};
+    at::parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
+  }
+  return c.y.view(c.shape);
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                          c10::string_view isa) {
   const WeightView v = weight_view(w);
+  if (v.packed && v.wtype == WType::bf16) return brun(x, v, bias, bkernel_for(isa.empty() ? best_bf16_isa() : std::string(isa)));
   if (v.packed) {
     return qrun(x, v, bias, qkernel_for(isa.empty() ? best_int_isa() : std::string(isa)));
   }
@@ -376,8 +423,16 @@ static at::Tensor qlinear_reference(const at::Tensor& x, const at::Tensor& w, co
   return qrun(x, v, bias, {quantize_rows_ref, [](WType) { return 0; }, qlinear_ref, COL_GRAIN});
 }
 
+// The bf16 dot-product path's scalar reference, on the plain bf16 matrix [N, K] (K even).
+static at::Tensor bf16linear_reference(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  const WeightView v = weight_view(w);
+  TORCH_CHECK(v.wtype == WType::bf16 && !v.packed && v.K % 2 == 0,
+              "peagle::bf16linear_ref: takes a plain bfloat16 [N, K] matrix, K even");
+  return brun(x, v, bias, {bf16_rows_ref, bf16linear_ref, COL_GRAIN});
+}
+
 TORCH_LIBRARY(peagle, m) {
-  // w: a float [N, K] matrix or GGUF blocks, uint8 [N, K / 32, block bytes] (kernels.h)
+  // w: a float [N, K] matrix, GGUF blocks, uint8 [N, K / 32, block bytes], or packed (kernels.h)
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str isa='') -> Tensor");
   m.def("linear_ref(Tensor x, Tensor w, Tensor? bias=None, int lanes=8) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, "
@@ -386,11 +441,13 @@ TORCH_LIBRARY(peagle, m) {
         "int block_size, int window, float scale, Tensor? sinks=None, int lanes=8, Tensor? tree_base=None, "
         "Tensor? tree_map=None) -> Tensor");
   m.def("qlinear_ref(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
+  m.def("bf16linear_ref(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("dequantize_rows(Tensor blocks, Tensor ids) -> Tensor");
   m.impl("dequantize_rows", c10::DispatchKey::CPU, TORCH_FN(dequantize_rows));
   m.def("isa() -> str", [] { return best_isa(); });
   m.def("int_isa() -> str", [] { return best_int_isa(); });
   m.def("int_isas() -> str[]", [] { return int_isas(); });
+  m.def("bf16_isa() -> str", [] { return best_bf16_isa(); });
   m.def("set_isa(str isa) -> ()", set_isa);
   m.def("limits() -> Dict(str, int)", limits);
   m.impl("attention", c10::DispatchKey::CPU, TORCH_FN(attention));
@@ -398,6 +455,7 @@ TORCH_LIBRARY(peagle, m) {
   m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(linear));
   m.impl("linear_ref", c10::DispatchKey::CPU, TORCH_FN(linear_reference));
   m.impl("qlinear_ref", c10::DispatchKey::CPU, TORCH_FN(qlinear_reference));
+  m.impl("bf16linear_ref", c10::DispatchKey::CPU, TORCH_FN(bf16linear_reference));
 }
 
 }  // namespace peagle

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "attention_tiles.h"
 #include "kernels.h"
@@ -125,15 +126,17 @@ static float half_to_float(uint16_t h) {  // IEEE half to float, subnormals incl
   return f;
 }
 
+static float bf16_to_float(uint16_t h) {  // a float's top half
+  const uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 float weight_at(const uint8_t* row, WType t, int64_t k) {
   switch (t) {
     case WType::f32: return reinterpret_cast<const float*>(row)[k];
-    case WType::bf16: {
-      uint32_t bits = uint32_t(reinterpret_cast<const uint16_t*>(row)[k]) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    }
+    case WType::bf16: return bf16_to_float(reinterpret_cast<const uint16_t*>(row)[k]);
     case WType::f16: return half_to_float(reinterpret_cast<const uint16_t*>(row)[k]);
     case WType::q8_0:
     case WType::q4_0:
@@ -197,6 +200,37 @@ void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1) {
         for (int k = 0; k < QBLOCK; ++k) isum += quant_at(p, a.wtype, k) * int32_t(xq[k]);
         acc = std::fma(half_to_float(p.d), a.x.d[m * nb + b] * float(isum), acc);
         if (a.wtype == WType::q4_1) acc = std::fma(half_to_float(p.m), a.x.sd[m * nb + b], acc);
+      }
+      a.y[m * a.ldy + n] = a.bias ? acc + a.bias[n] : acc;
+    }
+}
+
+// The bf16 path's conversion of x (kernels.h), one value at a time.
+static uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) return uint16_t(u >> 16 | 0x40);  // NaN: quieted
+  if ((u & 0x7f800000) == 0) return uint16_t(u >> 16 & 0x8000);        // zero, denormal: a signed zero
+  return uint16_t((u + 0x7fff + (u >> 16 & 1)) >> 16);                  // nearest, ties to even (past the max: inf)
+}
+
+void bf16_rows_ref(const float* x, int64_t ldx, int64_t K, uint16_t* out, int64_t m0, int64_t m1) {
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t k = 0; k < K; ++k) out[m * K + k] = float_to_bf16(x[m * ldx + k]);
+}
+
+// The bf16 path from the plain matrix (kernels.h), one output at a time: vdpbf16ps's lane in scalar steps.
+void bf16linear_ref(const BLinearArgs& a, int64_t n0, int64_t n1) {
+  const auto daz = [](float v) { return std::fabs(v) < std::numeric_limits<float>::min() ? std::copysign(0.f, v) : v; };
+  const auto value = [&](const uint16_t* p, int64_t k) { return daz(bf16_to_float(p[k])); };
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(a.w);
+  for (int64_t m = 0; m < a.M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint16_t *x = a.x + m * a.K, *row = w + n * a.K;
+      float acc = 0.f;
+      for (int64_t k = 0; k < a.K; k += 2) {
+        acc = daz(std::fma(value(row, k + 1), value(x, k + 1), acc));
+        acc = daz(std::fma(value(row, k), value(x, k), acc));
       }
       a.y[m * a.ldy + n] = a.bias ? acc + a.bias[n] : acc;
     }
