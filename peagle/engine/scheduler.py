@@ -17,6 +17,9 @@ from peagle.engine.tree import Tree
 
 Work = list[tuple[Sequence, int]]   # a step's sequences, each with the new tokens it feeds
 MIN_LONG_CHUNK = 16                 # a long prompt's chunk while others run, at the least: it always progresses
+# a long prompt alone takes steps this many times the step target: its chunks of 200 ms alone cost a
+# 6,000-token prefill 22-30% on a Zen 5 (BENCHMARKS.md §19); one that arrives meanwhile waits one such step
+ALONE_STEPS = 4
 
 
 @dataclass
@@ -136,7 +139,7 @@ class Scheduler:
         if ms is None or self.prefill_token_s is None:
             return self.cfg.max_num_batched_tokens if alone else limit
         fit = max(MIN_LONG_CHUNK, int(ms / 1e3 / self.prefill_token_s))
-        return fit if alone else min(limit, fit)
+        return fit * ALONE_STEPS if alone else min(limit, fit)
 
     def _admit(self, seq: Sequence) -> None:
         self.waiting.remove(seq)
