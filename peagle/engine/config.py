@@ -30,9 +30,9 @@ class EngineConfig:
     # vLLM: an eighth of max_num_batched_tokens, BENCHMARKS.md §13); prompts prefill side by side, this many
     # at most, of them this many long ones
     long_prefill_token_threshold: int | None = None
-    # ... and, alone or not, no more than fit a step of this many ms by the measured cost of its rows
-    # (attention over its growing context included), so that decodes and new requests wait about this
-    # long a step on any CPU (None: the token threshold alone, the whole budget alone: vLLM's rule)
+    # ... and no more than fit a step of this many ms by the measured cost of its rows (attention over
+    # its growing context included; alone, scheduler.ALONE_STEPS such steps), so that decodes wait about
+    # this long a step on any CPU (None: vLLM's rule, the threshold beside others, the budget alone)
     long_prefill_step_ms: float | None = 200.0
     max_num_partial_prefills: int = 8
     max_long_partial_prefills: int = 1

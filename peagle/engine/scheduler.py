@@ -17,8 +17,9 @@ from peagle.engine.tree import Tree
 
 Work = list[tuple[Sequence, int]]   # a step's sequences, each with the new tokens it feeds
 MIN_LONG_CHUNK = 16                 # a long prompt's chunk while others run, at the least: it always progresses
-# a long prompt alone takes steps this many times the step target: its chunks of 200 ms alone cost a
-# 6,000-token prefill 22-30% on a Zen 5 (BENCHMARKS.md §19); one that arrives meanwhile waits one such step
+# a long prompt alone takes steps this many times the step target: chunks of 200 ms alone cost a
+# 6,000-token prefill 22-30% on a Zen 5, 4 x 200 ms 12% (BENCHMARKS.md §19); a request that arrives
+# meanwhile waits one such step
 ALONE_STEPS = 4
 
 
