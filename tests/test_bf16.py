@@ -26,7 +26,9 @@ from peagle.models.quant import GROUP, QuantTensor, bf16_dots, bf16_packable, bf
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
-has_bf16 = pytest.mark.skipif(kernels.bf16_isa() != "avx512bf16", reason="this CPU has no AVX512_BF16 (vdpbf16ps)")
+has_bf16 = pytest.mark.skipif(kernels.bf16_isa() != "avx512bf16",
+                              reason="the native kernels are off" if not kernels.available() else
+                              "this CPU has no AVX512_BF16 (vdpbf16ps)")
 TINY = torch.finfo(torch.float32).tiny
 
 

@@ -243,14 +243,18 @@ def test_export_writes_the_complete_vllm_layout_and_the_compact_one(tiny_chat_di
 
 
 def test_bf16_autocast_keeps_float32_weights_and_optimizer_state(tiny_chat_dir, synth_dir, tmp_path):
-    runs = {}
+    """The weights and Adam's state stay float32 under bf16 autocast; autocast ran (the updated weights are
+    not float32's bits; the logged loss, rounded to 5 digits near ln(draft vocab), cannot tell) and closely."""
+    runs, heads = {}, {}
     for dtype in ("float32", "bfloat16"):
         trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / dtype, max_steps=2, dtype=dtype))
         runs[dtype] = [trainer.train_step() for _ in range(2)]
+        heads[dtype] = [p.detach().clone() for p in trainer.head.trainable()]
         assert all(p.dtype == torch.float32 for p in trainer.head.parameters())
         assert all(v.dtype == torch.float32 for st in trainer.opt.state.values() for v in st.values() if v.is_floating_point())
     a, b = runs["float32"][-1], runs["bfloat16"][-1]
-    assert a["loss"] != b["loss"] and b["loss"] == pytest.approx(a["loss"], rel=0.05), (a, b)  # autocast ran, and closely
+    assert b["loss"] == pytest.approx(a["loss"], rel=0.05), (a, b)
+    assert any(not torch.equal(p, q) for p, q in zip(heads["float32"], heads["bfloat16"]))
 
 
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
