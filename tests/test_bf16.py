@@ -10,16 +10,14 @@ Planted faults these tests caught when written: the kernel's multi-row tiles rea
 re-statement's bits lost)."""
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
-from test_engine import MASK, OracleDrafter, make_engine, prompts
+from speculation import MASK, assert_lossless_on_path
 
 from peagle import kernels
-from peagle.engine.sampling import SamplingParams
 from peagle.models.layers import Linear, set_precision
 from peagle.models.loader import init_drafter, load_drafter_for, load_target
 from peagle.models.quant import GROUP, QuantTensor, bf16_dots, bf16_packable, bf16_rows, formats, pack_bf16, pack_model, quantized
@@ -198,24 +196,7 @@ def test_speculation_on_the_bf16_path_is_plain_decoding(bllama, method):
     """Greedy and seeded, one sequence and four together with prompts prefilled in chunks of 7, chains
     and (P-EAGLE) a token tree: every output equals plain decoding's, and the oracle head's drafts are
     accepted (a verifier that rejected them all would fail here)."""
-    prompt = prompts(1, seed=3)[0]
-    greedy = SamplingParams(max_tokens=40, ignore_eos=True)
-    seeded = dataclasses.replace(greedy, temperature=0.8, top_p=0.95, seed=11)
-    for params in (greedy, seeded):
-        ref = make_engine(bllama, None, "none").generate([prompt], params)[0].token_ids
-        for k, wrong_every, kw in ((3, 4, {}), (7, 1000, {}), (3, 5, dict(max_num_seqs=4, max_num_batched_tokens=7)),
-                                   (3, 4, dict(speculative_token_tree="[(0,), (1,), (0, 0), (0, 0, 0)]"))):
-            if method == "eagle3" and "speculative_token_tree" in kw:
-                continue
-            engine = make_engine(bllama, packed_head(OracleDrafter.of(bllama, prompt + ref, wrong_every)), method, k, **kw)
-            n = kw.get("max_num_seqs", 1)
-            outs = engine.generate([prompt] * n, [params] * n)
-            assert [o.token_ids for o in outs] == [ref] * n, (method, k, kw)
-            assert engine.stats.num_accepted_tokens > 0 and outs[0].stats.acceptance_length > 1.5, (k, kw)
-    random_head = packed_head(init_drafter(bllama, 1, MASK, seed=4))  # drafts the target rarely takes: rejections
-    ps = prompts(4, seed=6)
-    plain = [o.token_ids for o in make_engine(bllama, None, "none").generate(ps, greedy)]
-    assert [o.token_ids for o in make_engine(bllama, random_head, method, 3).generate(ps, greedy)] == plain
+    assert_lossless_on_path(bllama, method, packed_head)
 
 
 @native

@@ -6,7 +6,6 @@ permutation of the file's bytes; and speculation on a quantized model equals pla
 token on every instruction set this CPU has, with drafts accepted."""
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import gguf
@@ -14,11 +13,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
-from speculation import MASK, OracleDrafter, make_engine, prompts
+from speculation import MASK, assert_lossless_on_path
 from test_quant import case, random_blocks
 
 from peagle import kernels
-from peagle.engine.sampling import SamplingParams
 from peagle.models.layers import Linear
 from peagle.models.loader import init_drafter
 from peagle.models.quant import (FORMATS, GROUP, QBLOCK, QuantTensor, blocks_of, column_blocks, dequantize, pack,
@@ -161,24 +159,7 @@ def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):
     head's drafts are accepted (a verifier that rejected them all would fail here)."""
     with kernels.use_isa(isa):
         assert kernels.int_isa() == INT_ISAS[isa]
-        prompt = prompts(1, seed=3)[0]
-        greedy = SamplingParams(max_tokens=40, ignore_eos=True)
-        seeded = dataclasses.replace(greedy, temperature=0.8, top_p=0.95, seed=11)
-        for params in (greedy, seeded):
-            ref = make_engine(qllama, None, "none").generate([prompt], params)[0].token_ids
-            for k, wrong_every, kw in ((3, 4, {}), (7, 1000, {}), (3, 5, dict(max_num_seqs=4, max_num_batched_tokens=7)),
-                                       (3, 4, dict(speculative_token_tree="[(0,), (1,), (0, 0), (0, 0, 0)]"))):
-                if method == "eagle3" and "speculative_token_tree" in kw:
-                    continue
-                engine = make_engine(qllama, OracleDrafter.of(qllama, prompt + ref, wrong_every), method, k, **kw)
-                n = kw.get("max_num_seqs", 1)
-                outs = engine.generate([prompt] * n, [params] * n)
-                assert [o.token_ids for o in outs] == [ref] * n, (isa, method, k, kw)
-                assert engine.stats.num_accepted_tokens > 0 and outs[0].stats.acceptance_length > 1.5, (k, kw)
-        random_head = init_drafter(qllama, 1, MASK, seed=4)  # drafts the target rarely takes: rejections
-        ps = prompts(4, seed=6)
-        plain = [o.token_ids for o in make_engine(qllama, None, "none").generate(ps, greedy)]
-        assert [o.token_ids for o in make_engine(qllama, random_head, method, 3).generate(ps, greedy)] == plain
+        assert_lossless_on_path(qllama, method)
 
 
 @native

@@ -120,14 +120,14 @@ class Scheduler:
             partial.append(seq)
             num_long += long
         alone = not decoding and len(partial) == 1 and not self.waiting
-        work = []
+        work, share, long = [], self.long_share(alone), False
         for seq in partial:
             if budget <= 0:
                 break
             left = seq.num_tokens - seq.num_cached
-            work.append((seq, min(left, budget, left if left <= limit else self.long_share(alone))))
+            long |= left > limit
+            work.append((seq, min(left, budget, left if left <= limit else share)))
             budget -= work[-1][1]
-        long = any(seq.num_tokens - seq.num_cached > limit for seq, _ in work)
         self.long_step_tokens = sum(n for _, n in work) if long else 0
         return work
 
