@@ -62,9 +62,12 @@ class Formatter:
     num_choices: int
     created: int = field(default_factory=lambda: int(time.time()))
     offsets: list[int] = field(init=False)   # completions' next text_offset, per choice
+    head: dict = field(init=False)           # every streamed event's first fields
 
     def __post_init__(self):
         self.offsets = [0] * self.num_choices
+        self.head = {"id": self.request_id, "object": self.object + ".chunk" if self.chat else self.object,
+                     "created": self.created, "model": self.model}
 
     @property
     def object(self) -> str:
@@ -112,9 +115,7 @@ class Formatter:
 
     def event(self, body: dict) -> bytes:
         """One SSE event (orjson: a stream's events are most of the server's own work per token)."""
-        head = {"id": self.request_id, "object": self.object + ".chunk" if self.chat else self.object,
-                "created": self.created, "model": self.model}
-        return b"data: " + orjson.dumps({**head, **body}) + b"\n\n"
+        return b"data: " + orjson.dumps({**self.head, **body}) + b"\n\n"
 
     def chunk(self, i: int, d: Delta) -> bytes | None:
         """The event for choice ``i``'s delta ``d``; None where it carries nothing to send."""
