@@ -279,3 +279,21 @@ def assert_lossless_on_path(target, method: str, wrap=lambda head: head) -> None
     ps = prompts(4, seed=6)
     plain = [o.token_ids for o in make_engine(target, None, "none").generate(ps, greedy)]
     assert [o.token_ids for o in make_engine(target, random_head, method, 3).generate(ps, greedy)] == plain
+
+
+def oracle_engine(target: str, cases: list[tuple[list[int], dict]], wrong_every: int = 5, fault: str | None = None,
+                  **config) -> LLMEngine:
+    """The server's engine for its lossless tests (an :class:`~peagle.serve.async_engine.EngineSpec` factory:
+    the engine process builds it by name): ``target`` in float32, its head an oracle drafting each case's plain
+    output (prompt ids -> :class:`SamplingParams` fields), ``config`` the engine's settings, ``fault`` planted."""
+    from peagle.engine.sampling import SamplingParams
+    from peagle.models.loader import load_target, load_tokenizer
+
+    model, path = load_target(target, "float32", device="cpu")
+    tokenizer = load_tokenizer(path)
+    plain = LLMEngine(model, None, EngineConfig(method="none"), tokenizer)
+    ps = [ids for ids, _ in cases]
+    outs = [plain.generate([ids], SamplingParams(**fields))[0].token_ids for ids, fields in cases]
+    head = OracleDrafter.of(model, references(ps, outs), wrong_every)
+    engine = head.bind(LLMEngine(model, head, EngineConfig(**config), tokenizer))
+    return planted(fault, engine) if fault else engine

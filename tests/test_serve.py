@@ -116,40 +116,6 @@ def test_completion_is_the_targets_greedy_output(server, tiny_chat_dir):
     assert nodes == metric(server, "peagle:spec_decode_num_draft_tokens_total") > 0
 
 
-def test_a_seed_gives_the_same_completion_alone_and_among_others(server, tiny_chat_dir):
-    """`seed` in both endpoints: the same request gives the same tokens twice, and while other
-    requests (unseeded, greedy) share its steps; they are plain decoding's with that seed (the server
-    speculates with P-EAGLE at K=3); choice i of `n` samples with seed + i."""
-    body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "top_k": 50, "seed": 5,
-            "ignore_eos": True}
-    first = request(server, "POST", "/v1/completions", body)[1]["choices"][0]["text"]
-    assert request(server, "POST", "/v1/completions", body)[1]["choices"][0]["text"] == first
-    results = {}
-
-    def send(name, b):
-        results[name] = request(server, "POST", "/v1/completions", b)[1]["choices"][0]["text"]
-
-    threads = [threading.Thread(target=send, args=(name, b)) for name, b in (
-        ("seeded", body), ("other", {**body, "seed": None}), ("greedy", {**body, "temperature": 0}))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert results["seeded"] == first
-    plain = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32")
-    ids = plain.encode_prompt("Once upon a time", chat=False)
-    sp = SamplingParams(temperature=1.0, top_k=50, max_tokens=12, seed=5, ignore_eos=True)
-    assert plain.generate([ids], sp)[0].text == first
-    assert request(server, "POST", "/v1/completions", {**body, "seed": 6})[1]["choices"][0]["text"] != first
-    both = request(server, "POST", "/v1/completions", {**body, "n": 2})[1]["choices"]
-    assert both[0]["text"] == first and both[1]["text"] == request(
-        server, "POST", "/v1/completions", {**body, "seed": 6})[1]["choices"][0]["text"]
-    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10, "temperature": 0.9, "seed": 11,
-            "ignore_eos": True}
-    a, b = (request(server, "POST", "/v1/chat/completions", chat)[1]["choices"][0]["message"]["content"] for _ in range(2))
-    assert a == b
-
-
 def test_fair_prefill_flags_are_checked_before_loading():
     for flags, msg in ((["--max-num-partial-prefills", "2", "--max-long-partial-prefills", "3"], "must not exceed"),
                        (["--long-prefill-token-threshold", "9999"], "long_prefill_token_threshold")):

@@ -160,3 +160,43 @@ def test_a_refusal_is_an_openai_error_object():
     assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.media_type == "application/json"
     assert json.loads(r.body) == {"error": {"message": "the request queue is full", "type": "ServiceUnavailableError",
                                             "param": None, "code": 503}}
+
+
+def test_the_sampling_fields_clients_send_reach_the_engine():
+    req = CompletionRequest(prompt="x", logit_bias={"5": -100, "99": 2.5}, presence_penalty=0.5, frequency_penalty=-1,
+                            repetition_penalty=1.2, min_tokens=3, speculative=False)
+    p = sampling_params(req, [1], LIMITS)
+    assert (p.logit_bias, p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.min_tokens,
+            p.speculative) == ({5: -100, 99: 2.5}, 0.5, -1, 1.2, 3, False)
+    for bias in ({"100": 1.0}, {"-1": 1.0}, {"a": 1.0}):
+        assert refusal(sampling_params, CompletionRequest(prompt="x", logit_bias=bias), [1], LIMITS).message == \
+            f"logit_bias: {next(iter(bias))!r} is not a token id in 0..99"
+    assert "min_tokens" in refusal(sampling_params, CompletionRequest(prompt="x", min_tokens=20, max_tokens=5), [1],
+                                   LIMITS).message
+
+
+@pytest.mark.parametrize("field, value", [("tools", [{"type": "function"}]), ("echo", True), ("best_of", 3),
+                                          ("suffix", "end"), ("min_p", 0.1), ("stop_token_ids", [3])])
+def test_fields_the_server_cannot_honour_are_refused_by_name(field, value):
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match=f"{field} is not supported"):
+        CompletionRequest(prompt="x", **{field: value})
+    CompletionRequest(prompt="x", **{field: {"tools": [], "echo": False, "best_of": 1, "suffix": "", "min_p": 0,
+                                             "stop_token_ids": []}[field]})   # the values that ask for nothing
+
+
+def test_answers_carry_the_requests_speculation():
+    from peagle.engine.sequence import SpecStats
+    s = SpecStats()
+    for accepted in (3, 0, 2):
+        s.record([1, 1, 1], accepted)
+    fmt = Formatter("cmpl-1", "tiny", False, False, 3, 1, spec_metrics=True)
+    done = Delta([1, 2], "ab", "length", 3, 2, [], {}, s)
+    m = fmt.completion([[done]])["metrics"]["speculative_decoding"]
+    assert m == {"num_spec_steps": 3, "num_draft_tokens": 9, "num_accepted_draft_tokens": 5,
+                 "mean_acceptance_length": 1 + 5 / 3, "draft_acceptance_rate": 5 / 9,
+                 "acceptance_histogram": [1, 0, 1, 1], "drafted_per_position": [3, 3, 3],
+                 "accepted_per_position": [2, 2, 1]}
+    last = json.loads(fmt.chunk(0, done)[6:])
+    assert last["metrics"]["speculative_decoding"] == m
+    assert "metrics" not in Formatter("cmpl-1", "tiny", False, False, 3, 1).completion([[done]])

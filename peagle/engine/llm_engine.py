@@ -43,10 +43,10 @@ class LLMEngine:
                                     target.cfg.max_position_embeddings)
         slots = config.kv_cache_tokens or max(min(config.max_num_seqs * b.max_positions, 16384), b.max_positions)
         blocks = BlockManager(-(-slots // config.block_size), config.block_size)
-        self.runner = ModelRunner(target, drafter, config, b, blocks.num_blocks)
         eos = set(eos_token_ids or []) | set(target.cfg.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
+        self.runner = ModelRunner(target, drafter, config, b, blocks.num_blocks, eos)
         auto = AutoK(b.k_max, config.method == "parallel", *self.runner.measure_costs(), ranks=b.ranks, warmup=3,
                      budget=config.speculative_tree_budget if b.token_tree == "auto" else None) if config.auto else None
         self.scheduler = Scheduler(config, b, blocks, eos, auto)

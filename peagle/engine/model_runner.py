@@ -22,6 +22,7 @@ from peagle.engine.auto_k import CostCurve
 from peagle.engine.config import Bounds, EngineConfig
 from peagle.engine.expansion import expand
 from peagle.engine.graphs import StepGraphs, bucket
+from peagle.engine.processors import process
 from peagle.engine.sampling import SamplingError, TokenLogprob, greedy, logprobs_of, sample_tokens
 from peagle.engine.sequence import Sequence
 from peagle.engine.tree import Tree, TreeBatch, accept_paths, path_rows, path_slots, tree_rows
@@ -71,8 +72,9 @@ class Verified:
 
 class ModelRunner:
     def __init__(self, target: LlamaModel, drafter: Drafter | None, config: EngineConfig, bounds: Bounds,
-                 num_blocks: int):
+                 num_blocks: int, stop_ids: set[int]):
         self.target, self.drafter, self.cfg, self.bounds = target, drafter, config, bounds
+        self.stop_ids = sorted(stop_ids)   # what ``min_tokens`` holds off
         self.device, self.dtype = target.lm_weight.device, target.dtype
         target.pack_for_inference()
         if drafter is not None:
@@ -208,13 +210,17 @@ class ModelRunner:
         return *self.target(b.ids, b.positions, self.target_caches, meta, b.logit_rows), meta
 
     def sample(self, b: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The target's token ``y`` at every verified row (argmax, or sampled keyed by the output position),
-        and whether each row is finite."""
+        """The target's token ``y`` at every verified row (argmax, or sampled keyed by the output position)
+        after each request's sampling fields (:mod:`peagle.engine.processors`), and whether each row is finite
+        (before them: their -inf entries are the fields', not the model's)."""
         y, finite_rows = greedy(logits)
         for (seq, _), partial, f, f1 in zip(b.work, b.partial, b.first, b.first[1:]):
-            if not seq.params.greedy and not partial:
-                out_pos = len(seq.output_ids)
-                y[f:f1] = sample_tokens(logits[f:f1], seq.params, seq.seed, [out_pos + d for d in seq.tree.depths])
+            p = seq.params
+            if partial or (p.greedy and not p.processed):
+                continue
+            rows = process(logits[f:f1], seq, self.stop_ids) if p.processed else logits[f:f1]
+            y[f:f1] = greedy(rows)[0] if p.greedy else \
+                sample_tokens(rows, p, seq.seed, [len(seq.output_ids) + d for d in seq.tree.depths])
         return y, finite_rows
 
     def accept(self, y: torch.Tensor, b: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

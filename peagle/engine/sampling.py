@@ -25,6 +25,7 @@ from peagle.runtime import to_device
 
 GREEDY_BELOW = 1e-5      # temperatures under this are greedy (vLLM's rule): dividing by them overflows
 MAX_LOGPROBS = 20        # top alternatives a request may ask for, as OpenAI allows
+MAX_BIAS = 100.0         # |logit_bias| at most, as OpenAI allows
 
 
 class SamplingError(ValueError):
@@ -33,8 +34,11 @@ class SamplingError(ValueError):
 
 @dataclass
 class SamplingParams:
-    """Per-request sampling, with vLLM's names. ``temperature < 1e-5`` is greedy; ``top_k <= 0`` is off;
-    ``logprobs`` (None: off) asks for the emitted tokens' log-probabilities and that many alternatives."""
+    """Per-request sampling, with vLLM's names and meanings. ``temperature < 1e-5`` is greedy; ``top_k <= 0``
+    is off; ``logprobs`` (None: off) asks for the emitted tokens' log-probabilities (the raw model's) and that
+    many alternatives. ``logit_bias`` (token id -> added logit), ``min_tokens`` (stop tokens and stop strings
+    held off until then) and the penalties change the target's logits before a token is chosen
+    (:mod:`peagle.engine.processors`); ``speculative=False`` decodes this request without drafts."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -44,6 +48,12 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    speculative: bool = True
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -60,6 +70,26 @@ class SamplingParams:
             raise ValueError("stop must be a list of non-empty strings")
         if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in 0..{MAX_LOGPROBS}, got {self.logprobs!r}")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or \
+                not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an integer in 0..max_tokens ({self.max_tokens}), got {self.min_tokens!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and -2 <= v <= 2):
+                raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
+        if not (isinstance(self.repetition_penalty, (int, float)) and 0 < self.repetition_penalty <= 100):
+            raise ValueError(f"repetition_penalty must be in (0, 100], got {self.repetition_penalty!r}")
+        for t, v in (self.logit_bias or {}).items():
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {t!r}")
+            if not (isinstance(v, (int, float)) and -MAX_BIAS <= v <= MAX_BIAS):
+                raise ValueError(f"logit_bias values must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}], got {v!r} for {t}")
+
+    @property
+    def processed(self) -> bool:
+        """Whether the logits are changed before a token is chosen (:mod:`peagle.engine.processors`)."""
+        return bool(self.logit_bias) or self.min_tokens > 0 or self.presence_penalty != 0 or \
+            self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def greedy(self) -> bool:

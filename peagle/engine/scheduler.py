@@ -205,7 +205,9 @@ class Scheduler:
         self.last_tree = tree
 
     def _num_drafts(self, seq: Sequence, k: int) -> int:
-        """K, less where the request is about to hit max_tokens or max_model_len."""
+        """K, less where the request is about to hit max_tokens or max_model_len; 0 where it asked for none."""
+        if not seq.params.speculative:
+            return 0
         left = seq.params.max_tokens - len(seq.output_ids)
         return max(0, min(k, left - 1, self.bounds.max_model_len - seq.num_tokens))
 
@@ -218,7 +220,7 @@ class Scheduler:
             if not p.ignore_eos and t in self.eos_token_ids:
                 return self._finish(seq, "stop")
             cut = seq.detok.push(t) if seq.detok is not None else None
-            if cut is not None:
+            if cut is not None and len(seq.output_ids) > p.min_tokens:   # (vLLM's rule: none up to min_tokens)
                 return self._finish(seq, "stop", cut)
             if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.bounds.max_model_len:
                 return self._finish(seq, "length")

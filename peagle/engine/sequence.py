@@ -25,13 +25,14 @@ class Status(Enum):
 class SpecStats:
     """Speculation counters, named after vLLM's ``spec_decode`` metrics. A draft token is a verified node
     (a chain's K, a tree's every node); ``drafted_per_pos`` counts them by depth, ``accepted_per_pos`` the
-    accepted ones (at most one a depth)."""
+    accepted ones (at most one a depth), ``histogram[a]`` the rounds that accepted ``a`` drafts."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     drafted_per_pos: list[int] = field(default_factory=list)
+    histogram: list[int] = field(default_factory=list)
 
     def record(self, nodes_per_depth: list[int], accepted: int) -> None:
         if not nodes_per_depth:
@@ -41,6 +42,7 @@ class SpecStats:
         self.num_accepted_tokens += accepted
         _add(self.drafted_per_pos, nodes_per_depth)
         _add(self.accepted_per_pos, [1] * accepted + [0] * (len(nodes_per_depth) - accepted))
+        _add(self.histogram, [0] * accepted + [1])
 
     def merge(self, other: "SpecStats") -> None:
         self.num_drafts += other.num_drafts
@@ -48,6 +50,7 @@ class SpecStats:
         self.num_accepted_tokens += other.num_accepted_tokens
         _add(self.accepted_per_pos, other.accepted_per_pos)
         _add(self.drafted_per_pos, other.drafted_per_pos)
+        _add(self.histogram, other.histogram)
 
     @property
     def acceptance_length(self) -> float:

@@ -55,6 +55,7 @@ class EngineInfo:
     vocab_size: int
     max_num_seqs: int
     pid: int
+    method: str          # the engine's speculative method (none: the target alone)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Delta:
     num_output_tokens: int
     logprobs: list[TokenLogprob]   # one per new token, when asked for
     token_texts: dict[int, str]    # the text of every token named in ``logprobs``
+    spec: SpecStats | None = None  # the request's speculation, on its last delta
 
 
 @dataclass
@@ -122,7 +124,8 @@ def run_engine_core(inbox, outbox, spec: EngineSpec) -> None:
     try:
         outbox.send(("ready", EngineInfo(engine.tokenizer, str(engine.device), engine.precision, engine.kernels,
                                          engine.graphs is not None, engine.max_model_len,
-                                         engine.target.cfg.vocab_size, engine.cfg.max_num_seqs, os.getpid())))
+                                         engine.target.cfg.vocab_size, engine.cfg.max_num_seqs, os.getpid(),
+                                         engine.cfg.method)))
         EngineCore(engine, outbox, spec.stream_interval).serve(inbox)
     except (EOFError, OSError):  # the server has gone
         pass
@@ -198,7 +201,8 @@ class EngineCore:
         tok = self.engine.tokenizer
         ids = {i for lp in logprobs for i in [lp.token_id, *(t for t, _ in lp.top)]}
         texts = {i: tok.decode([i]) for i in ids} if tok is not None else {}
-        delta = Delta(seq.output_ids[sent:], text[chars:], seq.finish_reason, len(seq.prompt_ids), n, logprobs, texts)
+        delta = Delta(seq.output_ids[sent:], text[chars:], seq.finish_reason, len(seq.prompt_ids), n, logprobs, texts,
+                      seq.stats if seq.finished else None)
         if seq.finished:
             del self._sent[seq.request_id], self._streamed[seq.request_id]
             self._out.append((seq.request_id, delta, Finished.of(seq)))

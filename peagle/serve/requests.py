@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 from typing import Annotated, ClassVar
 
 from jinja2 import TemplateError
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from peagle.engine.sampling import MAX_LOGPROBS, SamplingParams
+from peagle.engine.sampling import MAX_BIAS, MAX_LOGPROBS, SamplingParams
 from peagle.prompts import encode
 from peagle.request_checks import RequestError, check_prompt
 from peagle.serve.responses import Refusal
@@ -23,6 +23,18 @@ def _utf8(s: str) -> str:   # its name shows in the 400's message: "function-aft
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
+Bias = Annotated[float, Field(ge=-MAX_BIAS, le=MAX_BIAS, allow_inf_nan=False)]
+
+# fields OpenAI's or vLLM's clients send that this server does not honour, each with the values that ask for
+# nothing (sent with any other value: a 400 naming the field, never silently dropped)
+UNSUPPORTED: dict[str, tuple] = {
+    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
+    "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"), "audio": (None,),
+    "modalities": (None, ["text"]), "prediction": (None,), "web_search_options": (None,), "min_p": (None, 0, 0.0),
+    "stop_token_ids": (None, []), "bad_words": (None, []), "allowed_token_ids": (None,), "use_beam_search": (None, False),
+    "prompt_logprobs": (None,), "include_stop_str_in_output": (None, False), "skip_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,), "logits_processors": (None, []), "parallel_tool_calls": (None, False, True),
+}
 
 
 class StreamOptions(BaseModel):
@@ -45,6 +57,22 @@ class SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     n: int = Field(1, ge=1, le=MAX_N)
+    logit_bias: dict[str, Bias] | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=100)
+    min_tokens: int = Field(0, ge=0)
+    speculative: bool = Field(True, description="peagle's: false decodes this request without drafts (others "
+                                                "in its batch keep speculating); its output is the same")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        if isinstance(data, dict):
+            for name, harmless in UNSUPPORTED.items():
+                if name in data and data[name] not in harmless:
+                    raise ValueError(f"{name} is not supported by this server")
+        return data
 
     @property
     def include_usage(self) -> bool:
@@ -135,9 +163,24 @@ def sampling_params(req: GenerationRequest, prompt_ids: list[int], limits: Limit
     try:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0),
                               max_tokens=max_tokens, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos,
-                              logprobs=req.num_logprobs)
+                              logprobs=req.num_logprobs, logit_bias=logit_bias(req.logit_bias, limits.vocab_size),
+                              min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
+                              frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+                              speculative=req.speculative)
     except ValueError as e:
         raise Refusal(400, str(e)) from None
+
+
+def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` (token ids as strings) as the engine takes it, each id checked."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and int(key) < vocab_size):
+            raise Refusal(400, f"logit_bias: {key!r} is not a token id in 0..{vocab_size - 1}")
+        out[int(key)] = value
+    return out
 
 
 def choice_params(req: GenerationRequest, prompts: list[list[int]], limits: Limits) -> list[SamplingParams]:

@@ -11,6 +11,7 @@ import orjson
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from peagle.engine.sequence import SpecStats
 from peagle.serve.engine_core import Delta
 
 MIN_LOGPROB = -9999.0   # what -inf is sent as (JSON has no infinity)
@@ -60,6 +61,7 @@ class Formatter:
     logprobs: bool            # whether the request asked for logprobs
     num_prompt_tokens: int    # every prompt's tokens, once each (not once per choice)
     num_choices: int
+    spec_metrics: bool = False  # whether answers carry ``metrics.speculative_decoding`` (the engine speculates)
     created: int = field(default_factory=lambda: int(time.time()))
     offsets: list[int] = field(init=False)   # completions' next text_offset, per choice
     head: dict = field(init=False)           # every streamed event's first fields
@@ -78,6 +80,20 @@ class Formatter:
         n = sum(d.num_output_tokens for d in done)
         return {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": n,
                 "total_tokens": self.num_prompt_tokens + n}
+
+    def metrics(self, done: list[Delta]) -> dict:
+        """vLLM's per-request ``metrics.speculative_decoding`` over the choices ``done`` (their last deltas),
+        with peagle's per-position counts: a request that opted out of speculation shows no rounds."""
+        s = SpecStats()
+        for d in done:
+            if d.spec is not None:
+                s.merge(d.spec)
+        return {"speculative_decoding": {
+            "num_spec_steps": s.num_drafts, "num_draft_tokens": s.num_draft_tokens,
+            "num_accepted_draft_tokens": s.num_accepted_tokens, "mean_acceptance_length": s.acceptance_length,
+            "draft_acceptance_rate": s.num_accepted_tokens / s.num_draft_tokens if s.num_draft_tokens else 0.0,
+            "acceptance_histogram": s.histogram, "drafted_per_position": s.drafted_per_pos,
+            "accepted_per_position": s.accepted_per_pos}}
 
     def logprobs_json(self, i: int, deltas: list[Delta]) -> dict | None:
         """OpenAI's logprobs object for the tokens of ``deltas`` (choice ``i``), None if not asked for."""
@@ -109,9 +125,12 @@ class Formatter:
 
     def completion(self, deltas: list[list[Delta]]) -> dict:
         """The whole (not streamed) response: every choice's deltas."""
-        return {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [self.choice(i, ds, False) for i, ds in enumerate(deltas)],
-                "usage": self.usage([ds[-1] for ds in deltas])}
+        last = [ds[-1] for ds in deltas]
+        out = {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model,
+               "choices": [self.choice(i, ds, False) for i, ds in enumerate(deltas)], "usage": self.usage(last)}
+        if self.spec_metrics:
+            out["metrics"] = self.metrics(last)
+        return out
 
     def event(self, body: dict) -> bytes:
         """One SSE event (orjson: a stream's events are most of the server's own work per token)."""
@@ -119,12 +138,15 @@ class Formatter:
 
     def chunk(self, i: int, d: Delta) -> bytes | None:
         """The event for choice ``i``'s delta ``d``; None where it carries nothing to send."""
+        if d.finish_reason and self.spec_metrics:   # a choice's last event: its speculation
+            return self.event({"choices": [self.choice(i, [d], True)], "metrics": self.metrics([d])})
         if d.text or d.finish_reason or d.logprobs:
             return self.event({"choices": [self.choice(i, [d], True)]})
         return None
 
     def usage_event(self, last: list[Delta]) -> bytes:
-        return self.event({"choices": [], "usage": self.usage(last)})
+        extra = {"metrics": self.metrics(last)} if self.spec_metrics else {}
+        return self.event({"choices": [], "usage": self.usage(last), **extra})
 
 
 def error_event(status: int, message: str, kind: str) -> bytes:
