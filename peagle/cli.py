@@ -25,7 +25,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop or [])
+                            max_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop or [],
+                            min_tokens=args.min_tokens, repetition_penalty=args.repetition_penalty,
+                            frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty)
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
                                        device=args.device, quantization=args.quantization, compute=args.compute, max_num_seqs=1,
                                        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
@@ -271,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--min-tokens", type=int, default=0, help="EOS and stop strings held off until this many tokens")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="over prompt and output (1 = off)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="-2..2, over the output")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="-2..2, over the output")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap the prompt in the model's chat template (default: on)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
