@@ -54,13 +54,16 @@ def _message(e: Exception) -> str:
 
 class Matcher:
     """One request's grammar state. xgrammar keeps every step, so rollback reaches back to the start."""
-    __slots__ = ("_m",)
+    __slots__ = ("_m", "_never")
 
-    def __init__(self, m: "xgrammar.GrammarMatcher"):
-        self._m = m
+    def __init__(self, m: "xgrammar.GrammarMatcher", never: frozenset[int]):
+        self._m, self._never = m, never
 
     def accept(self, token: int) -> bool:
-        """Advance by one token; False, and no change, where the grammar forbids it (or has terminated)."""
+        """Advance by one token; False, and no change, where the grammar forbids it (or has terminated).
+        (Drafts are tried here: the tokens xgrammar would log a warning for are answered first.)"""
+        if token in self._never or self._m.is_terminated():
+            return False
         return self._m.accept_token(token)
 
     def rollback(self, n: int) -> None:
@@ -96,6 +99,7 @@ class Grammars:
         for text, i in tokenizer.get_vocab().items():
             if i < vocab_size and i not in special:
                 table[i] = text
+        self._never = frozenset(i for i, t in enumerate(table) if not t and i not in stop)
         self._info = xgr.TokenizerInfo(table, base.vocab_type, vocab_size=vocab_size, stop_token_ids=stop,
                                        add_prefix_space=base.add_prefix_space)
         # one thread: the engine's cores run the model; xgrammar's own cache would be unbounded
@@ -113,12 +117,10 @@ class Grammars:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(so)
-        return Matcher(self._xgr.GrammarMatcher(compiled))
+        return Matcher(self._xgr.GrammarMatcher(compiled), self._never)
 
     def new_mask(self, rows: int) -> torch.Tensor:
-        """An int32 bitmask [rows, ceil(vocab_size / 32)], every token allowed: bit ``t % 32`` of word
-        ``t // 32`` is token ``t``."""
-        return self._xgr.allocate_token_bitmask(rows, self.vocab_size)
+        return new_mask(rows, self.vocab_size)
 
     def _compile(self, so: StructuredOutput) -> "xgrammar.CompiledGrammar":
         c = self._compiler
@@ -156,15 +158,22 @@ def _choice_grammar(spec: str) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
-_BYTE_BIAS: dict[torch.dtype, torch.Tensor] = {}
+def new_mask(rows: int, vocab_size: int) -> torch.Tensor:
+    """An int32 bitmask [rows, ceil(vocab_size / 32)] on the host (xgrammar fills it there), every token
+    allowed: bit ``t % 32`` of word ``t // 32`` is token ``t`` (xgrammar's ``allocate_token_bitmask``)."""
+    return torch.full((rows, (vocab_size + 31) // 32), -1, dtype=torch.int32, device="cpu")
 
 
-def _byte_bias(dtype: torch.dtype) -> torch.Tensor:
+_BYTE_BIAS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _byte_bias(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[256, 8]: for a mask byte, 0 where its bit is set and -inf where not (bit j is token j of the byte)."""
-    t = _BYTE_BIAS.get(dtype)
+    t = _BYTE_BIAS.get((dtype, device))
     if t is None:
-        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
-        t = _BYTE_BIAS[dtype] = torch.zeros(256, 8, dtype=dtype).masked_fill_(bits == 0, float("-inf"))
+        bits = (torch.arange(256, device=device).unsqueeze(1) >> torch.arange(8, device=device)) & 1
+        t = torch.zeros(256, 8, dtype=dtype, device=device).masked_fill_(bits == 0, float("-inf"))
+        _BYTE_BIAS[(dtype, device)] = t
     return t
 
 
@@ -177,11 +186,11 @@ def apply(logits: torch.Tensor, mask: torch.Tensor, rows: Sequence[int] | None =
     words = (vocab + 31) // 32
     if mask.dtype != torch.int32 or mask.shape[1] < words:
         raise ValueError(f"the mask must be int32 with at least {words} words a row, got {mask.dtype} {tuple(mask.shape)}")
+    table, dev = _byte_bias(logits.dtype, logits.device), logits.device
     if rows is None:
-        bias = torch.nn.functional.embedding(mask[:n, :words].contiguous().view(torch.uint8).long(),
-                                             _byte_bias(logits.dtype))
+        bias = torch.nn.functional.embedding(mask[:n, :words].contiguous().to(dev).view(torch.uint8).long(), table)
         logits.add_(bias.flatten(1)[:, :vocab])
         return
-    idx = torch.as_tensor(rows, dtype=torch.long)
-    bias = torch.nn.functional.embedding(mask[idx, :words].contiguous().view(torch.uint8).long(), _byte_bias(logits.dtype))
-    logits.index_add_(0, idx, bias.flatten(1)[:, :vocab])
+    idx = torch.as_tensor(rows, dtype=torch.long, device="cpu")
+    bias = torch.nn.functional.embedding(mask[idx, :words].contiguous().to(dev).view(torch.uint8).long(), table)
+    logits.index_add_(0, idx.to(dev), bias.flatten(1)[:, :vocab])

@@ -19,6 +19,7 @@ from peagle.engine.auto_k import AutoK
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
 from peagle.engine.detokenizer import Detokenizer
+from peagle.engine.grammar import Grammars
 from peagle.engine.graphs import StepGraphs
 from peagle.engine.model_runner import ModelRunner
 from peagle.engine.sampling import SamplingParams
@@ -50,6 +51,7 @@ class LLMEngine:
         auto = AutoK(b.k_max, config.method == "parallel", *self.runner.measure_costs(), ranks=b.ranks, warmup=3,
                      budget=config.speculative_tree_budget if b.token_tree == "auto" else None) if config.auto else None
         self.scheduler = Scheduler(config, b, blocks, eos, auto)
+        self._grammars: Grammars | None = None   # made for the first structured output
 
     @torch.inference_mode()
     def step(self) -> StepResult:
@@ -154,8 +156,19 @@ class LLMEngine:
                                "the KV cache holds")
         seq = Sequence(prompt_ids, params, request_id)
         seq.detok = Detokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
+        if params.structured is not None:
+            seq.matcher = self.grammars.matcher(params.structured)   # GrammarError (a ValueError) if malformed
         self.scheduler.add(seq)
         return seq
+
+    @property
+    def grammars(self) -> Grammars:
+        """Structured outputs' compiler and cache, over this engine's tokenizer and vocabulary."""
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise RequestError("structured outputs need the model's tokenizer")
+            self._grammars = Grammars(self.tokenizer, self.target.cfg.vocab_size, self.eos_token_ids)
+        return self._grammars
 
     def abort(self, request_id: str) -> bool:
         return self.scheduler.abort(request_id)

@@ -1,12 +1,15 @@
 """What a request's sampling fields do to the target's logits before its token is chosen: ``logit_bias``,
 ``min_tokens`` (the stop tokens held off), then the repetition, frequency and presence penalties, in vLLM's
-order and with vLLM's meanings (repetition over prompt and output, the other two over the output).
+order and with vLLM's meanings (repetition over prompt and output, the other two over the output), and a
+structured output's grammar (:mod:`peagle.engine.grammar`) masking what it forbids.
 
 Under speculation a verified row decides the token after its node, so it is processed with the history
 plain decoding would have there: the request's tokens so far and the drafts on the node's path (a chain's
 drafts before it, a tree node's ancestors). Verification then compares each draft with the processed
 target's token, and greedy and seeded output equal plain decoding's with the same fields. Only the rows of
 requests that set a field are touched, on the device and without a host sync (histories are host lists).
+A grammar also prunes the drafts before they are verified (:func:`allowed_tree`): a draft it forbids could
+never be accepted, so it costs no row.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from peagle.engine import grammar
+from peagle.engine.tree import Tree
 from peagle.runtime import to_device
 
 if TYPE_CHECKING:
@@ -48,7 +53,38 @@ def process(logits: torch.Tensor, seq: Sequence, stop_ids: list[int]) -> torch.T
             out -= p.frequency_penalty * counts
         if p.presence_penalty:
             out -= p.presence_penalty * (counts > 0).to(out.dtype)
+    if seq.matcher is not None:
+        grammar.apply(out, grammar_masks(seq.matcher, paths, out.shape[1]))
     return out
+
+
+def grammar_masks(matcher: grammar.Matcher, paths: list[list[int]], vocab_size: int) -> torch.Tensor:
+    """Each row's allowed tokens: the grammar's state after the row's path (walked, then rolled back)."""
+    mask = grammar.new_mask(len(paths), vocab_size)
+    for i, path in enumerate(paths):
+        for t in path:
+            if not matcher.accept(t):   # drafts were pruned (allowed_tree): a forbidden one is a bug
+                raise RuntimeError(f"draft {t} is not allowed by the request's grammar")
+        if not matcher.terminated:   # (after a stop token the sequence ends: its row is never read)
+            matcher.fill(mask, i)
+        matcher.rollback(len(path))
+    return mask
+
+
+def allowed_tree(seq: Sequence) -> Tree:
+    """``seq``'s draft tree without the nodes its grammar forbids after their ancestors (and their subtrees)."""
+    matcher, tree = seq.matcher, seq.tree
+    keep = [True]
+    for i, line in enumerate(tree.lineage[1:], 1):
+        ok, walked = keep[tree.parents[i]], 0
+        for j in line[1:] if ok else ():
+            if not matcher.accept(seq.drafts[j - 1]):
+                ok = False
+                break
+            walked += 1
+        matcher.rollback(walked)
+        keep.append(ok)
+    return Tree(tuple(p for p, k in zip(tree.paths, keep[1:]) if k))
 
 
 def output_counts(output_ids: list[int], paths: list[list[int]], shape: torch.Size,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from peagle import kernels
+from peagle.engine.grammar import StructuredOutput
 from peagle.runtime import to_device
 
 GREEDY_BELOW = 1e-5      # temperatures under this are greedy (vLLM's rule): dividing by them overflows
@@ -37,8 +38,9 @@ class SamplingParams:
     """Per-request sampling, with vLLM's names and meanings. ``temperature < 1e-5`` is greedy; ``top_k <= 0``
     is off; ``logprobs`` (None: off) asks for the emitted tokens' log-probabilities (the raw model's) and that
     many alternatives. ``logit_bias`` (token id -> added logit), ``min_tokens`` (stop tokens and stop strings
-    held off until then) and the penalties change the target's logits before a token is chosen
-    (:mod:`peagle.engine.processors`); ``speculative=False`` decodes this request without drafts."""
+    held off until then), the penalties and ``structured`` (a JSON schema, regex, grammar or choice the output
+    follows) change the target's logits before a token is chosen (:mod:`peagle.engine.processors`);
+    ``speculative=False`` decodes this request without drafts."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -53,6 +55,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    structured: StructuredOutput | None = None
     speculative: bool = True
 
     def __post_init__(self):
@@ -89,7 +92,7 @@ class SamplingParams:
     def processed(self) -> bool:
         """Whether the logits are changed before a token is chosen (:mod:`peagle.engine.processors`)."""
         return bool(self.logit_bias) or self.min_tokens > 0 or self.presence_penalty != 0 or \
-            self.frequency_penalty != 0 or self.repetition_penalty != 1
+            self.frequency_penalty != 0 or self.repetition_penalty != 1 or self.structured is not None
 
     @property
     def greedy(self) -> bool:

@@ -12,6 +12,7 @@ from peagle.engine.auto_k import AutoK
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
 from peagle.engine.model_runner import Verified
+from peagle.engine.processors import allowed_tree
 from peagle.engine.sequence import Sequence, SpecStats, Status
 from peagle.engine.tree import Tree
 
@@ -184,6 +185,8 @@ class Scheduler:
             self._append(seq, v.tokens)
             if not seq.finished:   # (a finished one's drafts were dropped)
                 seq.set_drafts(tree.cut(self._num_drafts(seq, tree.depth)), v.candidates)
+                if seq.matcher is not None and seq.drafts:   # what the grammar forbids costs no row
+                    seq.set_drafts(allowed_tree(seq), seq.candidates)
             result.updated.append(seq)
         for seq, _ in work:
             if seq.finished:
@@ -217,7 +220,9 @@ class Scheduler:
             seq.tokens.append(t)
             if seq.first_token_time is None:
                 seq.first_token_time = time.perf_counter()
-            if not p.ignore_eos and t in self.eos_token_ids:
+            if seq.matcher is not None and not seq.matcher.accept(t):   # every token was chosen under its mask
+                raise RuntimeError(f"token {t} is not allowed by the request's grammar")
+            if not p.ignore_eos and t in self.eos_token_ids or seq.matcher is not None and seq.matcher.terminated:
                 return self._finish(seq, "stop")
             cut = seq.detok.push(t) if seq.detok is not None else None
             if cut is not None and len(seq.output_ids) > p.min_tokens:   # (vLLM's rule: none up to min_tokens)

@@ -9,6 +9,7 @@ from enum import Enum
 import torch
 
 from peagle.engine.detokenizer import Detokenizer
+from peagle.engine.grammar import Matcher
 from peagle.engine.sampling import SamplingParams, TokenLogprob, draw_seed
 from peagle.engine.tree import Tree
 
@@ -87,6 +88,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.text = ""
         self.detok: Detokenizer | None = None      # the engine's, when it has a tokenizer
+        self.matcher: Matcher | None = None        # the grammar's state after the output, for a structured output
         self.logprobs: list[TokenLogprob] = []     # one per output token, when params.logprobs is set
         self.stats = SpecStats()
         # what sampling is keyed by, with the output position (a seed is drawn for a request that names none)

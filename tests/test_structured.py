@@ -1,0 +1,123 @@
+"""Structured outputs in the engine, with speculation on: the constrained plain output is schema-valid JSON;
+speculative decoding (chains, a token tree, greedy and seeded) gives that output token for token with
+drafts accepted; drafts the grammar forbids are pruned before they cost a row; rows masked with the wrong
+state are caught. The target is the tiny Llama with SmolLM2's tokenizer."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jsonschema
+import pytest
+from speculation import OracleDrafter, Watch, make_engine
+
+from peagle.engine import processors, scheduler
+from peagle.engine.grammar import GrammarError, StructuredOutput
+from peagle.engine.llm_engine import LLMEngine
+from peagle.engine.sampling import SamplingParams
+from peagle.models.loader import init_drafter
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}},
+    "required": ["name", "age", "tags"], "additionalProperties": False}
+JSON = StructuredOutput("json_schema", json.dumps(SCHEMA))
+TREE = "[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]"
+GREEDY = SEEDED = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_chat_dir):
+    """The engine without a head, and the sampling: a random model likes JSON's optional whitespace, so its
+    whitespace tokens are biased down (logit_bias beside the grammar), and its output ends."""
+    global GREEDY, SEEDED
+    e = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32")
+    blank = {i: -100.0 for t, i in e.tokenizer.get_vocab().items() if not e.tokenizer.decode([i]).strip()}
+    GREEDY = SamplingParams(max_tokens=96, structured=JSON, logit_bias=blank)
+    SEEDED = dataclasses.replace(GREEDY, temperature=0.8, seed=4)
+    return e
+
+
+def engine(plain: LLMEngine, head, method: str, k: int, **kw) -> LLMEngine:
+    e = make_engine(plain.target, head, method, k, **kw)
+    e.tokenizer = plain.tokenizer
+    return e
+
+
+def prompts(plain) -> list[list[int]]:
+    return [plain.encode_prompt(t) for t in ("Describe a person as JSON.", "A user record, please.")]
+
+
+def test_constrained_plain_output_is_valid_json(plain):
+    for params in (GREEDY, SEEDED):
+        for out in plain.generate(prompts(plain), params):
+            assert out.finish_reason == "stop", out.text
+            jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
+def test_speculation_equals_constrained_plain_decoding(plain):
+    """The oracle drafts the constrained output (every 4th position wrong): chains, a tree, a batch with chunked
+    prompts, greedy and seeded, all give plain decoding's tokens with drafts accepted."""
+    ps = prompts(plain)
+    for params in (GREEDY, SEEDED):
+        ref = [o.token_ids for o in plain.generate(ps, params)]
+        head = OracleDrafter.of(plain.target, {tuple(p): p + r for p, r in zip(ps, ref)}, 4)
+        for method, kw in (("parallel", {}), ("eagle3", {}), ("parallel", dict(speculative_token_tree=TREE)),
+                           ("parallel", dict(max_num_seqs=2, max_num_batched_tokens=11))):
+            e = engine(plain, head, method, 4, **kw)
+            head.bind(e)
+            watch = Watch(e)
+            got = [o.token_ids for o in e.generate(ps, params)]
+            watch.check(got, ref, rate=0.25 if "speculative_token_tree" in kw else 1 / 3)
+
+
+def test_forbidden_drafts_are_pruned_before_verification(plain, monkeypatch):
+    """A random head drafts what the grammar mostly forbids: no verified draft is one the grammar forbids
+    after its path (every verified tree is its own pruning), some were pruned, output unchanged; unpruned,
+    the masks' walk over the drafts stops at the first forbidden one."""
+    ps = prompts(plain)
+    ref = [o.token_ids for o in plain.generate(ps, GREEDY)]
+    pruned, real = [0], processors.allowed_tree
+
+    def counting(seq):
+        tree = real(seq)
+        pruned[0] += len(seq.tree) - len(tree)
+        return tree
+
+    monkeypatch.setattr(scheduler, "allowed_tree", counting)
+    e = engine(plain, init_drafter(plain.target, 1, 159, seed=3), "parallel", 4, speculative_token_tree=TREE)
+    run = e.runner.run
+
+    def checked(work, tree):
+        for seq, _ in work:
+            assert real(seq) == seq.tree, "a verified draft is one the grammar forbids"
+        return run(work, tree)
+
+    e.runner.run = checked
+    assert [o.token_ids for o in e.generate(ps, GREEDY)] == ref
+    assert pruned[0] > 0
+    monkeypatch.setattr(scheduler, "allowed_tree", lambda seq: seq.tree)   # planted: nothing pruned
+    with pytest.raises(RuntimeError, match="not allowed by the request's grammar"):
+        engine(plain, init_drafter(plain.target, 1, 159, seed=3), "parallel", 4).generate(ps, GREEDY)
+
+
+def test_rows_masked_with_the_roots_state_are_caught(plain, monkeypatch):
+    """Every row masked by the grammar's state before the drafts (and nothing pruned): a token the grammar
+    forbids after its path is emitted, and the engine refuses to take it in."""
+    ps = prompts(plain)
+    ref = [o.token_ids for o in plain.generate(ps, GREEDY)]
+    head = OracleDrafter.of(plain.target, {tuple(p): p + r for p, r in zip(ps, ref)}, 4)
+    monkeypatch.setattr(processors, "row_histories", lambda seq: [[] for _ in seq.tree.lineage])
+    monkeypatch.setattr(processors, "allowed_tree", lambda seq: seq.tree)
+    monkeypatch.setattr(scheduler, "allowed_tree", lambda seq: seq.tree)
+    e = engine(plain, head, "parallel", 4)
+    head.bind(e)
+    with pytest.raises(RuntimeError, match="not allowed by the request's grammar"):   # the emitted token's check
+        e.generate(ps, GREEDY)
+
+
+def test_a_malformed_schema_is_refused_at_once(plain):
+    with pytest.raises(GrammarError, match="JSON schema"):
+        plain.add_request([1, 2, 3], SamplingParams(structured=StructuredOutput("json_schema", '{"type": "objec"}')))
+    assert not plain.has_unfinished()
