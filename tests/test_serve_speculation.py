@@ -5,12 +5,16 @@ so a verifier that rejected everything would fail here); a request can opt out o
 runs in its own process (built by :func:`speculation.oracle_engine`), the HTTP side in this one."""
 from __future__ import annotations
 
+import json
 import threading
 
+import jsonschema
+import openai
 import pytest
 from test_serve import request, sse
 from test_serve_faults import Server
 
+from peagle.engine.grammar import StructuredOutput
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.serve.async_engine import AsyncEngine, EngineSpec
@@ -21,11 +25,21 @@ FIELDS = {"prompt": "The cat sat on", "max_tokens": 16, "temperature": 0, "ignor
           "frequency_penalty": 0.8, "repetition_penalty": 1.4, "logit_bias": {"42": 0.3}, "min_tokens": 4}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "temperature": 0.9, "seed": 11,
         "ignore_eos": True}
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}},
+    "required": ["name", "age", "tags"], "additionalProperties": False}
+JSON_CHAT = {"messages": [{"role": "user", "content": "A person as JSON."}], "max_tokens": 80, "temperature": 0,
+             "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}}
 
 
 @pytest.fixture(scope="module")
 def plain(tiny_chat_dir):
-    return LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32")
+    """The engine without a head. A random model likes JSON's optional whitespace: the JSON request biases
+    the whitespace tokens down, so its output ends."""
+    e = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32")
+    JSON_CHAT["logit_bias"] = {str(i): -100 for i in e.tokenizer.get_vocab().values() if not e.tokenizer.decode([i]).strip()}
+    return e
 
 
 def params_of(body: dict) -> SamplingParams:
@@ -35,13 +49,15 @@ def params_of(body: dict) -> SamplingParams:
     fields = {k: body[k] for k in keep if k in body}
     if "logit_bias" in body:
         fields["logit_bias"] = {int(t): v for t, v in body["logit_bias"].items()}
+    if "response_format" in body:
+        fields["structured"] = StructuredOutput("json_schema", json.dumps(body["response_format"]["json_schema"]["schema"]))
     return SamplingParams(**fields)
 
 
 def cases(plain) -> list[tuple[list[int], dict]]:
     """What the oracle drafts: each request's prompt ids with its sampling (no two share a prompt)."""
     out = []
-    for body, chat in ((STORY, False), (FIELDS, False), (CHAT, True)):
+    for body, chat in ((STORY, False), (FIELDS, False), (CHAT, True), (JSON_CHAT, True)):
         ids = plain.encode_prompt(body["messages"][0]["content"] if chat else body["prompt"], chat=chat)
         out.append((ids, vars(params_of(body))))
     return out
@@ -159,3 +175,43 @@ def test_a_verifier_that_rejects_every_draft_is_caught(tiny_chat_dir, plain, tmp
             assert_accepted(out)
     finally:
         server.close()
+
+
+def test_the_openai_sdk_asks_for_json_and_vllms_extra_fields(srv, plain):
+    """``response_format`` with a JSON schema: schema-valid JSON, plain decoding's constrained output, drafts
+    accepted; vLLM's ``structured_outputs`` and peagle's ``speculative`` through ``extra_body``."""
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="none", max_retries=0)
+    body = {k: v for k, v in JSON_CHAT.items()}
+    r = client.chat.completions.create(model="tiny", **body)
+    text = r.choices[0].message.content
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert r.choices[0].finish_reason == "stop"
+    assert text == plain.generate([plain.encode_prompt("A person as JSON.")], params_of(JSON_CHAT))[0].text
+    assert_accepted(r.model_extra)
+    close = {str(plain.tokenizer.convert_tokens_to_ids(t)): 50 for t in ("{}", "}")}   # (a random model's keys never end)
+    for extra, allowed in (({"structured_outputs": {"choice": ["yes", "no", "maybe"]}}, {"yes", "no", "maybe"}),
+                           ({"guided_regex": "[0-9]{3}-[a-z]{2}"}, None), ({"response_format": {"type": "json_object"}}, None)):
+        c = client.completions.create(model="tiny", prompt="Answer:", max_tokens=40, temperature=0,
+                                      logit_bias={**JSON_CHAT["logit_bias"], **close},
+                                      extra_body={**extra, "speculative": False})
+        out = c.choices[0].text
+        if allowed:
+            assert out in allowed
+        elif "guided_regex" in extra:
+            assert len(out) == 6 and out[:3].isdigit() and out[3] == "-" and out[4:].isalpha(), out
+        else:
+            assert isinstance(json.loads(out), dict)
+        assert c.model_extra["metrics"]["speculative_decoding"]["num_spec_steps"] == 0
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}},
+     "JSON schema"),
+    ({"structured_outputs": {"regex": "(ab"}}, "regex"),
+    ({"structured_outputs": {"grammar": "root ::= "}}, "grammar"),
+    ({"guided_choice": ["a"], "structured_outputs": {"regex": "a"}}, "ask for one structured output"),
+    ({"response_format": {"type": "json_schema"}}, "json_schema.schema")])
+def test_malformed_structured_outputs_get_a_400(srv, extra, words):
+    status, body, _ = request(srv.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 4, **extra})
+    assert status == 400 and words in body["error"]["message"], body
+    assert completion(srv.port, {**STORY, "max_tokens": 2})["choices"][0]["text"]   # and the server goes on

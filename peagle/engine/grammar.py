@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -106,18 +107,30 @@ class Grammars:
         self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[StructuredOutput, xgrammar.CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
+        self._lock = threading.Lock()
 
     def matcher(self, so: StructuredOutput) -> Matcher:
         """A fresh matcher for ``so`` (compiled once, then cached); GrammarError if ``so`` is malformed."""
-        compiled = self._cache.get(so)
-        if compiled is None:
-            compiled = self._compile(so)
+        return Matcher(self._xgr.GrammarMatcher(self.compile(so)), self._never)
+
+    def compile(self, so: StructuredOutput) -> "xgrammar.CompiledGrammar":
+        """``so`` compiled, from the cache or now; thread-safe, so the server compiles off its engine's loop
+        (a large schema takes seconds; xgrammar lets the GIL go meanwhile)."""
+        with self._lock:
+            compiled = self._cache.get(so)
+            if compiled is not None:
+                self._cache.move_to_end(so)
+                return compiled
+        compiled = self._compile(so)
+        with self._lock:
             self._cache[so] = compiled
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(so)
-        return Matcher(self._xgr.GrammarMatcher(compiled), self._never)
+        return compiled
+
+    def compiled(self, so: StructuredOutput) -> bool:
+        with self._lock:
+            return so in self._cache
 
     def new_mask(self, rows: int) -> torch.Tensor:
         return new_mask(rows, self.vocab_size)

@@ -170,6 +170,10 @@ class LLMEngine:
             self._grammars = Grammars(self.tokenizer, self.target.cfg.vocab_size, self.eos_token_ids)
         return self._grammars
 
+    def grammars_ready(self, so) -> bool:
+        """Whether ``so`` is compiled already (a request for it is added without waiting)."""
+        return self._grammars is not None and self._grammars.compiled(so)
+
     def abort(self, request_id: str) -> bool:
         return self.scheduler.abort(request_id)
 

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -142,17 +143,26 @@ class EngineCore:
         self._streamed: dict[str, bool] = {}
         self._out: list[tuple[str, Delta | Failure, Finished | None]] = []
         self._last_sent = time.monotonic()
+        # structured outputs' grammars compile on a thread of their own, their requests parked meanwhile
+        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="peagle-grammar")
+        self._compiling: dict[str, tuple[Future, tuple]] = {}
 
     def serve(self, inbox) -> None:
         engine = self.engine
         while True:
             if not engine.has_unfinished():
-                inbox.poll(None)  # idle: sleep until a message comes
+                inbox.poll(0.01 if self._compiling else None)  # idle: sleep until a message (or a compile) comes
             while inbox.poll(0):
                 msg = inbox.recv()
                 if msg is None:
                     return
                 self._handle(msg)
+            for rid in [rid for rid, (done, _) in self._compiling.items() if done.done()]:
+                done, msg = self._compiling.pop(rid)
+                if done.exception() is not None:
+                    self._out.append((rid, Failure("refused", str(done.exception())), None))
+                else:
+                    self._add(msg)
             if engine.has_unfinished():
                 try:
                     for seq in engine.step().updated:
@@ -170,19 +180,29 @@ class EngineCore:
     def _handle(self, msg) -> None:
         engine = self.engine
         if msg[0] == "add":
-            _, rid, prompt_ids, params, stream = msg
-            try:
-                engine.add_request(prompt_ids, params, rid)
-            except Exception as e:  # refused: the request's own fault
-                self._out.append((rid, Failure("refused", str(e)), None))
-                return
-            self._sent[rid] = (0, 0)
-            self._streamed[rid] = stream
+            so = msg[3].structured
+            if so is None or engine.tokenizer is None or engine.grammars_ready(so):
+                self._add(msg)
+            else:  # compiled off this loop (seconds for a large schema), then added
+                self._compiling[msg[1]] = (self._compiler.submit(lambda: engine.grammars.compile(so)), msg)
         elif msg[0] == "abort":
+            if self._compiling.pop(msg[1], None) is not None:
+                self._out.append((msg[1], Failure("aborted"), None))
+                return
             seq = next((s for s in [*engine.running, *engine.waiting] if s.request_id == msg[1]), None)
             if seq is not None:  # else it has finished already, and its final delta is on its way
                 engine.abort(msg[1])
                 self._end(seq, Failure("aborted"))
+
+    def _add(self, msg) -> None:
+        _, rid, prompt_ids, params, stream = msg
+        try:
+            self.engine.add_request(prompt_ids, params, rid)
+        except Exception as e:  # refused: the request's own fault
+            self._out.append((rid, Failure("refused", str(e)), None))
+            return
+        self._sent[rid] = (0, 0)
+        self._streamed[rid] = stream
 
     def _end(self, seq: Sequence, failure: Failure) -> None:
         self._sent.pop(seq.request_id, None)

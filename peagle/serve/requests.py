@@ -3,12 +3,14 @@ wrong) and the checks a schema cannot make (the model's name, the prompt against
 the server's room), each a :class:`Refusal` with the error the client gets. Tested without HTTP."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from jinja2 import TemplateError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from peagle.engine.grammar import StructuredOutput
 from peagle.engine.sampling import MAX_BIAS, MAX_LOGPROBS, SamplingParams
 from peagle.prompts import encode
 from peagle.request_checks import RequestError, check_prompt
@@ -41,6 +43,31 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: Text | None = None
+    description: Text | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: free text, any JSON object, or JSON that follows ``json_schema.schema``."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs`` (one of them): a JSON schema, a regex, one of a list of choices, an
+    EBNF grammar (xgrammar's, ``root ::= ...``), or any JSON object."""
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | Text | None = Field(None, alias="json")
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+    json_object: bool | None = None
+
+
 class SamplingRequest(BaseModel):
     """The fields completions and chat completions share."""
     model_config = ConfigDict(extra="ignore")
@@ -62,6 +89,12 @@ class SamplingRequest(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=100)
     min_tokens: int = Field(0, ge=0)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | Text | None = None     # vLLM's older spellings of structured_outputs
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
+    guided_grammar: Text | None = None
     speculative: bool = Field(True, description="peagle's: false decodes this request without drafts (others "
                                                 "in its batch keep speculating); its output is the same")
 
@@ -73,6 +106,32 @@ class SamplingRequest(BaseModel):
                 if name in data and data[name] not in harmless:
                     raise ValueError(f"{name} is not supported by this server")
         return data
+
+    def structured(self) -> StructuredOutput | None:
+        """What the output must follow: ``response_format``, ``structured_outputs`` or a ``guided_*`` field
+        (at most one of them asks for something)."""
+        asked = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            asked.append(("response_format", StructuredOutput("json")))
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None:
+                raise Refusal(400, "response_format: type json_schema needs json_schema.schema")
+            asked.append(("response_format", StructuredOutput("json_schema", json.dumps(rf.json_schema.schema_))))
+        so = self.structured_outputs
+        fields = [("json", so.json_ if so else None, self.guided_json), ("regex", so.regex if so else None,
+                  self.guided_regex), ("choice", so.choice if so else None, self.guided_choice),
+                  ("grammar", so.grammar if so else None, self.guided_grammar)]
+        for kind, new, old in fields:
+            for name, value in ((f"structured_outputs.{kind}", new), (f"guided_{kind}", old)):
+                if value is not None:
+                    spec = value if isinstance(value, str) else json.dumps(value)
+                    asked.append((name, StructuredOutput({"json": "json_schema"}.get(kind, kind), spec)))
+        if so is not None and so.json_object:
+            asked.append(("structured_outputs.json_object", StructuredOutput("json")))
+        if len(asked) > 1:
+            raise Refusal(400, f"ask for one structured output, not {len(asked)}: {', '.join(n for n, _ in asked)}")
+        return asked[0][1] if asked else None
 
     @property
     def include_usage(self) -> bool:
@@ -166,7 +225,7 @@ def sampling_params(req: GenerationRequest, prompt_ids: list[int], limits: Limit
                               logprobs=req.num_logprobs, logit_bias=logit_bias(req.logit_bias, limits.vocab_size),
                               min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
                               frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-                              speculative=req.speculative)
+                              structured=req.structured(), speculative=req.speculative)
     except ValueError as e:
         raise Refusal(400, str(e)) from None
 
