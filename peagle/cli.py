@@ -27,7 +27,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop or [],
                             min_tokens=args.min_tokens, repetition_penalty=args.repetition_penalty,
-                            frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty)
+                            frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
+                            structured=_structured(args))
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
                                        device=args.device, quantization=args.quantization, compute=args.compute, max_num_seqs=1,
                                        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
@@ -64,6 +65,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
               f"{result['num_output_tokens']} tokens in {elapsed:.2f}s ({result['output_tokens_per_s']} tok/s), "
               f"acceptance length {s.acceptance_length:.2f}, per-position acceptance [{pos}]", file=sys.stderr)
     return 0
+
+
+def _structured(args: argparse.Namespace):
+    """``generate``'s structured-output flag as the engine takes it (None: free text)."""
+    from pathlib import Path
+
+    from peagle.engine.grammar import StructuredOutput
+
+    if args.json_schema:
+        return StructuredOutput("json_schema", Path(args.json_schema).read_text())
+    if args.grammar:
+        return StructuredOutput("grammar", Path(args.grammar).read_text())
+    if args.regex:
+        return StructuredOutput("regex", args.regex)
+    return StructuredOutput("json") if args.json_object else None
 
 
 def cmd_init_drafter(args: argparse.Namespace) -> int:
@@ -252,7 +268,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from peagle.bench import baseline, offline, serve, serving, sweep
+    from peagle.bench import baseline, offline, serve, serving, structured, sweep
     from peagle.runtime import DEVICE_HELP, DTYPE_CHOICES
 
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
@@ -277,6 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repetition-penalty", type=float, default=1.0, help="over prompt and output (1 = off)")
     g.add_argument("--frequency-penalty", type=float, default=0.0, help="-2..2, over the output")
     g.add_argument("--presence-penalty", type=float, default=0.0, help="-2..2, over the output")
+    so = g.add_mutually_exclusive_group()
+    so.add_argument("--json-schema", metavar="FILE", help="the output is JSON that follows this JSON schema")
+    so.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    so.add_argument("--regex", help="the output matches this regular expression")
+    so.add_argument("--grammar", metavar="FILE", help="the output follows this EBNF grammar (xgrammar's, root ::= ...)")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap the prompt in the model's chat template (default: on)")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
@@ -380,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
             ("sweep", sweep, "method x K x concurrency x dataset grid with HF peers; JSON, Markdown, PNG"),
             ("serving", serving, "the serving table: peagle's and llama.cpp's servers against the offline engine"),
             ("baseline", baseline, "the default model, one request: plain decoding against HF and llama.cpp, "
-                                   "pass, prefill and drafting costs")]:
+                                   "pass, prefill and drafting costs"),
+            ("structured", structured, "JSON-schema output with speculation against free text: rate and validity")]:
         bp = bsub.add_parser(name, help=text, description=module.__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_args(bp)
