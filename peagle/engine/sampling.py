@@ -57,6 +57,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     structured: StructuredOutput | None = None
     speculative: bool = True
+    token_origins: bool = False   # hand back how each token came, with its text (the server's playground)
 
     def __post_init__(self):
         if isinstance(self.stop, str):

@@ -13,7 +13,7 @@ from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
 from peagle.engine.model_runner import Verified
 from peagle.engine.processors import allowed_tree
-from peagle.engine.sequence import Sequence, SpecStats, Status
+from peagle.engine.sequence import BONUS, CORRECTED, PLAIN, Sequence, SpecStats, Status
 from peagle.engine.tree import Tree
 
 Work = list[tuple[Sequence, int]]   # a step's sequences, each with the new tokens it feeds
@@ -182,6 +182,9 @@ class Scheduler:
             if self.auto and per_depth:
                 self.auto.record(seq.tree.ranks_on(v.path, seq.candidates, v.tokens[-1]))
             seq.logprobs += v.logprobs
+            depth = seq.tree.depth   # the tree this step verified
+            seq.origins += [*range(1, v.accepted + 1),
+                            PLAIN if not depth else BONUS if v.accepted == depth else CORRECTED]
             self._append(seq, v.tokens)
             if not seq.finished:   # (a finished one's drafts were dropped)
                 seq.set_drafts(tree.cut(self._num_drafts(seq, tree.depth)), v.candidates)
@@ -224,7 +227,10 @@ class Scheduler:
                 raise RuntimeError(f"token {t} is not allowed by the request's grammar")
             if not p.ignore_eos and t in self.eos_token_ids or seq.matcher is not None and seq.matcher.terminated:
                 return self._finish(seq, "stop")
-            cut = seq.detok.push(t) if seq.detok is not None else None
+            cut = None
+            if seq.detok is not None:
+                cut = seq.detok.push(t)
+                seq.text_ends.append(len(seq.detok.text))
             if cut is not None and len(seq.output_ids) > p.min_tokens:   # (vLLM's rule: none up to min_tokens)
                 return self._finish(seq, "stop", cut)
             if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.bounds.max_model_len:
@@ -238,3 +244,4 @@ class Scheduler:
         seq.set_drafts(Tree(()), [])
         seq.text = text if text is not None else seq.detok.text if seq.detok is not None else ""
         del seq.logprobs[len(seq.output_ids):]  # tokens of the last step after a stop are not emitted
+        del seq.origins[len(seq.output_ids):]

@@ -15,6 +15,11 @@ from peagle.engine.tree import Tree
 
 _ids = itertools.count()
 
+# how an output token came (:attr:`Sequence.origins`); k >= 1: the k-th draft of its round, accepted
+CORRECTED = 0   # the target's own token where its round's draft was rejected
+BONUS = -1      # the target's token after every draft of its round was accepted
+PLAIN = -2      # a round without drafts (the first token, K = 0, a request that opted out)
+
 
 class Status(Enum):
     WAITING = "waiting"
@@ -90,6 +95,8 @@ class Sequence:
         self.detok: Detokenizer | None = None      # the engine's, when it has a tokenizer
         self.matcher: Matcher | None = None        # the grammar's state after the output, for a structured output
         self.logprobs: list[TokenLogprob] = []     # one per output token, when params.logprobs is set
+        self.origins: list[int] = []               # how each output token came (BONUS, CORRECTED, PLAIN, k)
+        self.text_ends: list[int] = []             # the detokenized text's length after each output token
         self.stats = SpecStats()
         # what sampling is keyed by, with the output position (a seed is drawn for a request that names none)
         self.seed = params.seed if params.seed is not None else draw_seed()
