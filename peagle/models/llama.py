@@ -18,7 +18,7 @@ from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
 from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference,
                                   pack_weight, packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
-from peagle.models.quant import QuantTensor, bf16_dots, formats, integer_path
+from peagle.models.quant import QuantTensor, bf16_dots, formats, quantized
 from peagle.runtime import dtype_name, precision_name
 
 
@@ -277,11 +277,14 @@ class LlamaModel(nn.Module):
     def precision(self) -> str:
         """What runs, as the commands and the server's start line say it: ``float16 weights, float32
         compute``, ``bfloat16 weights, bf16 dot products`` where they are packed for that path, or ``GGUF
-        Q4_1/Q8_0 weights, int8 compute`` where GGUF blocks are kept (``float32 compute`` with ``--compute exact``)."""
+        Q4_1/Q8_0 weights, int8 compute`` where GGUF blocks are kept (``float32 compute`` with ``--compute exact``,
+        and for the formats without an integer path: ``GGUF Q8_0 weights, int8 compute; GGUF Q4_K/Q6_K weights,
+        float32 compute``)."""
         quant = formats(self)
-        if quant:
-            arith = "int8" if integer_path(self) else dtype_name(self.dtype)
-            return f"GGUF {'/'.join(f.upper() for f in quant)} weights, {arith} compute"
+        if quant:  # packed blocks run the integer path, the file's blocks float32 arithmetic
+            packed = sorted({p.format for p in self.parameters() if quantized(p) and p.packed})
+            return "; ".join(f"GGUF {'/'.join(f.upper() for f in fs)} weights, {arith} compute" for fs, arith in (
+                (packed, "int8"), ([f for f in quant if f not in packed], dtype_name(self.dtype))) if fs)
         if bf16_dots(self):
             return f"{dtype_name(self.weight_dtype)} weights, bf16 dot products"
         return precision_name(self.weight_dtype, self.dtype)
