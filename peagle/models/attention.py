@@ -341,7 +341,7 @@ def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask
     return o.reshape(T, H * d)
 
 
-def prefix_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def prefix_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """Attention of a chunk of ``n`` queries that are the last ``n`` of ``L`` keys (``[B, H, *, d]``),
     on the CPU: the cached prefix without a mask and the chunk under the causal kernel, merged by
     their log-sum-exps. Given the lower-right causal bias, the CPU kernel would materialise the mask
@@ -349,14 +349,14 @@ def prefix_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
     about 20% less attention time)."""
     p = k.shape[2] - q.shape[2]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    o1, lse1 = flash(q, k[:, :, :p], v[:, :, :p])[:2]
-    o2, lse2 = flash(q, k[:, :, p:], v[:, :, p:], is_causal=True)[:2]   # lse: [B, H, n], float32
+    o1, lse1 = flash(q, k[:, :, :p], v[:, :, :p], scale=scale)[:2]
+    o2, lse2 = flash(q, k[:, :, p:], v[:, :, p:], is_causal=True, scale=scale)[:2]   # lse: [B, H, n], float32
     lse = torch.logaddexp(lse1, lse2)
     return (o1 * (lse1 - lse).exp()[..., None] + o2 * (lse2 - lse).exp()[..., None]).to(q.dtype)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           sinks: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+           sinks: torch.Tensor | None = None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """Grouped-query attention: q ``[B, n, H, d]``, k/v ``[B, L, Hkv, d]``, ``mask`` folded as
     :meth:`Group.folded_mask` makes it (True: attend; None: all keys, or with ``causal`` the n queries
     are the last n of the L keys, each seeing the keys up to its own: a prompt, or a chunk of one
@@ -366,28 +366,30 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     kernel without repeating K/V (``enable_gqa`` falls back to the slow math path on CPU); SDPA
     beat two hand-written matmuls even for one decoding query (CPU, bf16 and float32). Attention
     sinks (GPT-OSS: a learned logit per head joins every row's softmax denominator, so a query may
-    attend to "nothing") are spelled out, as SDPA cannot express them."""
+    attend to "nothing") are spelled out, as SDPA cannot express them. Scores are scaled by ``scale``
+    (``d ** -0.5`` if None; Gemma 3's ``query_pre_attn_scalar ** -0.5``)."""
     B, n, H, d = q.shape
     Hkv = k.shape[2]
     g = H // Hkv
+    scale = d ** -0.5 if scale is None else scale
     kt, vt = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)                          # [B, Hkv, L, d]
     L = k.shape[1]
     if causal and sinks is None:  # SDPA's causal kernel (aligned to the last key), no mask materialised
         qh, kh, vh = q.transpose(1, 2), kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1)
         if n == L:
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
         elif q.device.type == "cpu":
-            o = prefix_then_causal(qh, kh, vh)
+            o = prefix_then_causal(qh, kh, vh, scale)
         else:  # CUDA's kernels take the lower-right causal bias without materialising it
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(n, L))
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(n, L), scale=scale)
         return o.transpose(1, 2).reshape(B, n, H * d)
     if causal:
         mask = torch.ones(n, L, dtype=torch.bool, device=q.device).tril(L - n)[None, None].repeat(1, 1, g, 1)
     qt = q.view(B, n, Hkv, g, d).permute(0, 2, 3, 1, 4).reshape(B, Hkv, g * n, d)
     if sinks is None:
-        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
     else:
-        scores = torch.matmul(qt * d ** -0.5, kt.transpose(-1, -2))                 # [B, Hkv, g*n, L]
+        scores = torch.matmul(qt * scale, kt.transpose(-1, -2))                 # [B, Hkv, g*n, L]
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         sink = sinks.to(scores.dtype).view(1, Hkv, g, 1, 1).expand(B, Hkv, g, n, 1).reshape(B, Hkv, g * n, 1)
@@ -398,14 +400,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 class Attention(nn.Module):
     """Attention over the paged cache with the options the supported families need: q/k/v bias
     (Qwen2), per-head q/k RMSNorm (Qwen3), a wider input (EAGLE-3's first layer), a sliding window
-    (Mistral; GPT-OSS on every other layer) and attention sinks (GPT-OSS). q, k and v are one fused
-    projection, as in vLLM (checkpoints keep separate names)."""
+    (Mistral; GPT-OSS and Gemma 3 on some layers), attention sinks (GPT-OSS) and a score scale other than
+    ``head_dim ** -0.5`` (Gemma 3). q, k and v are one fused projection, as in vLLM (checkpoints keep
+    separate names)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, in_dim: int | None = None,
                  qkv_bias: bool = False, o_bias: bool = False, qk_norm_eps: float | None = None,
-                 sliding_window: int | None = None, sinks: bool = False):
+                 sliding_window: int | None = None, sinks: bool = False, scale: float | None = None):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.scale = head_dim ** -0.5 if scale is None else scale
         self.sliding_window = sliding_window or None
         self.qkv_proj = Linear(in_dim or hidden, (heads + 2 * kv_heads) * head_dim, qkv_bias)
         self.o_proj = Linear(heads * head_dim, hidden, o_bias)
@@ -446,7 +450,7 @@ class Attention(nn.Module):
         T, w, gqa = q.shape[0], self.sliding_window, self.heads // self.kv_heads
         if native:  # peagle's kernel: short spans, any batch
             out = torch.ops.peagle.attention(q, cache.k, cache.v, meta.table, meta.seq_of_row, meta.positions,
-                                             meta.short_rows, meta.block_size, w or 0, self.head_dim ** -0.5,
+                                             meta.short_rows, meta.block_size, w or 0, self.scale,
                                              self.sinks, **meta.tree_args)
             groups = meta.long_groups
         else:
@@ -457,11 +461,12 @@ class Attention(nn.Module):
             if g.self_attend:
                 rows = slice(g.first, g.first + g.Q)
                 o = attend(q[rows][None], k[rows][None], v[rows][None], g.folded_mask(w, gqa), self.sinks,
-                           causal=g.masks[w] is None)
+                           causal=g.masks[w] is None, scale=self.scale)
             else:
                 qg = q[g.first:g.first + g.B * g.Q].view(g.B, g.Q, *q.shape[1:]) if g.first is not None else q[g.rows]
                 keys, values = cache.keys_values(g)
-                o = attend(qg, keys, values, g.folded_mask(w, gqa), self.sinks, causal=g.causal and g.masks[w] is None)
+                o = attend(qg, keys, values, g.folded_mask(w, gqa), self.sinks, causal=g.causal and g.masks[w] is None,
+                           scale=self.scale)
             if out is None:
                 return self.o_proj(o.view(T, -1))
             if g.first is not None:

@@ -52,18 +52,27 @@ def read_safetensors(path: Path, dtype: torch.dtype | None = None,
     return tensors
 
 
-def fuse_checkpoint(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF/vLLM checkpoint names -> ours: stack q/k/v into qkv_proj and gate/up into gate_up_proj."""
-    out = dict(sd)
-    for key in sd:
+def fused_groups(names) -> dict[str, list[str]]:
+    """The fused name of each q/k/v or gate/up group whose parts are all among ``names``, and its parts."""
+    names = set(names)
+    groups = {}
+    for key in names:
         for fused, parts in _FUSED.items():
             if f".{parts[0]}." in f".{key}":
                 pre, suf = key.split(parts[0])
-                names = [pre + p + suf for p in parts]
-                if all(n in sd for n in names):
-                    out[pre + fused + suf] = torch.cat([sd[n] for n in names], dim=0)
-                    for n in names:
-                        out.pop(n)
+                group = [pre + p + suf for p in parts]
+                if all(n in names for n in group):
+                    groups[pre + fused + suf] = group
+    return groups
+
+
+def fuse_checkpoint(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF/vLLM checkpoint names -> ours: stack q/k/v into qkv_proj and gate/up into gate_up_proj."""
+    out = dict(sd)
+    for fused, names in fused_groups(sd).items():
+        out[fused] = torch.cat([sd[n] for n in names], dim=0)
+        for n in names:
+            out.pop(n)
     return out
 
 

@@ -203,17 +203,23 @@ def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torc
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-class MLP(nn.Module):
-    """SwiGLU with gate and up fused into one projection (checkpoints keep separate names)."""
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
-    def __init__(self, hidden: int, inter: int, bias: bool = False):
+
+class MLP(nn.Module):
+    """A gated MLP, ``down(act(gate) * up)``: SwiGLU (``silu``) or Gemma's GELU-tanh (``gelu_pytorch_tanh``),
+    gate and up fused into one projection (checkpoints keep separate names)."""
+
+    def __init__(self, hidden: int, inter: int, bias: bool = False, act: str = "silu"):
         super().__init__()
-        self.inter = inter
+        if act not in ACTIVATIONS:
+            raise ValueError(f"unsupported MLP activation {act!r} (supported: {', '.join(ACTIVATIONS)})")
+        self.inter, self.act = inter, act
         self.gate_up_proj = Linear(hidden, 2 * inter, bias)
         self.down_proj = Linear(inter, hidden, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if kernels.native(gate_up) and gate_up.dim() == 2:
+        if self.act == "silu" and kernels.native(gate_up) and gate_up.dim() == 2:
             return self.down_proj(torch.ops.peagle.silu_mul(gate_up))
-        return self.down_proj(F.silu(gate_up[..., :self.inter]) * gate_up[..., self.inter:])
+        return self.down_proj(ACTIVATIONS[self.act](gate_up[..., :self.inter]) * gate_up[..., self.inter:])

@@ -1,5 +1,5 @@
 """Native Llama-family targets: Llama 2/3 (llama3 RoPE), Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm),
-and what the other families (GPT-OSS, Qwen3-MoE) build on: the config, the registry, the model skeleton.
+and what the other families (GPT-OSS, Qwen3-MoE, Gemma 3) build on: the config, the registry, the model skeleton.
 
 One forward over a flat batch returns the logits of the rows asked for and the three auxiliary
 hidden states EAGLE-3 heads read (vLLM's meaning: the residual stream entering layer ``i``).
@@ -18,7 +18,7 @@ from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
 from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference,
                                   pack_weight, packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
-from peagle.models.quant import QuantTensor, bf16_dots, formats, integer_path
+from peagle.models.quant import QuantTensor, bf16_dots, formats, quantized
 from peagle.runtime import dtype_name, precision_name
 
 
@@ -37,6 +37,7 @@ SUPPORTED_ARCHITECTURES: dict[str, Target] = {
     "qwen3": Target("Qwen3ForCausalLM", "llama:LlamaModel"),
     "gpt_oss": Target("GptOssForCausalLM", "gpt_oss:GptOssModel"),
     "qwen3_moe": Target("Qwen3MoeForCausalLM", "qwen3_moe:Qwen3MoeModel"),
+    "gemma3_text": Target("Gemma3ForCausalLM", "gemma3:Gemma3Model"),
 }
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -67,7 +68,11 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
-    layer_types: list[str] | None = None       # per layer: "sliding_attention" or "full_attention" (GPT-OSS)
+    layer_types: list[str] | None = None       # per layer: "sliding_attention" or "full_attention" (GPT-OSS, Gemma 3)
+    rope_local_theta: float | None = None      # the sliding layers' RoPE base (Gemma 3; None: rope_theta everywhere)
+    query_pre_attn_scalar: float | None = None  # attention scores scaled by its -1/2 power (None: head_dim's)
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma)
+    hidden_activation: str = "silu"            # the gated MLP's: silu (SwiGLU) or gelu_pytorch_tanh (Gemma)
     eos_token_ids: list[int] = field(default_factory=list)
     # mixture of experts (GPT-OSS, Qwen3-MoE): which layers route, among how many experts of which width
     num_experts: int = 0
@@ -87,6 +92,13 @@ class ModelConfig:
                 f"unsupported architecture {archs[0]!r} (model_type {mt!r}); supported: "
                 + ", ".join(f"{t.architecture} ({k})" for k, t in SUPPORTED_ARCHITECTURES.items()))
         theta, rope = parse_rope(cfg)
+        local_theta = None
+        if mt == "gemma3_text":
+            theta, rope, local_theta = parse_gemma_rope(cfg)
+            if cfg.get("attn_logit_softcapping") is not None:
+                raise UnsupportedModelError("attention logit soft-capping (Gemma 2) is not supported")
+            if cfg.get("use_bidirectional_attention"):
+                raise UnsupportedModelError("bidirectional attention (EmbeddingGemma) is not a causal LM")
         heads = cfg["num_attention_heads"]
         num_layers = cfg["num_hidden_layers"]
         eos = cfg.get("eos_token_id")
@@ -96,11 +108,15 @@ class ModelConfig:
         attention_bias = bool(cfg.get("attention_bias", mt == "gpt_oss"))
         experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
         moe: dict = {}
-        if mt == "gpt_oss":
-            layer_types = cfg.get("layer_types") or [LAYER_TYPES[(i + 1) % 2] for i in range(num_layers)]
+        layer_types = None
+        if mt in ("gpt_oss", "gemma3_text"):  # GPT-OSS alternates; Gemma 3 has one global layer in `pattern`
+            pattern = 2 if mt == "gpt_oss" else cfg.get("sliding_window_pattern", 6)
+            layer_types = cfg.get("layer_types") or [LAYER_TYPES[int((i + 1) % pattern != 0)] for i in range(num_layers)]
             if len(layer_types) != num_layers or set(layer_types) - set(LAYER_TYPES):
                 raise ValueError(f"layer_types must name {num_layers} layers, each one of {LAYER_TYPES}: {layer_types}")
-            moe = dict(layer_types=list(layer_types), moe_intermediate_size=cfg["intermediate_size"],
+            layer_types = list(layer_types)
+        if mt == "gpt_oss":
+            moe = dict(moe_intermediate_size=cfg["intermediate_size"],
                        moe_layers=list(range(num_layers)), norm_topk_prob=True,
                        swiglu_alpha=cfg.get("swiglu_alpha", 1.702), swiglu_limit=cfg.get("swiglu_limit", 7.0))
         elif mt == "qwen3_moe":
@@ -131,6 +147,11 @@ class ModelConfig:
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             qk_norm=mt in ("qwen3", "qwen3_moe"),
             sliding_window=sliding,
+            layer_types=layer_types,
+            rope_local_theta=local_theta,
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar") if mt == "gemma3_text" else None,
+            final_logit_softcapping=cfg.get("final_logit_softcapping"),
+            hidden_activation=cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu",
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
             **moe,
         )
@@ -139,11 +160,30 @@ class ModelConfig:
         L = self.num_layers
         return (2, L // 2, L - 3)
 
+    @property
+    def attn_scale(self) -> float:
+        """What attention scores are scaled by."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
     def window(self, layer: int) -> int | None:
         """Layer ``layer``'s attention window (None: full attention)."""
         if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
             return None
         return self.sliding_window
+
+
+def parse_gemma_rope(cfg: dict) -> tuple[float, dict | None, float]:
+    """Gemma 3's (global theta, global scaling, local theta): transformers 5's ``rope_parameters`` by layer
+    type, or 4.x's ``rope_theta`` + ``rope_scaling`` (global) and ``rope_local_base_freq``."""
+    by_type = cfg.get("rope_parameters") or {}
+    if "full_attention" in by_type:
+        theta, rope = parse_rope({"rope_parameters": by_type["full_attention"]})
+        local, local_rope = parse_rope({"rope_parameters": by_type.get("sliding_attention") or {}})
+    else:
+        (theta, rope), local, local_rope = parse_rope(cfg), float(cfg.get("rope_local_base_freq", 10000.0)), None
+    if local_rope is not None:
+        raise UnsupportedModelError(f"scaled RoPE on the sliding layers ({local_rope}) is not supported")
+    return theta, rope, local
 
 
 def build_target(cfg: ModelConfig, aux_layers: tuple[int, ...] | None = None) -> "LlamaModel":
@@ -157,11 +197,12 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, eps: float, *,
                  in_dim: int | None = None, qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False,
-                 sliding_window: int | None = None, sinks: bool = False, mlp: nn.Module | None = None):
+                 sliding_window: int | None = None, sinks: bool = False, mlp: nn.Module | None = None,
+                 scale: float | None = None):
         super().__init__()
         self.self_attn = Attention(hidden, heads, kv_heads, head_dim, in_dim=in_dim, qkv_bias=qkv_bias,
                                    o_bias=o_bias, qk_norm_eps=eps if qk_norm else None,
-                                   sliding_window=sliding_window, sinks=sinks)
+                                   sliding_window=sliding_window, sinks=sinks, scale=scale)
         self.mlp = mlp if mlp is not None else MLP(hidden, inter, mlp_bias)
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
@@ -173,8 +214,8 @@ class DecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     """The target. State-dict names are HF's (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``).
-    Other families subclass it and change what differs: ``make_mlp``, ``attention_sinks``,
-    ``convert_checkpoint``."""
+    Other families subclass it and change what differs: ``make_layer``, ``make_mlp``, ``attention_sinks``,
+    ``convert_checkpoint``, ``embed``, ``logits``."""
 
     attention_sinks = False
     packed = False  # see pack_for_inference
@@ -188,19 +229,29 @@ class LlamaModel(nn.Module):
                 raise ValueError(f"aux hidden-state layer id {i} out of range 0..{c.num_layers}")
         self.model = nn.Module()
         self.model.embed_tokens = embedding(c.vocab_size, c.hidden_size)
-        self.model.layers = nn.ModuleList(
-            DecoderLayer(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps,
-                         qkv_bias=c.qkv_bias, o_bias=c.o_bias, qk_norm=c.qk_norm, sliding_window=c.window(i),
-                         sinks=self.attention_sinks, mlp=self.make_mlp(i))
-            for i in range(c.num_layers))
+        self.model.layers = nn.ModuleList(self.make_layer(i) for i in range(c.num_layers))
         self.model.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = None if c.tie_word_embeddings else Linear(c.hidden_size, c.vocab_size)
-        self.rotary = Rotary(c.head_dim, c.rope_theta, c.rope_scaling)
+        self.make_rotary()
         self.windows = tuple(dict.fromkeys(c.window(i) for i in range(c.num_layers)))
+
+    def make_layer(self, i: int) -> nn.Module:
+        """Layer ``i``."""
+        c = self.cfg
+        return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps,
+                            qkv_bias=c.qkv_bias, o_bias=c.o_bias, qk_norm=c.qk_norm, sliding_window=c.window(i),
+                            sinks=self.attention_sinks, mlp=self.make_mlp(i), scale=c.attn_scale)
+
+    def make_rotary(self, device: torch.device | None = None) -> None:
+        """RoPE's tables: ``rotary`` for every layer, ``local_rotary`` for the sliding ones where their base
+        differs (Gemma 3), else None."""
+        c = self.cfg
+        self.rotary = Rotary(c.head_dim, c.rope_theta, c.rope_scaling).to(device)
+        self.local_rotary = None if c.rope_local_theta is None else Rotary(c.head_dim, c.rope_local_theta, None).to(device)
 
     def make_mlp(self, layer: int) -> nn.Module:
         """Layer ``layer``'s feed-forward block."""
-        return MLP(self.cfg.hidden_size, self.cfg.intermediate_size, self.cfg.mlp_bias)
+        return MLP(self.cfg.hidden_size, self.cfg.intermediate_size, self.cfg.mlp_bias, self.cfg.hidden_activation)
 
     @property
     def graph_safe(self) -> bool:
@@ -226,11 +277,14 @@ class LlamaModel(nn.Module):
     def precision(self) -> str:
         """What runs, as the commands and the server's start line say it: ``float16 weights, float32
         compute``, ``bfloat16 weights, bf16 dot products`` where they are packed for that path, or ``GGUF
-        Q4_1/Q8_0 weights, int8 compute`` where GGUF blocks are kept (``float32 compute`` with ``--compute exact``)."""
+        Q4_1/Q8_0 weights, int8 compute`` where GGUF blocks are kept (``float32 compute`` with ``--compute exact``,
+        and for the formats without an integer path: ``GGUF Q8_0 weights, int8 compute; GGUF Q4_K/Q6_K weights,
+        float32 compute``)."""
         quant = formats(self)
-        if quant:
-            arith = "int8" if integer_path(self) else dtype_name(self.dtype)
-            return f"GGUF {'/'.join(f.upper() for f in quant)} weights, {arith} compute"
+        if quant:  # packed blocks run the integer path, the file's blocks float32 arithmetic
+            packed = sorted({p.format for p in self.parameters() if quantized(p) and p.packed})
+            return "; ".join(f"GGUF {'/'.join(f.upper() for f in fs)} weights, {arith} compute" for fs, arith in (
+                (packed, "int8"), ([f for f in quant if f not in packed], dtype_name(self.dtype))) if fs)
         if bf16_dots(self):
             return f"{dtype_name(self.weight_dtype)} weights, bf16 dot products"
         return precision_name(self.weight_dtype, self.dtype)
@@ -243,8 +297,7 @@ class LlamaModel(nn.Module):
         check_checkpoint(sd, self)
         sd = fuse_checkpoint(sd)
         self.load_state_dict(sd, assign=True)  # the tensors as read: no copy (and off the meta device)
-        dev = self.lm_weight.device
-        self.rotary = Rotary(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling).to(dev)
+        self.make_rotary(self.lm_weight.device)
         set_fast_layout(self)
 
     def convert_checkpoint(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -296,8 +349,9 @@ class LlamaModel(nn.Module):
         """(final normed hidden states of ``rows`` (all if None), aux hidden states ``[T, 3*H]``):
         training reads the target's distribution over a draft vocabulary from the first."""
         meta.prepare(positions, caches[0].num_slots, self.windows)
-        x = self.model.embed_tokens(ids)
+        x = self.embed(ids)
         rope = self.rotary.table(positions, x.dtype)
+        local = rope if self.local_rotary is None else self.local_rotary.table(positions, x.dtype)
         if self.stacks(x, caches, meta):
             x, tapped = self.native_stack(x, rope, caches, meta)
             taps = dict(zip(self.aux_layers, tapped))
@@ -306,7 +360,7 @@ class LlamaModel(nn.Module):
             for i, layer in enumerate(self.model.layers):
                 if i in self.aux_layers:
                     taps[i] = x
-                x = layer(x, rope, caches[i], meta)
+                x = layer(x, local if layer.self_attn.sliding_window else rope, caches[i], meta)
             taps[self.cfg.num_layers] = x
         if rows is not None:
             x = x[rows]
@@ -316,9 +370,9 @@ class LlamaModel(nn.Module):
         """Whether :meth:`native_stack` runs this pass: peagle's CPU kernels take every op of every layer
         (plain Llama-style layers; rows the attention kernel takes whole, as in decoding and verification)."""
         if getattr(self, "_stackable", None) is None:
-            self._stackable = all(type(layer) is DecoderLayer and type(layer.mlp) is MLP
-                                  and layer.self_attn.q_norm is None and layer.self_attn.sinks is None
-                                  for layer in self.model.layers)
+            self._stackable = self.local_rotary is None and all(
+                type(layer) is DecoderLayer and type(layer.mlp) is MLP and layer.mlp.act == "silu"
+                and layer.self_attn.q_norm is None and layer.self_attn.sinks is None for layer in self.model.layers)
         c = self.cfg
         return (self._stackable and kernels.native(x, c.head_dim, c.num_heads // c.num_kv_heads) and x.dim() == 2
                 and meta.kernel_ok
@@ -346,8 +400,14 @@ class LlamaModel(nn.Module):
         return torch.ops.peagle.decoder_layers(
             x.contiguous(), self._stack_weights, cos, sin, [k.k for k in caches], [k.v for k in caches],
             meta.slot_mapping, meta.table, meta.seq_of_row, meta.positions, meta.short_rows, meta.block_size,
-            self._stack_windows, c.num_heads, c.head_dim, c.head_dim ** -0.5, c.rms_norm_eps,
+            self._stack_windows, c.num_heads, c.head_dim, c.attn_scale, c.rms_norm_eps,
             list(self.aux_layers), **meta.tree_args)
 
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows entering the first layer."""
+        return self.model.embed_tokens(ids)
+
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
-        return linear(normed, self.head_weight())
+        out = linear(normed, self.head_weight())
+        cap = self.cfg.final_logit_softcapping
+        return out if cap is None else torch.tanh(out / cap) * cap

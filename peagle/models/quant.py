@@ -1,49 +1,58 @@
-"""GGUF weights as they ship: Q8_0, Q4_0 and Q4_1 matrices kept in their 32-weight blocks, as the file
-stores them, for peagle's CPU kernels, read from the ``.gguf`` file without de-quantizing the model.
+"""GGUF weights as they ship: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 matrices kept in their 32-weight blocks and Q4_K,
+Q5_K, Q6_K ones in their 256-weight super-blocks, as the file stores them, for peagle's CPU kernels, read
+from the ``.gguf`` file without de-quantizing the model.
 
 A quantized matrix is a :class:`QuantTensor`: to the model it looks like the ``[out, in]`` weight it
 stands for (shape, a nominal dtype, a parameter of its module, concatenated like one when q/k/v and
 gate/up are fused), while peagle's operators get its blocks, uint8 ``[out, in / 32, block bytes]`` (the
 block size names the format: ``peagle/kernels/csrc/kernels.h``), and an embedding lookup de-quantizes
-only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact. For
-the kernels' integer path (``--compute fast``) a loaded model's blocks are packed (:func:`pack_model`: 16
+only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact. Q8_0,
+Q4_0 and Q4_1 have an integer path too: for it (``--compute fast``) a loaded model's blocks are packed (:func:`pack_model`: 16
 rows interleaved, uint8 ``[out / 16, in / 32, 16 * block bytes]``), a permutation of the same bytes; so are
 its bfloat16 matrices for the bf16 dot-product path (:func:`pack_bf16`, uint8 ``[out / 16, in / 2, 64]``),
-a QuantTensor of format ``bf16`` (not GGUF-quantized: its values are the matrix's own).
+a QuantTensor of format ``bf16`` (not GGUF-quantized: its values are the matrix's own). The other formats
+run on the float32 path, the kernels de-quantizing 32 weights at a time (``kernels.h``: chunk_values).
 """
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-QBLOCK = 32  # weights per block
+QBLOCK = 32  # weights per block (a K-quant's super-block: 8 of them)
 DEQUANT_ROWS = 1024  # rows de-quantized at a time (QuantTensor.dequantize)
 
 
 @dataclass(frozen=True)
 class BlockFormat:
     """One GGUF block format: its name (the kernels' and GGUF's), block size in bytes, whether it
-    stores a min per block (q4_1), and whether its quants are nibbles (else int8)."""
+    stores a min per block (q4_1), whether its quants are nibbles (else int8), the weights a block
+    holds, and whether the kernels have an integer path for it (:func:`pack`; else float32 only)."""
 
     name: str
     block_bytes: int
     has_min: bool
     nibbles: bool
+    weights: int = QBLOCK
+    int_path: bool = True
 
     @property
     def scale_bytes(self) -> int:
         return 4 if self.has_min else 2
 
 
-FORMATS = {f.name: f for f in (BlockFormat("q8_0", 34, False, False), BlockFormat("q4_0", 18, False, True),
-                               BlockFormat("q4_1", 20, True, True))}
+FORMATS = {f.name: f for f in (
+    BlockFormat("q8_0", 34, False, False), BlockFormat("q4_0", 18, False, True), BlockFormat("q4_1", 20, True, True),
+    BlockFormat("q5_0", 22, False, True, int_path=False), BlockFormat("q5_1", 24, True, True, int_path=False),
+    BlockFormat("q4_k", 144, True, True, 256, False), BlockFormat("q5_k", 176, True, True, 256, False),
+    BlockFormat("q6_k", 210, False, False, 256, False))}
 BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
 GROUP = 16  # columns a packed block interleaves (kernels.h: QGROUP)
-PACKED = {GROUP * f.block_bytes: f for f in FORMATS.values()}  # a packed group's size names it too
+PACKED = {GROUP * f.block_bytes: f for f in FORMATS.values() if f.int_path}  # a packed group's size names it too
 BF16_PAIR = GROUP * 4  # bytes of a packed bf16 matrix's (group, k pair): 16 columns' weights k, k+1
 
 
@@ -55,9 +64,16 @@ def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
 
 
 def dequantize(blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """GGUF blocks ``[N, nb, block_bytes]`` -> ``[N, nb * 32]`` in ``dtype``: the float32 values gguf's
-    ``dequantize`` gives (q * d exact, + m rounded once), then cast."""
+    """GGUF blocks ``[N, nb, block_bytes]`` -> ``[N, nb * weights]`` in ``dtype``: the float32 values gguf's
+    ``dequantize`` gives (q * d exact, + m rounded once; the formats without an integer path through gguf's
+    own code, on the host), then cast."""
     f = BY_SIZE[blocks.shape[-1]]
+    if not f.int_path:
+        import gguf
+
+        kind = getattr(gguf.GGMLQuantizationType, f.name.upper())
+        w = gguf.quants.dequantize(blocks.cpu().reshape(blocks.shape[0], -1).numpy(), kind)
+        return torch.from_numpy(w).to(device=blocks.device, dtype=dtype)
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [N, nb, 1]
     q = blocks[..., f.scale_bytes:]
     if f.nibbles:
@@ -71,9 +87,42 @@ def dequantize(blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
     return w.reshape(blocks.shape[0], -1).to(dtype)
 
 
+def as_q8_0(blocks: torch.Tensor) -> torch.Tensor:
+    """q4_0 or q5_0 blocks re-encoded as q8_0 ones, losslessly: the same scale, the quants (q - 8 or q - 16)
+    as int8 (a q8_0 matrix fused with q4_0/q5_0 ones, as Q4_K_M files store attn_v beside attn_q/attn_k)."""
+    w = dequantize(blocks).view(*blocks.shape[:2], QBLOCK)  # (q - offset) * d exactly
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()
+    q = torch.where(d == 0, 0, w / d).round().to(torch.int8)  # exact: w is a multiple of d
+    return torch.cat([blocks[..., 0:2], q.view(torch.uint8)], dim=-1)
+
+
+def unify_fused(sd: dict[str, torch.Tensor], groups: dict[str, list[str]],
+                dtype: torch.dtype) -> tuple[Counter[str], Counter[str]]:
+    """Make each group of matrices fused into one (q/k/v, gate/up) one format, in place: q4_0/q5_0 beside q8_0
+    re-encoded as q8_0 (lossless); other mixes of formats (or blocks beside float) de-quantized into ``dtype``.
+    Returns how many matrices of each format were re-encoded, and how many de-quantized."""
+    lossless = {"q4_0", "q5_0", "q8_0"}
+    recoded: Counter[str] = Counter()
+    dropped: Counter[str] = Counter()
+    for names in groups.values():
+        ts = [sd[n] for n in names]
+        fmts = {t.format for t in ts if quantized(t)}
+        if not fmts or (len(fmts) == 1 and all(quantized(t) for t in ts)):
+            continue
+        for n, t in zip(names, ts):
+            if all(quantized(t) for t in ts) and fmts <= lossless:
+                if t.format != "q8_0":
+                    recoded[t.format.upper()] += 1
+                    sd[n] = QuantTensor(as_q8_0(t.blocks), t.dtype)
+            elif quantized(t):
+                dropped[t.format.upper()] += 1
+                sd[n] = t.dequantize(dtype)
+    return recoded, dropped
+
+
 def packable(blocks: torch.Tensor) -> bool:
-    """Whether :func:`pack` takes these file blocks: whole groups of 16 rows."""
-    return blocks.shape[0] % GROUP == 0
+    """Whether :func:`pack` takes these file blocks: a format with an integer path, whole groups of 16 rows."""
+    return BY_SIZE[blocks.shape[-1]].int_path and blocks.shape[0] % GROUP == 0
 
 
 def pack(blocks: torch.Tensor) -> torch.Tensor:
@@ -149,8 +198,10 @@ class QuantTensor(torch.Tensor):
             raise ValueError(f"GGUF blocks are uint8 [rows, blocks, one of {sorted(BY_SIZE)} bytes] (packed: "
                              f"[rows / 16, blocks, one of {sorted(PACKED)}]; packed bf16: [rows / 16, in / 2, "
                              f"{BF16_PAIR}]), got {blocks.dtype} {tuple(blocks.shape)}")
-        packed = blocks.shape[2] in PACKED or blocks.shape[2] == BF16_PAIR
-        shape = (blocks.shape[0] * (GROUP if packed else 1), blocks.shape[1] * (2 if blocks.shape[2] == BF16_PAIR else QBLOCK))
+        size = blocks.shape[2]
+        packed = size in PACKED or size == BF16_PAIR
+        per_block = 2 if size == BF16_PAIR else QBLOCK if packed else BY_SIZE[size].weights
+        shape = (blocks.shape[0] * (GROUP if packed else 1), blocks.shape[1] * per_block)
         return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=blocks.device)
 
     def __init__(self, blocks: torch.Tensor, dtype: torch.dtype):
@@ -164,7 +215,7 @@ class QuantTensor(torch.Tensor):
 
     @property
     def format(self) -> str:
-        """The GGUF block format (``q8_0``, ``q4_0``, ``q4_1``), or ``bf16``."""
+        """The GGUF block format (``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q4_k``, ``q5_k``, ``q6_k``), or ``bf16``."""
         size = self.blocks.shape[2]
         return "bf16" if size == BF16_PAIR else {**BY_SIZE, **PACKED}[size].name
 
@@ -300,12 +351,16 @@ def _reverse_permute(rows: int, heads: int) -> torch.Tensor:
 
 def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype, compute: torch.dtype,
               device: torch.device) -> dict[str, torch.Tensor]:
-    """The tensors of a GGUF file under the HF names ``names`` (the state dict the model expects). With
-    ``keep``, Q8_0/Q4_0/Q4_1 matrices stay quantized (:class:`QuantTensor`, nominally ``compute`` for
-    the embedding and ``dtype`` for the linear layers, as :func:`set_precision` would leave them); every
-    other tensor is de-quantized into ``dtype`` (floating point: the loader then casts what is not a
-    linear weight), one tensor at a time, with one notice naming the types peagle cannot keep."""
+    """The tensors of a GGUF file under the HF names ``names`` (the state dict the model expects), in HF's
+    conventions (llama.cpp's q/k row order undone; Gemma's norms stored as ``1 + w`` back to ``w``, as
+    transformers reads them). With ``keep``, matrices in a block format of :data:`FORMATS` stay quantized
+    (:class:`QuantTensor`, nominally ``compute`` for the embedding and ``dtype`` for the linear layers, as
+    :func:`set_precision` would leave them), with one line saying how many of each format, and which
+    quantized tensors were not kept; every other tensor is de-quantized into ``dtype`` (floating point: the
+    loader then casts what is not a linear weight), one tensor at a time."""
     import gguf
+
+    from peagle.models.checkpoint import fused_groups
 
     try:
         reader = gguf.GGUFReader(str(path))
@@ -329,9 +384,11 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
         if g is not None:
             to_hf[f"{g}.{suffix}"] = hf
     permute = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads} if cfg.model_type in ("llama", "mistral") else {}
-    kept = {getattr(gguf.GGMLQuantizationType, n.upper()): n for n in FORMATS} if keep else {}
+    keepable = {getattr(gguf.GGMLQuantizationType, n.upper()): n for n in FORMATS} if keep else {}
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     out: dict[str, torch.Tensor] = {}
-    converted: set[str] = set()
+    kept: Counter[str] = Counter()
+    converted: Counter[str] = Counter()
     with open(path, "rb") as fh:
         for name, ttype, shape, offset, nbytes in tensors:
             hf = to_hf.get(name)
@@ -344,16 +401,16 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
                 raise GGUFError(f"{path}: truncated: tensor {name} ends past the end of the file")
             data = data.reshape(n_rows, -1)
             order = next((_reverse_permute(n_rows, h).numpy() for k, h in permute.items() if f".{k}." in hf), None)
-            if ttype in kept and len(shape) == 2:
-                fmt = kept[ttype]
-                if data.shape[1] != shape[0] // QBLOCK * FORMATS[fmt].block_bytes:
-                    raise GGUFError(f"{path}: tensor {name} has {data.shape[1]} bytes a row for {fmt} {tuple(shape)}")
+            if ttype in keepable and len(shape) == 2:
+                f = FORMATS[keepable[ttype]]
+                if shape[0] % f.weights or data.shape[1] != shape[0] // f.weights * f.block_bytes:
+                    raise GGUFError(f"{path}: tensor {name} has {data.shape[1]} bytes a row for {f.name} {tuple(shape)}")
                 nominal = compute if hf.endswith("embed_tokens.weight") else dtype
-                out[hf] = QuantTensor(blocks_of(data if order is None else data[order], fmt), nominal)
+                out[hf] = QuantTensor(blocks_of(data if order is None else data[order], f.name), nominal)
+                kept[ttype.name] += 1
                 continue
-            if ttype.name.lower() not in FORMATS and ttype not in (
-                    gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
-                converted.add(ttype.name)
+            if ttype not in plain:
+                converted[ttype.name] += 1
             try:
                 w = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(data, ttype)))
             except (NotImplementedError, ValueError) as e:
@@ -361,8 +418,25 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
             w = w.reshape(list(reversed(shape))) if len(shape) > 1 else w.reshape(-1)
             if order is not None:
                 w = w[torch.from_numpy(order)]
+            if cfg.model_type == "gemma3_text" and hf.endswith("norm.weight"):
+                w = w - 1  # llama.cpp stores Gemma's norms as 1 + w
             out[hf] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
-    if converted:
-        print(f"peagle: {path.name}: {', '.join(sorted(converted))} tensors de-quantized to {str(dtype).removeprefix('torch.')} (peagle keeps "
-              f"{', '.join(n.upper() for n in FORMATS)} quantized)", file=sys.stderr)
+    recoded, dropped = unify_fused(out, fused_groups(out), dtype)
+    kept.subtract(dropped)
+    kept.subtract(recoded)
+    kept["Q8_0"] += sum(recoded.values())
+    if keep:
+        def count(c: Counter) -> str:
+            return ", ".join(f"{n} {t}" for t, n in c.most_common() if n > 0)
+
+        line = f"peagle: {path.name}: kept quantized: {count(kept) or 'none'}"
+        if recoded:
+            line += f" ({count(recoded)} re-encoded as Q8_0, losslessly: fused with Q8_0 ones)"
+        if converted:
+            line += (f"; de-quantized to {str(dtype).removeprefix('torch.')}: {count(converted)} (peagle keeps "
+                     f"{', '.join(n.upper() for n in FORMATS)} matrices quantized)")
+        if dropped:
+            line += (f"; de-quantized to {str(dtype).removeprefix('torch.')}: {count(dropped)} (fused q/k/v or "
+                     "gate/up in formats that do not share one)")
+        print(line, file=sys.stderr)
     return out

@@ -2,7 +2,7 @@
 // bits however many rows share the pass and wherever it sits in it.
 //
 // linear: y[M,N] = x[M,K] @ W[N,K]^T (+ bias), x and y float32, W float32, float16 or bfloat16
-// (row-major [N,K]) or GGUF blocks (q8_0, q4_0, q4_1: see QBLOCK), de-quantized in registers to the exact
+// (row-major [N,K]) or GGUF blocks (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k: see QBLOCK), de-quantized in registers to the exact
 // float32 values gguf's dequantize gives, so a quantized weight's result is the bits of the same kernel
 // on the de-quantized float32 matrix. Every output y[m,n] is one dot product accumulated in the same
 // order whatever M is and whichever tile computes it: L lanes (the ISA's vector width: 8 for AVX2, 16
@@ -18,19 +18,44 @@ class Tensor;
 
 namespace peagle {
 
-enum class WType { f32, f16, bf16, q8_0, q4_0, q4_1 };
+enum class WType { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k };
 
 // GGUF's block formats, as the file stores them: a row of K = 32 * nb weights is nb blocks of
 // block_bytes(t), each [d: fp16][m: fp16, q4_1 only][quants: 16 bytes (q4) or 32 int8 (q8_0)]; a q4
 // block's byte j holds weight j in its low nibble and weight j + 16 in its high one. Values: q8_0 q * d,
 // q4_0 (q - 8) * d, q4_1 q * d + m (one rounding: fma). The weight tensor is uint8 [N, nb, block_bytes]:
 // its last dimension names the format (weight_view), so every caller of linear passes it as it is.
+//
+// The other formats run on the float32 path only (no integer path: they are not packed), a block of 32
+// weights (a "chunk": chunk_values) de-quantized at a time, gguf's values bit for bit:
+//     q5_0 [d][qh: 32 high bits][qs: 16 bytes]: (q - 16) * d, q = nibble | high bit << 4 (qs as q4's);
+//     q5_1 [d][m][qh][qs]: q * d + m (one rounding);
+//     q4_k, q5_k: super-blocks of 256, [d][dmin][12 bytes: 8 six-bit scales and mins][q5_k: qh, 32 bytes]
+//       [qs: 128 bytes]; chunk c: (d * sc_c) * q - dmin * m_c, q the low (c even) or high nibble of qs bytes
+//       32 (c / 2) .. +31 (q5_k: + 16 if bit c of qh[l]);
+//     q6_k: super-blocks of 256, [ql: 128][qh: 64][16 int8 scales][d]; (d * sc) * (q - 32) per 16 weights.
 constexpr int64_t QBLOCK = 32;
-constexpr bool quantized(WType t) { return t == WType::q8_0 || t == WType::q4_0 || t == WType::q4_1; }
-constexpr int64_t block_bytes(WType t) { return t == WType::q8_0 ? 34 : t == WType::q4_0 ? 18 : 20; }
+constexpr int64_t QK_K = 256;  // weights per K-quant super-block
+constexpr bool quantized(WType t) { return t != WType::f32 && t != WType::f16 && t != WType::bf16; }
+// The formats with an integer path (packed; the other block formats run in float32 only).
+constexpr bool int_path(WType t) { return t == WType::q8_0 || t == WType::q4_0 || t == WType::q4_1; }
+constexpr int64_t block_weights(WType t) { return t == WType::q4_k || t == WType::q5_k || t == WType::q6_k ? QK_K : QBLOCK; }
+constexpr int64_t block_bytes(WType t) {
+  switch (t) {
+    case WType::q8_0: return 34;
+    case WType::q4_0: return 18;
+    case WType::q4_1: return 20;
+    case WType::q5_0: return 22;
+    case WType::q5_1: return 24;
+    case WType::q4_k: return 144;
+    case WType::q5_k: return 176;
+    case WType::q6_k: return 210;
+    default: return 0;
+  }
+}
 // Bytes per row of a K-wide weight.
 constexpr int64_t row_bytes(WType t, int64_t K) {
-  return quantized(t) ? K / QBLOCK * block_bytes(t) : K * (t == WType::f32 ? 4 : 2);
+  return quantized(t) ? K / block_weights(t) * block_bytes(t) : K * (t == WType::f32 ? 4 : 2);
 }
 // Block b of a row: its scale, min (q4_1) and quants.
 struct QBlock {
@@ -49,6 +74,57 @@ inline int quant_at(const QBlock& p, WType t, int64_t k) {
   const int q = (p.q[k % 16] >> (k & 16) / 4) & 15;
   return t == WType::q4_0 ? q - 8 : q;
 }
+// Weights 32c .. 32c+31 of a row of GGUF blocks of type T as float32, gguf's values (the formats above).
+// Static: each ISA's file compiles its own copy for its target (no definition shared across targets).
+float half_to_float(uint16_t h);
+template <WType T>
+static inline void chunk_values(const uint8_t* row, int64_t c, float* out) {
+  const uint8_t* p = row + c * QBLOCK / block_weights(T) * block_bytes(T);  // the chunk's block
+  auto f16 = [](const uint8_t* b) { uint16_t h; __builtin_memcpy(&h, b, 2); return half_to_float(h); };
+  if constexpr (int_path(T)) {
+    const QBlock b = qblock(row, T, c);
+    const float d = half_to_float(b.d), m = half_to_float(b.m);
+    for (int k = 0; k < QBLOCK; ++k)
+      out[k] = T == WType::q4_1 ? __builtin_fmaf(float(quant_at(b, T, k)), d, m) : float(quant_at(b, T, k)) * d;
+  } else if constexpr (T == WType::q5_0 || T == WType::q5_1) {
+    const bool min = T == WType::q5_1;
+    const float d = f16(p), m = min ? f16(p + 2) : 0.f;
+    uint32_t qh;
+    __builtin_memcpy(&qh, p + (min ? 4 : 2), 4);
+    const uint8_t* qs = p + (min ? 8 : 6);
+    for (int k = 0; k < QBLOCK; ++k) {
+      const int q = ((qs[k % 16] >> (k & 16) / 4) & 15) | ((qh >> k) & 1) << 4;
+      out[k] = min ? __builtin_fmaf(float(q), d, m) : float(q - 16) * d;
+    }
+  } else if constexpr (T == WType::q4_k || T == WType::q5_k) {
+    const int j = int(c % 8);
+    const uint8_t* sc = p + 4;  // get_scale_min_k4
+    const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 15) | (sc[j - 4] >> 6) << 4;
+    const int mn = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | (sc[j] >> 6) << 4;
+    const float d = f16(p) * float(s), m = f16(p + 2) * float(mn);
+    const uint8_t* qh = p + 16;
+    const uint8_t* qs = p + (T == WType::q5_k ? 48 : 16) + 32 * (j / 2);
+    for (int l = 0; l < QBLOCK; ++l) {
+      int q = (qs[l] >> 4 * (j % 2)) & 15;
+      if constexpr (T == WType::q5_k) q |= ((qh[l] >> j) & 1) << 4;
+      out[l] = d * float(q) - m;
+    }
+  } else {  // q6_k
+    const int j = int(c % 8), h = j / 4, v = j % 4;
+    const uint8_t* ql = p + 64 * h + 32 * (v % 2);
+    const uint8_t* qh = p + 128 + 32 * h;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192) + 2 * j;
+    const float d = f16(p + 208);
+    const float ds[2] = {d * float(sc[0]), d * float(sc[1])};
+    for (int l = 0; l < QBLOCK; ++l) {
+      const int q = (((ql[l] >> 4 * (v / 2)) & 15) | ((qh[l] >> 2 * v) & 3) << 4) - 32;
+      out[l] = ds[l / 16] * float(q);
+    }
+  }
+}
+
+// chunk_values for a type known at run time (reference.cpp).
+void chunk_values(const uint8_t* row, WType t, int64_t c, float* out);
 // Weight k of a row of row_bytes(t, K) bytes as float32: gguf's value for blocks (q * d exact, + m rounded
 // once), the SIMD paths' conversion for 16-bit weights (reference.cpp).
 float weight_at(const uint8_t* row, WType t, int64_t k);

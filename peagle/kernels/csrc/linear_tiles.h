@@ -3,7 +3,8 @@
 // supplies: LANES, RMAX (the tallest tile), RWIDE (the tile height for passes taller than RMAX),
 // columns(R) (a tile's width for R rows, within the registers), vec, zero(), load_x(p),
 // load_x_tail(p, n), load_w<T>(row, k) (weights k .. k+LANES-1 of a float row), load_w_tail<T>(row, k,
-// n), load_block<T>(row, b, out) (block b of a row of GGUF blocks: QBLOCK / LANES vectors, float32),
+// n), load_block<T>(row, b, out) (block b of a row of GGUF blocks of a format with an integer path: QBLOCK /
+// LANES vectors, float32; the other formats' chunks are de-quantized by chunk_values, then loaded as x is),
 // fma(a, b, c) and hsum(v) (lanes reduced as reference.cpp).
 #pragma once
 #include <type_traits>
@@ -27,12 +28,18 @@ static void tile(const LinearArgs& a, int64_t m, int64_t n) {
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < NB; ++j) acc[r][j] = V::zero();
   if constexpr (quantized(T)) {
-    // a block per step, its scales and quants loaded once for the QBLOCK / L vectors it gives
+    // a block of 32 per step, its scales and quants loaded once for the QBLOCK / L vectors it gives
     for (int64_t b = 0; b < K / QBLOCK; ++b) {
       typename V::vec wv[NB][QBLOCK / L];
       for (int j = 0; j < NB; ++j) {
-        __builtin_prefetch(next + j * RB + b * block_bytes(T), 0, 3);
-        V::template load_block<T>(w + j * RB, b, wv[j]);
+        __builtin_prefetch(next + j * RB + b * QBLOCK / block_weights(T) * block_bytes(T), 0, 3);
+        if constexpr (int_path(T)) {
+          V::template load_block<T>(w + j * RB, b, wv[j]);
+        } else {
+          alignas(64) float chunk[QBLOCK];
+          chunk_values<T>(w + j * RB, b, chunk);
+          for (int s = 0; s < QBLOCK / L; ++s) wv[j][s] = V::load_x(chunk + s * L);
+        }
       }
       for (int s = 0; s < QBLOCK / L; ++s) {
         typename V::vec xv[R];
@@ -134,6 +141,11 @@ static void dispatch_wtype(const LinearArgs& a, int64_t n0, int64_t n1) {
     case WType::q8_0: return run_tiles<FloatTiles<V, WType::q8_0>>(a, n0, n1);
     case WType::q4_0: return run_tiles<FloatTiles<V, WType::q4_0>>(a, n0, n1);
     case WType::q4_1: return run_tiles<FloatTiles<V, WType::q4_1>>(a, n0, n1);
+    case WType::q5_0: return run_tiles<FloatTiles<V, WType::q5_0>>(a, n0, n1);
+    case WType::q5_1: return run_tiles<FloatTiles<V, WType::q5_1>>(a, n0, n1);
+    case WType::q4_k: return run_tiles<FloatTiles<V, WType::q4_k>>(a, n0, n1);
+    case WType::q5_k: return run_tiles<FloatTiles<V, WType::q5_k>>(a, n0, n1);
+    case WType::q6_k: return run_tiles<FloatTiles<V, WType::q6_k>>(a, n0, n1);
   }
 }
 

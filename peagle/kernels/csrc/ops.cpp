@@ -219,14 +219,15 @@ WeightView weight_view(const at::Tensor& w) {
   TORCH_CHECK(w.device().is_cpu(), "peagle::linear runs on the CPU");
   TORCH_CHECK(w.is_contiguous(), "peagle::linear: the weight must be contiguous");
   if (w.scalar_type() == at::kByte) {
-    TORCH_CHECK(w.dim() == 3, "peagle::linear: GGUF blocks are uint8 [N, K / 32, block bytes], got ", w.sizes());
-    for (WType t : {WType::q8_0, WType::q4_0, WType::q4_1}) {
-      if (w.size(2) == block_bytes(t)) return {w.data_ptr(), t, w.size(0), w.size(1) * QBLOCK, false};
-      if (w.size(2) == packed_bytes(t)) return {w.data_ptr(), t, w.size(0) * QGROUP, w.size(1) * QBLOCK, true};
+    TORCH_CHECK(w.dim() == 3, "peagle::linear: GGUF blocks are uint8 [N, K / block weights, block bytes], got ", w.sizes());
+    for (WType t : {WType::q8_0, WType::q4_0, WType::q4_1, WType::q5_0, WType::q5_1, WType::q4_k, WType::q5_k, WType::q6_k}) {
+      if (w.size(2) == block_bytes(t)) return {w.data_ptr(), t, w.size(0), w.size(1) * block_weights(t), false};
+      if (int_path(t) && w.size(2) == packed_bytes(t)) return {w.data_ptr(), t, w.size(0) * QGROUP, w.size(1) * QBLOCK, true};
     }
     if (w.size(2) == BF16_PAIR_BYTES) return {w.data_ptr(), WType::bf16, w.size(0) * QGROUP, w.size(1) * 2, true};
     TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know "
-                "(34: q8_0, 18: q4_0, 20: q4_1; packed 16 columns at a time: 544, 288, 320, bf16 pairs 64)");
+                "(34: q8_0, 18: q4_0, 20: q4_1, 22: q5_0, 24: q5_1, 144: q4_k, 176: q5_k, 210: q6_k; packed 16 columns at "
+                "a time: 544, 288, 320, bf16 pairs 64)");
   }
   TORCH_CHECK(w.dim() == 2, "peagle::linear: the weight must be an [N, K] matrix");
   switch (w.scalar_type()) {
@@ -270,7 +271,8 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
   TORCH_CHECK(quantized(w.wtype) || w.packed, "peagle::dequantize_rows: takes GGUF blocks or a packed bf16 matrix");
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
               "peagle::dequantize_rows: ids must be contiguous int64 [n]");
-  const int64_t n = ids.numel(), nb = w.K / QBLOCK, bb = block_bytes(w.wtype), PB = packed_bytes(w.wtype);
+  const int64_t n = ids.numel(), nb = w.K / QBLOCK, bb = block_bytes(w.wtype), PB = packed_bytes(w.wtype),
+                RB = row_bytes(w.wtype, w.K);
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i)
     TORCH_CHECK(0 <= ip[i] && ip[i] < w.N, "peagle::dequantize_rows: row ", ip[i], " out of ", w.N);
@@ -290,9 +292,8 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
     uint8_t blk[34];
     for (int64_t i = i0; i < i1; ++i)
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* p = blk;
         if (!w.packed) {
-          p = base + (ip[i] * nb + b) * bb;
+          chunk_values(base + ip[i] * RB, w.wtype, b, o + i * w.K + b * QBLOCK);
         } else {  // kernels.h's layout: column c of group g, block b, gathered back into a file block
           const int64_t g = ip[i] / QGROUP, c = ip[i] % QGROUP, sc = packed_scales(w.wtype);
           const uint8_t* s = base + (g * nb + b) * PB;
@@ -301,8 +302,8 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
           for (int64_t v = 0; v < (bb - sc / 16) / 4; ++v)
             for (int k = 0; k < 4; ++k)
               blk[sc / 16 + 4 * v + k] = uint8_t(s[sc + 64 * v + 4 * c + k] ^ (w.wtype == WType::q8_0 ? 0x80 : 0));
+          chunk_values(blk, w.wtype, 0, o + i * w.K + b * QBLOCK);
         }
-        for (int k = 0; k < QBLOCK; ++k) o[i * w.K + b * QBLOCK + k] = weight_at(p, w.wtype, k);
       }
   });
   return out;
@@ -419,7 +420,7 @@ static at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& w, con
 // The integer path's scalar reference, on the file's blocks.
 static at::Tensor qlinear_reference(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   const WeightView v = weight_view(w);
-  TORCH_CHECK(quantized(v.wtype) && !v.packed, "peagle::qlinear_ref: takes a GGUF file's blocks, uint8 [N, K / 32, block bytes]");
+  TORCH_CHECK(int_path(v.wtype) && !v.packed, "peagle::qlinear_ref: takes a GGUF file's q8_0/q4_0/q4_1 blocks, uint8 [N, K / 32, block bytes]");
   return qrun(x, v, bias, {quantize_rows_ref, [](WType) { return 0; }, qlinear_ref, COL_GRAIN});
 }
 

@@ -36,7 +36,9 @@ struct Lanes {
   }
   template <WType T>
   static void load_block(const uint8_t* row, int64_t b, vec* out) {
-    for (int s = 0; s < QBLOCK / L; ++s) out[s] = load_w<T>(row, b * QBLOCK + s * L);
+    float chunk[QBLOCK];
+    chunk_values<T>(row, b, chunk);
+    for (int s = 0; s < QBLOCK / L; ++s) std::memcpy(out[s].v, chunk + s * L, sizeof out[s].v);
   }
   static vec zero() { return vec{}; }
   static vec load_x(const float* p) {
@@ -110,7 +112,7 @@ struct Lanes {
 
 }  // namespace
 
-static float half_to_float(uint16_t h) {  // IEEE half to float, subnormals included
+float half_to_float(uint16_t h) {  // IEEE half to float, subnormals included
   uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   float f;
   if (exp == 0) {
@@ -138,15 +140,26 @@ float weight_at(const uint8_t* row, WType t, int64_t k) {
     case WType::f32: return reinterpret_cast<const float*>(row)[k];
     case WType::bf16: return bf16_to_float(reinterpret_cast<const uint16_t*>(row)[k]);
     case WType::f16: return half_to_float(reinterpret_cast<const uint16_t*>(row)[k]);
-    case WType::q8_0:
-    case WType::q4_0:
-    case WType::q4_1: {
-      const QBlock p = qblock(row, t, k / QBLOCK);
-      const float q = float(quant_at(p, t, k % QBLOCK));
-      return t == WType::q4_1 ? std::fma(q, half_to_float(p.d), half_to_float(p.m)) : q * half_to_float(p.d);
+    default: {
+      float chunk[QBLOCK];
+      chunk_values(row, t, k / QBLOCK, chunk);
+      return chunk[k % QBLOCK];
     }
   }
-  return 0.f;
+}
+
+void chunk_values(const uint8_t* row, WType t, int64_t c, float* out) {
+  switch (t) {
+    case WType::q8_0: return chunk_values<WType::q8_0>(row, c, out);
+    case WType::q4_0: return chunk_values<WType::q4_0>(row, c, out);
+    case WType::q4_1: return chunk_values<WType::q4_1>(row, c, out);
+    case WType::q5_0: return chunk_values<WType::q5_0>(row, c, out);
+    case WType::q5_1: return chunk_values<WType::q5_1>(row, c, out);
+    case WType::q4_k: return chunk_values<WType::q4_k>(row, c, out);
+    case WType::q5_k: return chunk_values<WType::q5_k>(row, c, out);
+    case WType::q6_k: return chunk_values<WType::q6_k>(row, c, out);
+    default: return;
+  }
 }
 
 void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes) {
