@@ -16,6 +16,7 @@ from tokenizers.models import WordLevel
 
 from peagle import kernels
 from peagle.engine.llm_engine import EngineConfig, LLMEngine, RequestError
+from peagle.engine.sequence import BONUS, CORRECTED, PLAIN
 from peagle.engine.sampling import SamplingError, SamplingParams, logprobs_of, probs_from_logits, sample_tokens
 from peagle.engine.tree import Tree, TreeBatch, accept_paths
 from peagle.models.drafter import Drafter
@@ -86,11 +87,12 @@ def test_test_models_see_position_faults(family, fault):
     assert greedy(bad.eval()) != ref
 
 
-def oracle_acceptance(prompt_len: int, max_tokens: int, k: int, wrong_every: int) -> tuple[int, list[int]]:
+def oracle_acceptance(prompt_len: int, max_tokens: int, k: int, wrong_every: int) -> tuple[int, list[int], list[int]]:
     """What an :class:`OracleDrafter` must give under greedy decoding, round by round: drafts for
     the token indices i = L .. L+d-1 after a sequence of L tokens, the one at i wrong iff
-    ``i % wrong_every == 0``, the accepted ones the leading right ones. (verify rounds, accepted per position)"""
-    length, out, rounds, per_pos = prompt_len + 1, 1, 0, [0] * k
+    ``i % wrong_every == 0``, the accepted ones the leading right ones. (verify rounds, accepted per position,
+    each output token's origin)"""
+    length, out, rounds, per_pos, origins = prompt_len + 1, 1, 0, [0] * k, [PLAIN]
     while out < max_tokens:
         d = min(k, max_tokens - out - 1)
         a = next((j for j in range(d) if (length + j) % wrong_every == 0), d)
@@ -98,8 +100,9 @@ def oracle_acceptance(prompt_len: int, max_tokens: int, k: int, wrong_every: int
             rounds += 1
             for j in range(a):
                 per_pos[j] += 1
+        origins += [*range(1, a + 1), PLAIN if not d else BONUS if a == d else CORRECTED]
         length, out = length + a + 1, out + a + 1
-    return rounds, per_pos
+    return rounds, per_pos, origins
 
 
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
@@ -109,8 +112,9 @@ def test_per_position_acceptance_follows_the_oracles_pattern(llama, method):
     ref = make_engine(llama, None, "none").generate([prompt], params)[0].token_ids
     for k, wrong_every in ((3, 5), (5, 4), (7, 9)):
         out = make_engine(llama, OracleDrafter.of(llama, prompt + ref, wrong_every), method, k).generate([prompt], params)[0]
-        rounds, per_pos = oracle_acceptance(len(prompt), 40, k, wrong_every)
+        rounds, per_pos, origins = oracle_acceptance(len(prompt), 40, k, wrong_every)
         assert (out.stats.num_drafts, out.stats.accepted_per_pos[:k]) == (rounds, per_pos), (k, wrong_every)
+        assert out.origins == origins, (k, wrong_every)
 
 
 @pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])

@@ -138,10 +138,11 @@ class RequestOutput:
     stats: SpecStats
     ttft_s: float | None
     elapsed_s: float | None
+    origins: list[int]   # how each output token came (BONUS, CORRECTED, PLAIN, or k: the k-th draft)
 
     @classmethod
     def of(cls, seq: Sequence) -> "RequestOutput":
         end = seq.finish_time or time.perf_counter()
         return cls(seq.request_id, seq.prompt_ids, seq.output_ids, seq.text, seq.finish_reason, seq.stats,
                    None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
-                   end - seq.arrival_time)
+                   end - seq.arrival_time, seq.origins)
