@@ -215,3 +215,32 @@ def test_malformed_structured_outputs_get_a_400(srv, extra, words):
     status, body, _ = request(srv.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 4, **extra})
     assert status == 400 and words in body["error"]["message"], body
     assert completion(srv.port, {**STORY, "max_tokens": 2})["choices"][0]["text"]   # and the server goes on
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_token_origins_add_up_to_the_text_and_the_metrics(srv, stream):
+    """``token_origins`` (asked for): each token's text, together exactly the response's text (a stop string
+    cut included), and its origin: as many accepted drafts as the metrics count, a bonus after each round
+    that took every draft; not asked for, nothing new in the answer."""
+    long = {**STORY, "max_tokens": 40}
+    full = completion(srv.port, long)["choices"][0]["text"]
+    for body in (STORY, {**long, "stop": [full[len(full) // 2:len(full) // 2 + 3]]}):   # a stop string midway
+        asked = {**body, "token_origins": True}
+        if stream:
+            events = sse(srv.port, "/v1/completions", asked)
+            text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
+            origins = [t for e in events if e["choices"] for t in e["choices"][0]["token_origins"]]
+            metrics = events[-1]["metrics"]["speculative_decoding"]
+        else:
+            out = completion(srv.port, asked)
+            text, origins = out["choices"][0]["text"], out["choices"][0]["token_origins"]
+            metrics = out["metrics"]["speculative_decoding"]
+        assert "".join(t["text"] for t in origins) == text
+        if "stop" in body:
+            assert text == full[:full.index(body["stop"][0])]
+        kinds = [t["origin"] for t in origins]
+        assert sum(k >= 1 for k in kinds) == metrics["num_accepted_draft_tokens"] > 0
+        assert kinds[0] == -2   # the first token comes from the prompt's pass
+        assert all(k == (prev + 1 if prev >= 1 else 1) for prev, k in zip(kinds, kinds[1:]) if k >= 1), kinds
+        assert all(prev >= 1 for prev, k in zip(kinds, kinds[1:]) if k == -1), "a bonus follows accepted drafts"
+    assert "token_origins" not in completion(srv.port, STORY)["choices"][0]

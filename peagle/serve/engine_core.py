@@ -70,6 +70,9 @@ class Delta:
     logprobs: list[TokenLogprob]   # one per new token, when asked for
     token_texts: dict[int, str]    # the text of every token named in ``logprobs``
     spec: SpecStats | None = None  # the request's speculation, on its last delta
+    # (text, origin) of each token whose text is settled, when asked for (``token_origins``): origin k >= 1 the
+    # k-th draft of its round, accepted; 0 the target's token after a rejection; -1 the bonus; -2 no drafts
+    tokens: list[tuple[str, int]] | None = None
 
 
 @dataclass
@@ -139,7 +142,7 @@ class EngineCore:
 
     def __init__(self, engine: LLMEngine, outbox, stream_interval: int = 1):
         self.engine, self.outbox, self.stream_interval = engine, outbox, stream_interval
-        self._sent: dict[str, tuple[int, int]] = {}   # request id -> (tokens sent, characters sent)
+        self._sent: dict[str, tuple[int, int, int]] = {}   # request id -> (tokens, characters, token texts) sent
         self._streamed: dict[str, bool] = {}
         self._out: list[tuple[str, Delta | Failure, Finished | None]] = []
         self._last_sent = time.monotonic()
@@ -201,7 +204,7 @@ class EngineCore:
         except Exception as e:  # refused: the request's own fault
             self._out.append((rid, Failure("refused", str(e)), None))
             return
-        self._sent[rid] = (0, 0)
+        self._sent[rid] = (0, 0, 0)
         self._streamed[rid] = stream
 
     def _end(self, seq: Sequence, failure: Failure) -> None:
@@ -212,7 +215,7 @@ class EngineCore:
     def _post(self, seq: Sequence) -> None:
         if not seq.finished and not self._streamed[seq.request_id]:
             return  # told once, at its end
-        sent, chars = self._sent[seq.request_id]
+        sent, chars, told = self._sent[seq.request_id]
         n = len(seq.output_ids)
         if not seq.finished and 0 < sent and n - sent < self.stream_interval:
             return  # streamed every stream_interval tokens (the first at once)
@@ -221,11 +224,30 @@ class EngineCore:
         tok = self.engine.tokenizer
         ids = {i for lp in logprobs for i in [lp.token_id, *(t for t, _ in lp.top)]}
         texts = {i: tok.decode([i]) for i in ids} if tok is not None else {}
+        tokens = token_texts(seq, told, text) if seq.params.token_origins and seq.detok is not None else None
         delta = Delta(seq.output_ids[sent:], text[chars:], seq.finish_reason, len(seq.prompt_ids), n, logprobs, texts,
-                      seq.stats if seq.finished else None)
+                      seq.stats if seq.finished else None, tokens)
         if seq.finished:
             del self._sent[seq.request_id], self._streamed[seq.request_id]
             self._out.append((seq.request_id, delta, Finished.of(seq)))
         else:
-            self._sent[seq.request_id] = (n, len(text))
+            self._sent[seq.request_id] = (n, len(text), told + len(tokens or ()))
             self._out.append((seq.request_id, delta, None))
+
+
+def token_texts(seq: Sequence, start: int, text: str) -> list[tuple[str, int]]:
+    """(text, origin) of the output tokens from ``start`` whose text lies within ``text`` (what has been
+    sent, or the final text: then every token, each cut where the text ends), so the pieces always add up
+    to the text sent. A token's text is what the detokenizer added for it (empty while a character's bytes
+    are incomplete; none for a stop token)."""
+    ends = seq.text_ends
+
+    def end(j: int) -> int:   # where token j's text ends (a stop token adds none)
+        return 0 if j < 0 else ends[j] if j < len(ends) else ends[-1] if ends else 0
+
+    out = []
+    for j in range(start, len(seq.origins)):
+        if not seq.finished and end(j) > len(text):
+            break
+        out.append((text[end(j - 1):end(j)], seq.origins[j]))
+    return out

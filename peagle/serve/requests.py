@@ -95,6 +95,8 @@ class SamplingRequest(BaseModel):
     guided_regex: Text | None = None
     guided_choice: list[Text] | None = None
     guided_grammar: Text | None = None
+    token_origins: bool = Field(False, description="peagle's: each choice carries token_origins, the text and "
+                                                   "origin of each token (the playground colours by it)")
     speculative: bool = Field(True, description="peagle's: false decodes this request without drafts (others "
                                                 "in its batch keep speculating); its output is the same")
 
@@ -225,7 +227,8 @@ def sampling_params(req: GenerationRequest, prompt_ids: list[int], limits: Limit
                               logprobs=req.num_logprobs, logit_bias=logit_bias(req.logit_bias, limits.vocab_size),
                               min_tokens=req.min_tokens, presence_penalty=req.presence_penalty,
                               frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
-                              structured=req.structured(), speculative=req.speculative)
+                              structured=req.structured(), speculative=req.speculative,
+                              token_origins=req.token_origins)
     except ValueError as e:
         raise Refusal(400, str(e)) from None
 

@@ -116,12 +116,17 @@ class Formatter:
                 "text_offset": text_offset}
 
     def choice(self, i: int, deltas: list[Delta], delta: bool) -> dict:
-        """Choice ``i`` made of ``deltas``: a whole answer, or (``delta``) one streamed piece of it."""
+        """Choice ``i`` made of ``deltas``: a whole answer, or (``delta``) one streamed piece of it; with
+        ``token_origins`` where the request asked (each token's text and how it came)."""
         text, finish, lps = "".join(d.text for d in deltas), deltas[-1].finish_reason, self.logprobs_json(i, deltas)
         if not self.chat:
-            return {"index": i, "text": text, "logprobs": lps, "finish_reason": finish}
-        return {"index": i, ("delta" if delta else "message"): {"role": "assistant", "content": text},
-                "logprobs": lps, "finish_reason": finish}
+            out = {"index": i, "text": text, "logprobs": lps, "finish_reason": finish}
+        else:
+            out = {"index": i, ("delta" if delta else "message"): {"role": "assistant", "content": text},
+                   "logprobs": lps, "finish_reason": finish}
+        if deltas[-1].tokens is not None:
+            out["token_origins"] = [{"text": t, "origin": o} for d in deltas for t, o in d.tokens or ()]
+        return out
 
     def completion(self, deltas: list[list[Delta]]) -> dict:
         """The whole (not streamed) response: every choice's deltas."""
@@ -140,7 +145,7 @@ class Formatter:
         """The event for choice ``i``'s delta ``d``; None where it carries nothing to send."""
         if d.finish_reason and self.spec_metrics:   # a choice's last event: its speculation
             return self.event({"choices": [self.choice(i, [d], True)], "metrics": self.metrics([d])})
-        if d.text or d.finish_reason or d.logprobs:
+        if d.text or d.finish_reason or d.logprobs or d.tokens:
             return self.event({"choices": [self.choice(i, [d], True)]})
         return None
 
