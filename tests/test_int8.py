@@ -1,8 +1,8 @@
-"""The integer path (``--compute fast``, peagle/kernels/csrc/kernels.h): GGUF blocks times activations
-quantized per row to 8 bits, through integer dot products. Every instruction set (AVX512-VNNI, AVX-VNNI,
-AVX2) gives the bits of the scalar reference on the file's blocks, which gives the bits of a torch
-re-statement of the arithmetic that shares no code with either; a row's result does not depend on the pass; packing is a
-permutation of the file's bytes; and speculation on a quantized model equals plain decoding token for
+"""The integer path (``--compute fast``, peagle/kernels/csrc/kernels.h): GGUF blocks of every format times
+activations quantized per row to 8 bits, through integer dot products. Every instruction set (AVX512-VNNI,
+AVX-VNNI, AVX2) gives the bits of the scalar reference on the file's blocks, which gives the bits of a torch
+re-statement of the arithmetic that shares no code with either; a row's result does not depend on the pass;
+packed blocks hold the file's values; and speculation on a quantized model equals plain decoding token for
 token on every instruction set this CPU has, with drafts accepted."""
 from __future__ import annotations
 
@@ -19,12 +19,11 @@ from test_quant import case, random_blocks
 from peagle import kernels
 from peagle.models.layers import Linear
 from peagle.models.loader import init_drafter
-from peagle.models.quant import (FORMATS, GROUP, QBLOCK, QuantTensor, blocks_of, column_blocks, dequantize, pack,
-                                 pack_model, packable)
+from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, blocks_of, dequantize, pack, pack_model, packable
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
-INT_FORMATS = [n for n, f in FORMATS.items() if f.int_path]  # the formats with an integer path
+INT_FORMATS = list(FORMATS)  # every format has an integer path
 INT_ISAS = {"avx512": "avx512vnni", "avxvnni": "avxvnni", "avx2": "avx2"}  # the ISA cap -> its integer path
 
 
@@ -60,27 +59,76 @@ def isa_caps() -> list:
             for cap in INT_ISAS]
 
 
+def half(b: torch.Tensor) -> torch.Tensor:
+    """Two bytes (the last dimension) as the float32 value of a fp16."""
+    return b.contiguous().view(torch.float16).float()[..., 0]
+
+
+def chunks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The file's blocks ``[N, nb, block bytes]`` read as GGML's code reads them, in chunks of 32 weights:
+    the integers q ``[N, K / 32, 32]`` (less q4_0's 8, q5_0's 16, q6_k's 32), float32 scales ``[N, K / 32, 2]``
+    (weights 0..15 and 16..31) and mins ``[N, K / 32]`` (0 without), value = q * s or q * s + m."""
+    f = {b.block_bytes: b for b in FORMATS.values()}[blocks.shape[-1]]
+    n, nb, _ = blocks.shape
+    b = blocks.long()
+    nib = lambda qs: torch.cat([qs & 15, qs >> 4], -1)  # noqa: E731  (q4's byte j: weights j and j + 16)
+    m = torch.zeros(n, nb * f.weights // QBLOCK)
+    if f.weights == QBLOCK:
+        d = half(blocks[..., 0:2])
+        if f.name == "q8_0":
+            q = blocks[..., 2:].contiguous().view(torch.int8).long()
+        else:
+            head = 4 if f.has_min else 2
+            five = f.name in ("q5_0", "q5_1")
+            qh = sum(b[..., head + i] << 8 * i for i in range(4)) if five else torch.zeros_like(b[..., 0])
+            q = nib(b[..., head + 4 * five:]) | ((qh[..., None] >> torch.arange(32)) & 1) << 4
+            q = q - {"q4_0": 8, "q5_0": 16}.get(f.name, 0)
+        if f.has_min:
+            m = half(blocks[..., 2:4])
+        return q, torch.stack([d, d], -1), m
+    j = torch.arange(8)
+    if f.name == "q6_k":
+        h, v = j // 4, j % 4
+        ql = b[..., :128].reshape(n, nb, 2, 2, 32)[:, :, h, v % 2] >> (4 * (v // 2))[:, None] & 15
+        qh = b[..., 128:192].reshape(n, nb, 2, 32)[:, :, h] >> (2 * v)[:, None] & 3
+        sc = blocks[..., 192:208].contiguous().view(torch.int8).float().reshape(n, nb, 8, 2)
+        s = half(blocks[..., 208:210])[..., None, None] * sc
+        return (ql | qh << 4).reshape(n, -1, 32) - 32, s.reshape(n, -1, 2), m
+    sc = b[..., 4:16]  # get_scale_min_k4
+    lo, hi = j.clamp(max=3), j.clamp(min=4)
+    scale = torch.where(j < 4, sc[..., lo] & 63, (sc[..., hi + 4] & 15) | (sc[..., hi - 4] >> 6) << 4)
+    mn = torch.where(j < 4, sc[..., lo + 4] & 63, (sc[..., hi + 4] >> 4) | (sc[..., hi] >> 6) << 4)
+    at = 48 if f.name == "q5_k" else 16
+    q = b[..., at:at + 128].reshape(n, nb, 4, 1, 32) >> torch.tensor([0, 4])[:, None] & 15  # [.., 4, 2, 32]
+    q = q.reshape(n, nb, 8, 32)
+    if f.name == "q5_k":
+        q = q | (b[..., 16:48, None] >> j & 1).transpose(-1, -2) << 4
+    s = half(blocks[..., 0:2])[..., None] * scale.float()
+    m = -(half(blocks[..., 2:4])[..., None] * mn.float())
+    return q.reshape(n, -1, 32), torch.stack([s, s], -1).reshape(n, -1, 2), m.reshape(n, -1)
+
+
 def int8_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """kernels.h's arithmetic restated in torch from the file's blocks: x quantized per row and block of
-    32, integer dot products (exact in float64), then per block acc = fma(dw, dx * isum, acc) (the product
-    exact in float64, one rounding to float32) and q4_1's acc = fma(mw, dx * s, acc)."""
+    32, integer dot products (exact in float64), then per chunk acc = fma(s, dx * isum, acc) (the product
+    exact in float64, one rounding to float32; q6_k: its two halves in turn) and with a min
+    acc = fma(m, dx * sum, acc)."""
     f = {b.block_bytes: b for b in FORMATS.values()}[blocks.shape[-1]]
     m, k = x.shape
     xb = x.view(m, k // QBLOCK, QBLOCK)
     d = xb.abs().amax(-1) / 127
     q = torch.round(xb * torch.where(d != 0, 1 / d, torch.zeros_like(d))[..., None])
     sd = d * q.sum(-1)
-    dw = blocks[..., 0:2].contiguous().view(torch.float16).float()[..., 0]  # [N, nb]
-    raw = blocks[..., f.scale_bytes:]
-    wq = (torch.cat([raw & 15, raw >> 4], -1).double() - (0 if f.has_min else 8)) if f.nibbles else \
-        raw.contiguous().view(torch.int8).double()
+    wq, ws, wm = chunks(blocks)
+    fma = lambda a, b, c: (a.double() * b.double() + c.double()).float()  # noqa: E731
     acc = torch.zeros(m, blocks.shape[0], dtype=torch.float32)
     for b in range(k // QBLOCK):
-        t = d[:, b, None] * (q[:, b].double() @ wq[:, b].t()).float()
-        acc = (dw[None, :, b].double() * t.double() + acc.double()).float()
+        halves = [slice(0, 16), slice(16, 32)] if f.name == "q6_k" else [slice(0, 32)]
+        for h, part in enumerate(halves):
+            t = d[:, b, None] * (q[:, b, part].double() @ wq[:, b, part].double().t()).float()
+            acc = fma(ws[None, :, b, h], t, acc)
         if f.has_min:
-            mw = blocks[:, b, 2:4].contiguous().view(torch.float16).float()[:, 0]
-            acc = (mw[None].double() * sd[:, b, None].double() + acc.double()).float()
+            acc = fma(wm[None, :, b], sd[:, b, None], acc)
     return acc if bias is None else acc + bias
 
 
@@ -116,13 +164,13 @@ def test_a_rows_result_does_not_depend_on_the_pass(fmt, isa):
     assert torch.equal(torch.ops.peagle.linear(x[3:11], packed, b, isa), alone[3:11])
 
 
+@native
 @pytest.mark.parametrize("fmt", INT_FORMATS)
-def test_packing_is_a_permutation_of_the_files_blocks(fmt):
-    blocks = blocks_of(random_blocks(fmt, 48, 96, seed=5), fmt)
+def test_packed_blocks_hold_the_files_values(fmt):
+    """Packing keeps every weight's value (gguf's, bit for bit): looked up, de-quantized whole, concatenated."""
+    blocks = blocks_of(random_blocks(fmt, 48, 512, seed=5), fmt)
     packed = pack(blocks)
-    assert packed.shape == (3, 3, GROUP * FORMATS[fmt].block_bytes)
-    cols = torch.arange(GROUP).repeat(3)
-    assert torch.equal(column_blocks(packed.repeat_interleave(GROUP, 0), cols), blocks)
+    assert packed.shape == (3, *blocks.shape[1:2], FORMATS[fmt].packed_bytes)
     w, p = QuantTensor(blocks, torch.float32), QuantTensor(packed, torch.float32)
     assert p.packed and p.shape == w.shape and p.format == fmt
     assert torch.equal(p.dequantize(), w.dequantize())
@@ -168,7 +216,7 @@ def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):
 def test_rows_are_looked_up_as_gguf_dequantizes_them(fmt):
     """The native lookup (an embedding a step) from the file's blocks and from packed ones: the bits of
     the torch de-quantization that test_quant ties to gguf's."""
-    blocks = blocks_of(random_blocks(fmt, 64, 96, seed=3), fmt)
+    blocks = blocks_of(random_blocks(fmt, 64, 512, seed=3), fmt)
     ids = torch.tensor([5, 0, 63, 17, 5])
     want = dequantize(blocks)[ids]
     for w in (blocks, pack(blocks)):

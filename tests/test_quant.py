@@ -1,5 +1,5 @@
-"""GGUF weights as they ship (peagle/models/quant.py and the kernels' paths for every block format: q8_0,
-q4_0, q4_1 (float32 and integer), q5_0, q5_1, q4_k, q5_k, q6_k (float32)): our
+"""GGUF weights as they ship (peagle/models/quant.py and the kernels' float32 path for every block format:
+q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k; the integer path: test_int8): our
 de-quantization is gguf's bit for bit, the quantized linear is the same kernel on the de-quantized
 matrix bit for bit (each instruction set its scalar reference's bits, each row's result independent
 of the pass), and the default model kept quantized runs as its de-quantized copy does."""
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import run_full
+from speculation import assert_lossless_on_path
 from test_kernels import LANES, each_isa
 
 from peagle import kernels
@@ -250,9 +251,12 @@ def test_bad_gguf_targets_and_quantizations_are_refused(tmp_path, default_both):
         load_target(resolve_target(None), "float32", device="cpu", quantization="gguf")
 
 
+VOCAB = 160  # the tiny GGUF's vocabulary: speculation's test prompts (speculation.prompts) fit
+
+
 def tiny_cfg(hidden: int = 64) -> ModelConfig:
     """The config of :func:`tiny_gguf`'s model."""
-    return ModelConfig(model_type="llama", vocab_size=96, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=1,
+    return ModelConfig(model_type="llama", vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=1,
                        num_heads=4, num_kv_heads=2, head_dim=hidden // 4, rms_norm_eps=1e-6, rope_theta=1e4,
                        rope_scaling=None, max_position_embeddings=64, tie_word_embeddings=True)
 
@@ -263,7 +267,7 @@ def tiny_gguf(path, types: dict[str, str], hidden: int = 64) -> dict[str, np.nda
     returns the float32 values gguf de-quantizes them to."""
     rng = np.random.default_rng(0)
     h, kv = hidden, hidden // 2
-    shapes = {"token_embd.weight": (96, h), "output_norm.weight": (h,), "blk.0.attn_norm.weight": (h,),
+    shapes = {"token_embd.weight": (VOCAB, h), "output_norm.weight": (h,), "blk.0.attn_norm.weight": (h,),
               "blk.0.ffn_norm.weight": (h,), "blk.0.attn_q.weight": (h, h), "blk.0.attn_k.weight": (kv, h),
               "blk.0.attn_v.weight": (kv, h), "blk.0.attn_output.weight": (h, h),
               "blk.0.ffn_gate.weight": (2 * h, h), "blk.0.ffn_up.weight": (2 * h, h), "blk.0.ffn_down.weight": (h, 2 * h)}
@@ -327,7 +331,7 @@ def layer_types(qkv, o, gate_up, down) -> dict[str, str]:
             b + "ffn_up.weight": gate_up[1], b + "ffn_down.weight": down}
 
 
-# every format without an integer path kept; then Q4_K_M's mixes: Q5_0 q/k beside a Q8_0 v (all Q8_0,
+# every format but Q4_0/Q4_1 kept; then Q4_K_M's mixes: Q5_0 q/k beside a Q8_0 v (all Q8_0,
 # losslessly), gate and up in two K-quants (de-quantized: the fused matrix has one format)
 K_FILES = {
     "k-quants": (layer_types(("Q4_K",) * 3, "Q5_K", ("Q5_1", "Q5_1"), "Q6_K"),
@@ -342,10 +346,11 @@ K_FILES = {
 
 @pytest.mark.parametrize("file", K_FILES)
 def test_a_k_quant_gguf_runs_kept_quantized_as_its_de_quantized_copy(file, tmp_path, capsys):
-    """Tiny GGUFs with every block format without an integer path (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1; Q8_0 beside),
-    and with Q4_K_M's mixes of formats in fused matrices: each matrix is kept as stored (or as the line says),
+    """Tiny GGUFs with the K-quants and 5-bit formats (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1; Q8_0 beside), and with
+    Q4_K_M's mixes of formats in fused matrices: each matrix is kept as stored (or as the line says),
     de-quantizes to gguf's values, and the model gives the bits of the same model loaded de-quantized (the
-    float path: the same kernel on the same values); on the integer path its logits stay close."""
+    float path, ``--compute exact``: the same kernel on the same values); packed for the integer path its
+    logits stay close, and speculation on it is plain decoding on every instruction set this CPU has."""
     types, line, kept = K_FILES[file]
     values = tiny_gguf(tmp_path / "k.gguf", types, hidden=256)
     cfg = tiny_cfg(256)
@@ -359,7 +364,7 @@ def test_a_k_quant_gguf_runs_kept_quantized_as_its_de_quantized_copy(file, tmp_p
     for name, hf in (("ffn_down", "mlp.down_proj"), ("attn_output", "self_attn.o_proj"), ("attn_v", "self_attn.v_proj"),
                      ("ffn_up", "mlp.up_proj")):
         assert torch.equal(plain[p + hf + ".weight"], torch.from_numpy(values[f"blk.0.{name}.weight"])), name
-    ids = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(0))
     models = []
     for weights in (sd, plain):
         with torch.device("meta"):
@@ -372,6 +377,12 @@ def test_a_k_quant_gguf_runs_kept_quantized_as_its_de_quantized_copy(file, tmp_p
     assert torch.equal(got, ref)
     if keep and kernels.int_isa() != "none":
         pack_model(models[0], models[0].model.embed_tokens)
-        assert models[0].precision == f"GGUF Q8_0 weights, int8 compute; GGUF {'/'.join(kept[:-1]).upper()} weights, float32 compute"
+        assert models[0].precision == f"GGUF {'/'.join(kept).upper()} weights, int8 compute"
         fast, _ = run_full(models[0], ids)
-        assert (fast - ref).abs().max() < 0.05 * ref.abs().max()
+        err = (fast - ref).abs()  # every matrix on 8-bit activations, random blocks: the error compounds
+        assert err.mean() < 0.02 * ref.abs().max() and err.max() < 0.15 * ref.abs().max(), (err.mean(), err.max())
+        for cap, isa in (("avx512", "avx512vnni"), ("avxvnni", "avxvnni"), ("avx2", "avx2")):
+            if isa in torch.ops.peagle.int_isas():
+                with kernels.use_isa(cap):
+                    assert kernels.int_isa() == isa
+                    assert_lossless_on_path(models[0], "parallel")

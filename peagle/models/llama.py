@@ -277,9 +277,8 @@ class LlamaModel(nn.Module):
     def precision(self) -> str:
         """What runs, as the commands and the server's start line say it: ``float16 weights, float32
         compute``, ``bfloat16 weights, bf16 dot products`` where they are packed for that path, or ``GGUF
-        Q4_1/Q8_0 weights, int8 compute`` where GGUF blocks are kept (``float32 compute`` with ``--compute exact``,
-        and for the formats without an integer path: ``GGUF Q8_0 weights, int8 compute; GGUF Q4_K/Q6_K weights,
-        float32 compute``)."""
+        Q4_1/Q8_0 weights, int8 compute`` where GGUF blocks are kept (packed: every GGUF format; ``float32
+        compute`` with ``--compute exact``)."""
         quant = formats(self)
         if quant:  # packed blocks run the integer path, the file's blocks float32 arithmetic
             packed = sorted({p.format for p in self.parameters() if quantized(p) and p.packed})

@@ -6,12 +6,13 @@ A quantized matrix is a :class:`QuantTensor`: to the model it looks like the ``[
 stands for (shape, a nominal dtype, a parameter of its module, concatenated like one when q/k/v and
 gate/up are fused), while peagle's operators get its blocks, uint8 ``[out, in / 32, block bytes]`` (the
 block size names the format: ``peagle/kernels/csrc/kernels.h``), and an embedding lookup de-quantizes
-only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact. Q8_0,
-Q4_0 and Q4_1 have an integer path too: for it (``--compute fast``) a loaded model's blocks are packed (:func:`pack_model`: 16
-rows interleaved, uint8 ``[out / 16, in / 32, 16 * block bytes]``), a permutation of the same bytes; so are
+only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact. Every
+format has an integer path too: for it (``--compute fast``) a loaded model's blocks are packed (:func:`pack_model`:
+16 rows interleaved, uint8 ``[out / 16, in / block weights, packed bytes]``, the same values: a permutation
+of the bytes for Q8_0/Q4_0/Q4_1, of the bits for Q5_0/Q5_1, the K-quants' scales multiplied out); so are
 its bfloat16 matrices for the bf16 dot-product path (:func:`pack_bf16`, uint8 ``[out / 16, in / 2, 64]``),
-a QuantTensor of format ``bf16`` (not GGUF-quantized: its values are the matrix's own). The other formats
-run on the float32 path, the kernels de-quantizing 32 weights at a time (``kernels.h``: chunk_values).
+a QuantTensor of format ``bf16`` (not GGUF-quantized: its values are the matrix's own). With ``--compute
+exact`` the file's blocks stay as they are, on the float32 path (``kernels.h``: chunk_values).
 """
 from __future__ import annotations
 
@@ -29,16 +30,19 @@ DEQUANT_ROWS = 1024  # rows de-quantized at a time (QuantTensor.dequantize)
 
 @dataclass(frozen=True)
 class BlockFormat:
-    """One GGUF block format: its name (the kernels' and GGUF's), block size in bytes, whether it
-    stores a min per block (q4_1), whether its quants are nibbles (else int8), the weights a block
-    holds, and whether the kernels have an integer path for it (:func:`pack`; else float32 only)."""
+    """One GGUF block format: its name (the kernels' and GGUF's), block size in bytes, its packed size
+    (:func:`pack`'s last dimension), whether it stores a min per block, whether its quants are nibbles (else
+    int8), the weights a block holds, and whether its blocks are plain (a fp16 scale (and min), then the
+    quants as they are: de-quantized in torch here; the others, with high-bit planes or a K-quant's
+    super-block, through gguf's own code)."""
 
     name: str
     block_bytes: int
+    packed_bytes: int
     has_min: bool
     nibbles: bool
     weights: int = QBLOCK
-    int_path: bool = True
+    plain: bool = True
 
     @property
     def scale_bytes(self) -> int:
@@ -46,13 +50,13 @@ class BlockFormat:
 
 
 FORMATS = {f.name: f for f in (
-    BlockFormat("q8_0", 34, False, False), BlockFormat("q4_0", 18, False, True), BlockFormat("q4_1", 20, True, True),
-    BlockFormat("q5_0", 22, False, True, int_path=False), BlockFormat("q5_1", 24, True, True, int_path=False),
-    BlockFormat("q4_k", 144, True, True, 256, False), BlockFormat("q5_k", 176, True, True, 256, False),
-    BlockFormat("q6_k", 210, False, False, 256, False))}
+    BlockFormat("q8_0", 34, 544, False, False), BlockFormat("q4_0", 18, 288, False, True),
+    BlockFormat("q4_1", 20, 320, True, True), BlockFormat("q5_0", 22, 352, False, True, plain=False),
+    BlockFormat("q5_1", 24, 384, True, True, plain=False), BlockFormat("q4_k", 144, 3072, True, True, 256, False),
+    BlockFormat("q5_k", 176, 3584, True, True, 256, False), BlockFormat("q6_k", 210, 4096, False, False, 256, False))}
 BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
 GROUP = 16  # columns a packed block interleaves (kernels.h: QGROUP)
-PACKED = {GROUP * f.block_bytes: f for f in FORMATS.values() if f.int_path}  # a packed group's size names it too
+PACKED = {f.packed_bytes: f for f in FORMATS.values()}  # a packed group's size names it too
 BF16_PAIR = GROUP * 4  # bytes of a packed bf16 matrix's (group, k pair): 16 columns' weights k, k+1
 
 
@@ -65,10 +69,10 @@ def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
 
 def dequantize(blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """GGUF blocks ``[N, nb, block_bytes]`` -> ``[N, nb * weights]`` in ``dtype``: the float32 values gguf's
-    ``dequantize`` gives (q * d exact, + m rounded once; the formats without an integer path through gguf's
-    own code, on the host), then cast."""
+    ``dequantize`` gives (q * d exact, + m rounded once; the formats that are not plain through gguf's own
+    code, on the host), then cast."""
     f = BY_SIZE[blocks.shape[-1]]
-    if not f.int_path:
+    if not f.plain:
         import gguf
 
         kind = getattr(gguf.GGMLQuantizationType, f.name.upper())
@@ -121,41 +125,16 @@ def unify_fused(sd: dict[str, torch.Tensor], groups: dict[str, list[str]],
 
 
 def packable(blocks: torch.Tensor) -> bool:
-    """Whether :func:`pack` takes these file blocks: a format with an integer path, whole groups of 16 rows."""
-    return BY_SIZE[blocks.shape[-1]].int_path and blocks.shape[0] % GROUP == 0
+    """Whether :func:`pack` takes these file blocks: whole groups of 16 rows."""
+    return blocks.shape[0] % GROUP == 0
 
 
 def pack(blocks: torch.Tensor) -> torch.Tensor:
     """The file's blocks ``[N, nb, block_bytes]`` (N a multiple of 16) packed for the kernels' integer path,
-    ``[N / 16, nb, 16 * block_bytes]``: 16 columns' scales, (mins,) then quants interleaved so that a
-    vector's lanes are columns (the layout: ``peagle/kernels/csrc/kernels.h``). A permutation of bytes."""
-    n, nb, bb = blocks.shape
-    f = BY_SIZE[bb]
-    b = blocks.view(n // GROUP, GROUP, nb, bb).transpose(1, 2)  # [G, nb, column, block bytes]
-    g = b.shape[0]
-    parts = [b[..., 0:2].reshape(g, nb, 2 * GROUP)]
-    if f.has_min:
-        parts.append(b[..., 2:4].reshape(g, nb, 2 * GROUP))
-    q = b[..., f.scale_bytes:]
-    q = q if f.nibbles else q ^ 0x80  # int8 q as uint8 q + 128
-    # byte 4v + i of column c (v < 4 for nibbles, 8 for int8) to vector v, lane c, byte i
-    parts.append(q.reshape(g, nb, GROUP, -1, 4).permute(0, 1, 3, 2, 4).reshape(g, nb, -1))
-    return torch.cat(parts, dim=-1).contiguous()
-
-
-def column_blocks(packed: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
-    """Column ``col[i]`` of packed group ``i`` (``packed [L, nb, 16 * block_bytes]``) as the file's blocks
-    ``[L, nb, block_bytes]``: :func:`pack` undone for the rows asked for."""
-    L, nb, pb = packed.shape
-    f = PACKED[pb]
-    i = torch.arange(L, device=packed.device)
-    parts = [packed[..., 0:2 * GROUP].reshape(L, nb, GROUP, 2)[i, :, col]]
-    if f.has_min:
-        parts.append(packed[..., 2 * GROUP:4 * GROUP].reshape(L, nb, GROUP, 2)[i, :, col])
-    q = packed[..., f.scale_bytes * GROUP:]
-    q = q.reshape(L, nb, -1, GROUP, 4)[i, :, :, col].reshape(L, nb, -1)
-    parts.append(q if f.nibbles else q ^ 0x80)
-    return torch.cat(parts, dim=-1)
+    ``[N / 16, nb, packed bytes]``: 16 columns' scales, (mins,) bit planes, then quants interleaved so that a
+    vector's lanes are columns (the layout: ``peagle/kernels/csrc/kernels.h``), the same values (the kernels
+    pack: needs them)."""
+    return torch.ops.peagle.pack(blocks)
 
 
 def bf16_packable(w: torch.Tensor) -> bool:
@@ -200,7 +179,7 @@ class QuantTensor(torch.Tensor):
                              f"{BF16_PAIR}]), got {blocks.dtype} {tuple(blocks.shape)}")
         size = blocks.shape[2]
         packed = size in PACKED or size == BF16_PAIR
-        per_block = 2 if size == BF16_PAIR else QBLOCK if packed else BY_SIZE[size].weights
+        per_block = 2 if size == BF16_PAIR else {**BY_SIZE, **PACKED}[size].weights
         shape = (blocks.shape[0] * (GROUP if packed else 1), blocks.shape[1] * per_block)
         return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=blocks.device)
 
@@ -233,7 +212,7 @@ class QuantTensor(torch.Tensor):
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Rows ``ids`` (any shape) de-quantized: ``[*ids.shape, in]`` (one native call on the CPU, an
-        embedding lookup a step)."""
+        embedding lookup a step; packed GGUF blocks exist only with the kernels)."""
         from peagle import kernels
 
         flat = ids.reshape(-1).to(self.blocks.device)
@@ -242,8 +221,7 @@ class QuantTensor(torch.Tensor):
         elif self.format == "bf16":
             out = bf16_rows(self.blocks, flat).to(dtype or self.dtype)
         else:
-            blocks = column_blocks(self.blocks[flat // GROUP], flat % GROUP) if self.packed else self.blocks[flat]
-            out = dequantize(blocks, dtype or self.dtype)
+            out = dequantize(self.blocks[flat], dtype or self.dtype)
         return out.view(*ids.shape, self.shape[1])
 
     @classmethod

@@ -5,9 +5,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "attention_tiles.h"
 #include "linear_tiles.h"
+#include "vnni_tiles.h"
+#include "ymm.h"
 
 namespace peagle {
 namespace {
@@ -158,7 +161,7 @@ struct Avx2Int {
 
   template <int R, int H>
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
-    constexpr int64_t PB = packed_bytes(T), QOFF = packed_scales(T);
+    constexpr int64_t PB = packed_chunk(T), QOFF = packed_quants(T);
     const int64_t nb = a.K / QBLOCK;
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80));
     __m256 acc[R][H];
@@ -217,11 +220,22 @@ struct Avx2Int {
   }
 };
 
+// The other formats' packed quants stay under 64 (5 and 6 bits, a K-quant's 4): maddubs's pairs (at most
+// 2 x 63 x 127) never saturate, so maddubs + madd is vpdpbusd exactly and they take the VNNI tile.
+struct Ymm2 : YmmBase {
+  static ivec dpbusd(ivec acc, ivec w, ivec x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+  }
+};
+
+template <WType T>
+using Avx2Q = std::conditional_t<simd_block(T), Avx2Int<T>, VnniTiles<Ymm2, T>>;
+
 }  // namespace
 
 void linear_avx2(const LinearArgs& a, int64_t n0, int64_t n1) { dispatch_wtype<Avx2>(a, n0, n1); }
 
-void qlinear_avx2(const QLinearArgs& a, int64_t g0, int64_t g1) { dispatch_packed<Avx2Int>(a, 2 * g0, 2 * g1); }
+void qlinear_avx2(const QLinearArgs& a, int64_t g0, int64_t g1) { dispatch_packed<Avx2Q>(a, 2 * g0, 2 * g1); }
 
 // quantize_rows_ref's operations, a block of 32 as four vectors (max, the division, the product, rounding
 // to nearest even and the integer sum are exact whatever the order)
@@ -252,9 +266,14 @@ void quantize_rows_avx2(const float* x, int64_t ldx, int64_t K, int32_t offset, 
       s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
       s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
       const int32_t s = _mm_cvtsi128_si32(s4);
+      __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(q[0]), _mm256_extracti128_si256(q[0], 1));  // the first 16
+      h4 = _mm_add_epi32(h4, _mm_add_epi32(_mm256_castsi256_si128(q[1]), _mm256_extracti128_si256(q[1], 1)));
+      h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4e));
+      h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xb1));
       out.d[m * nb + b] = d;
       out.sd[m * nb + b] = d * float(s);
       out.c[m * nb + b] = -offset * s;
+      out.c16[m * nb + b] = -offset * _mm_cvtsi128_si32(h4);
     }
 }
 

@@ -144,6 +144,7 @@ void quantize_rows_avx512(const float* x, int64_t ldx, int64_t K, int32_t offset
       out.d[m * nb + b] = d;
       out.sd[m * nb + b] = d * float(s);
       out.c[m * nb + b] = -offset * s;
+      out.c16[m * nb + b] = -offset * _mm512_reduce_add_epi32(q0);
     }
 }
 

@@ -19,11 +19,16 @@ struct Zmm {
   using ivec = __m512i;
   using fvec = __m512;
   static ivec set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
+  static ivec set1_i8(char v) { return _mm512_set1_epi8(v); }
   static ivec load(const uint8_t* p) { return _mm512_loadu_si512(p); }
   static void nibbles(ivec raw, ivec& lo, ivec& hi) {
     lo = _mm512_and_si512(raw, _mm512_set1_epi8(15));
     hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), _mm512_set1_epi8(15));
   }
+  static ivec slli16(ivec v, int n) { return _mm512_sll_epi16(v, _mm_cvtsi32_si128(n)); }
+  static ivec srli16(ivec v, int n) { return _mm512_srl_epi16(v, _mm_cvtsi32_si128(n)); }
+  static ivec and_(ivec a, ivec b) { return _mm512_and_si512(a, b); }
+  static ivec or_(ivec a, ivec b) { return _mm512_or_si512(a, b); }
   static ivec dpbusd(ivec acc, ivec w, ivec x) { return _mm512_dpbusd_epi32(acc, w, x); }
   static fvec zero_f() { return _mm512_setzero_ps(); }
   static fvec set1_f(float v) { return _mm512_set1_ps(v); }

@@ -2,7 +2,7 @@
 // bits however many rows share the pass and wherever it sits in it.
 //
 // linear: y[M,N] = x[M,K] @ W[N,K]^T (+ bias), x and y float32, W float32, float16 or bfloat16
-// (row-major [N,K]) or GGUF blocks (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k: see QBLOCK), de-quantized in registers to the exact
+// (row-major [N,K]) or GGUF blocks (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k: see QBLOCK), de-quantized to the exact
 // float32 values gguf's dequantize gives, so a quantized weight's result is the bits of the same kernel
 // on the de-quantized float32 matrix. Every output y[m,n] is one dot product accumulated in the same
 // order whatever M is and whichever tile computes it: L lanes (the ISA's vector width: 8 for AVX2, 16
@@ -25,20 +25,23 @@ enum class WType { f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_
 // block's byte j holds weight j in its low nibble and weight j + 16 in its high one. Values: q8_0 q * d,
 // q4_0 (q - 8) * d, q4_1 q * d + m (one rounding: fma). The weight tensor is uint8 [N, nb, block_bytes]:
 // its last dimension names the format (weight_view), so every caller of linear passes it as it is.
-//
-// The other formats run on the float32 path only (no integer path: they are not packed), a block of 32
-// weights (a "chunk": chunk_values) de-quantized at a time, gguf's values bit for bit:
+// The others:
 //     q5_0 [d][qh: 32 high bits][qs: 16 bytes]: (q - 16) * d, q = nibble | high bit << 4 (qs as q4's);
 //     q5_1 [d][m][qh][qs]: q * d + m (one rounding);
 //     q4_k, q5_k: super-blocks of 256, [d][dmin][12 bytes: 8 six-bit scales and mins][q5_k: qh, 32 bytes]
 //       [qs: 128 bytes]; chunk c: (d * sc_c) * q - dmin * m_c, q the low (c even) or high nibble of qs bytes
 //       32 (c / 2) .. +31 (q5_k: + 16 if bit c of qh[l]);
 //     q6_k: super-blocks of 256, [ql: 128][qh: 64][16 int8 scales][d]; (d * sc) * (q - 32) per 16 weights.
+// Every format reads as chunks of 32 weights (sub_block): integers q and float32 scales s (and a min m),
+// value k = q[k] * s[k / 16], or fma(q[k], s, m) with a min. The K-quants' scales d * sc and mins
+// -(dmin * m) are exact float32 products (11-bit halves times 6- or 8-bit integers), and so is s * q: one
+// rounding, as gguf's (d * sc) * q - dmin * m.
 constexpr int64_t QBLOCK = 32;
 constexpr int64_t QK_K = 256;  // weights per K-quant super-block
 constexpr bool quantized(WType t) { return t != WType::f32 && t != WType::f16 && t != WType::bf16; }
-// The formats with an integer path (packed; the other block formats run in float32 only).
-constexpr bool int_path(WType t) { return t == WType::q8_0 || t == WType::q4_0 || t == WType::q4_1; }
+// The formats whose float path de-quantizes in SIMD registers (the ISA's load_block); the others through sub_block.
+constexpr bool simd_block(WType t) { return t == WType::q8_0 || t == WType::q4_0 || t == WType::q4_1; }
+constexpr bool has_min(WType t) { return t == WType::q4_1 || t == WType::q5_1 || t == WType::q4_k || t == WType::q5_k; }
 constexpr int64_t block_weights(WType t) { return t == WType::q4_k || t == WType::q5_k || t == WType::q6_k ? QK_K : QBLOCK; }
 constexpr int64_t block_bytes(WType t) {
   switch (t) {
@@ -57,7 +60,7 @@ constexpr int64_t block_bytes(WType t) {
 constexpr int64_t row_bytes(WType t, int64_t K) {
   return quantized(t) ? K / block_weights(t) * block_bytes(t) : K * (t == WType::f32 ? 4 : 2);
 }
-// Block b of a row: its scale, min (q4_1) and quants.
+// Block b of a row of q8_0, q4_0 or q4_1: its scale, min (q4_1) and quants (the SIMD float path's load_block).
 struct QBlock {
   uint16_t d, m;
   const uint8_t* q;
@@ -68,46 +71,46 @@ inline QBlock qblock(const uint8_t* row, WType t, int64_t b) {
   __builtin_memcpy(h, p, t == WType::q4_1 ? 4 : 2);
   return {h[0], t == WType::q4_1 ? h[1] : uint16_t(0), p + (t == WType::q4_1 ? 4 : 2)};
 }
-// Weight k (0 .. 31) of a block as the integer its value scales: q8_0 q, q4_0 q - 8, q4_1 q.
-inline int quant_at(const QBlock& p, WType t, int64_t k) {
-  if (t == WType::q8_0) return int8_t(p.q[k]);
-  const int q = (p.q[k % 16] >> (k & 16) / 4) & 15;
-  return t == WType::q4_0 ? q - 8 : q;
-}
-// Weights 32c .. 32c+31 of a row of GGUF blocks of type T as float32, gguf's values (the formats above).
-// Static: each ISA's file compiles its own copy for its target (no definition shared across targets).
+// A chunk of 32 weights as integers and scales (above): q8_0 q, q4_0 q - 8, q5_0 q - 16, q6_k q - 32, the
+// formats with a min q >= 0; s[1] (weights 16..31) is s[0] but for q6_k; m 0 without a min.
+struct SubBlock {
+  float s[2], m;
+  int8_t q[QBLOCK];
+};
 float half_to_float(uint16_t h);
+// Chunk c (weights 32c .. 32c+31) of a row of GGUF blocks of type T. Static: each ISA's file compiles its
+// own copy for its target (no definition shared across targets).
 template <WType T>
-static inline void chunk_values(const uint8_t* row, int64_t c, float* out) {
+static inline SubBlock sub_block(const uint8_t* row, int64_t c) {
   const uint8_t* p = row + c * QBLOCK / block_weights(T) * block_bytes(T);  // the chunk's block
   auto f16 = [](const uint8_t* b) { uint16_t h; __builtin_memcpy(&h, b, 2); return half_to_float(h); };
-  if constexpr (int_path(T)) {
-    const QBlock b = qblock(row, T, c);
-    const float d = half_to_float(b.d), m = half_to_float(b.m);
+  SubBlock out{};
+  if constexpr (T == WType::q8_0) {
+    out.s[0] = f16(p);
+    for (int k = 0; k < QBLOCK; ++k) out.q[k] = int8_t(p[2 + k]);
+  } else if constexpr (block_weights(T) == QBLOCK) {  // q4_0, q4_1, q5_0, q5_1
+    constexpr bool five = T == WType::q5_0 || T == WType::q5_1;
+    constexpr int head = has_min(T) ? 4 : 2, offset = T == WType::q4_0 ? 8 : T == WType::q5_0 ? 16 : 0;
+    out.s[0] = f16(p);
+    out.m = has_min(T) ? f16(p + 2) : 0.f;
+    uint32_t qh = 0;
+    if (five) __builtin_memcpy(&qh, p + head, 4);
+    const uint8_t* qs = p + head + (five ? 4 : 0);
     for (int k = 0; k < QBLOCK; ++k)
-      out[k] = T == WType::q4_1 ? __builtin_fmaf(float(quant_at(b, T, k)), d, m) : float(quant_at(b, T, k)) * d;
-  } else if constexpr (T == WType::q5_0 || T == WType::q5_1) {
-    const bool min = T == WType::q5_1;
-    const float d = f16(p), m = min ? f16(p + 2) : 0.f;
-    uint32_t qh;
-    __builtin_memcpy(&qh, p + (min ? 4 : 2), 4);
-    const uint8_t* qs = p + (min ? 8 : 6);
-    for (int k = 0; k < QBLOCK; ++k) {
-      const int q = ((qs[k % 16] >> (k & 16) / 4) & 15) | ((qh >> k) & 1) << 4;
-      out[k] = min ? __builtin_fmaf(float(q), d, m) : float(q - 16) * d;
-    }
+      out.q[k] = int8_t((((qs[k % 16] >> (k & 16) / 4) & 15) | ((qh >> k) & 1) << 4) - offset);
   } else if constexpr (T == WType::q4_k || T == WType::q5_k) {
     const int j = int(c % 8);
     const uint8_t* sc = p + 4;  // get_scale_min_k4
     const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 15) | (sc[j - 4] >> 6) << 4;
     const int mn = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | (sc[j] >> 6) << 4;
-    const float d = f16(p) * float(s), m = f16(p + 2) * float(mn);
+    out.s[0] = f16(p) * float(s);
+    out.m = -(f16(p + 2) * float(mn));
     const uint8_t* qh = p + 16;
     const uint8_t* qs = p + (T == WType::q5_k ? 48 : 16) + 32 * (j / 2);
     for (int l = 0; l < QBLOCK; ++l) {
       int q = (qs[l] >> 4 * (j % 2)) & 15;
       if constexpr (T == WType::q5_k) q |= ((qh[l] >> j) & 1) << 4;
-      out[l] = d * float(q) - m;
+      out.q[l] = int8_t(q);
     }
   } else {  // q6_k
     const int j = int(c % 8), h = j / 4, v = j % 4;
@@ -115,14 +118,23 @@ static inline void chunk_values(const uint8_t* row, int64_t c, float* out) {
     const uint8_t* qh = p + 128 + 32 * h;
     const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192) + 2 * j;
     const float d = f16(p + 208);
-    const float ds[2] = {d * float(sc[0]), d * float(sc[1])};
-    for (int l = 0; l < QBLOCK; ++l) {
-      const int q = (((ql[l] >> 4 * (v / 2)) & 15) | ((qh[l] >> 2 * v) & 3) << 4) - 32;
-      out[l] = ds[l / 16] * float(q);
-    }
+    out.s[0] = d * float(sc[0]);
+    out.s[1] = d * float(sc[1]);
+    for (int l = 0; l < QBLOCK; ++l) out.q[l] = int8_t((((ql[l] >> 4 * (v / 2)) & 15) | ((qh[l] >> 2 * v) & 3) << 4) - 32);
   }
+  if constexpr (T != WType::q6_k) out.s[1] = out.s[0];
+  return out;
+}
+// Weights 32c .. 32c+31 of a row of GGUF blocks of type T as float32, gguf's values (the float path).
+template <WType T>
+static inline void chunk_values(const uint8_t* row, int64_t c, float* out) {
+  const SubBlock b = sub_block<T>(row, c);
+  for (int k = 0; k < QBLOCK; ++k)
+    out[k] = has_min(T) ? __builtin_fmaf(float(b.q[k]), b.s[0], b.m) : float(b.q[k]) * b.s[k / 16];
 }
 
+// sub_block for a type known at run time (reference.cpp).
+SubBlock sub_block(const uint8_t* row, WType t, int64_t c);
 // chunk_values for a type known at run time (reference.cpp).
 void chunk_values(const uint8_t* row, WType t, int64_t c, float* out);
 // Weight k of a row of row_bytes(t, K) bytes as float32: gguf's value for blocks (q * d exact, + m rounded
@@ -158,32 +170,66 @@ void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1);
 // The integer path (``--compute fast``, the default on GGUF blocks), llama.cpp's arithmetic: each row of
 // x quantized once per call to 8-bit blocks of 32 (quantize_rows: d = max|x| / 127, q = nearbyint(x * (d ?
 // 1 / d : 0)) in [-127, 127], s = the sum of the block's q, sd = d * float(s)), then for every output
-//     acc = 0; for each block b in order: acc = fma(dw, dx * float(isum), acc)   [q4_1: then acc = fma(mw, sd, acc)]
+//     acc = 0; for each chunk b of 32 in order (sub_block's q, s, m):
+//         acc = fma(s, dx * float(isum), acc)   [with a min: then acc = fma(m, sd, acc)]
+//         [q6_k: acc = fma(s[0], dx * float(isum_lo), acc); acc = fma(s[1], dx * float(isum_hi), acc)]
 //     y = acc (+ bias)
-// where isum = the block's integer dot product of the weight's quants (q8_0 q, q4_0 q - 8, q4_1 q) with x's,
-// exact in int32, and dw, mw the weight block's scale and min. Each output is one column's own sequence of
-// float32 operations (no lanes across k): every path, SIMD or scalar, gives the same bits, whatever the
-// pass. Bit-equality with the de-quantized float32 matrix is given up (``--compute exact`` keeps it).
+// where isum = the chunk's integer dot product of the weight's q with x's (isum_lo, isum_hi: weights 0..15
+// and 16..31), exact in int32. Each output is one column's own sequence of float32 operations (no lanes
+// across k): every path, SIMD or scalar, gives the same bits, whatever the pass. Bit-equality with the
+// de-quantized float32 matrix is given up (``--compute exact`` keeps it).
 //
-// The SIMD paths read the weights packed (quant.py's pack): groups of QGROUP columns interleaved so that
-// a vector's lanes are columns and one weight load serves every row of a tile. uint8
-// [N / 16, K / 32, 16 * block_bytes]; each (group, block) holds, in order:
-//     d: 16 fp16 (column c's at 2c); m: 16 fp16 (q4_1 only);
+// The SIMD paths read the weights packed (pack, ops.cpp): groups of QGROUP columns interleaved so that a
+// vector's lanes are columns and one weight load serves every row of a tile. uint8
+// [N / 16, K / block_weights, packed_bytes]: a record of packed_chunk bytes per (group, chunk of 32), each
+// holding, in order (packed_format):
+//     scales: 16 (column c's at c * scale_bytes), the file's fp16 d, or for the K-quants float32 d * sc
+//       (q6_k: two vectors, weights 0..15 and 16..31); mins: 16 likewise (q4_1, q5_1 the file's m, q4_k,
+//       q5_k float32 -(dmin * m));
+//     bit planes (q5: 1, q6_k: 2), 64 bytes each: byte 4c + i, bit v holding bit 4 + plane of column c's
+//       weight 4v + i, bit 4 + v that of weight 16 + 4v + i;
 //     q8_0: 8 vectors j of 64 bytes, column c's weights 4j .. 4j+3 at 4c, each q + 128 (as uint8);
-//     q4_0/q4_1: 4 vectors v of 64 bytes, byte 4c + i holding column c's weight 4v + i in its low nibble and
-//       16 + 4v + i in its high one (the file block's byte 4v + i: a transpose).
-// The last dimension (288, 320, 544) names the packed format as the block size names the file's.
+//     the others: 4 vectors v of 64 bytes, byte 4c + i holding column c's weight 4v + i in its low nibble and
+//       16 + 4v + i in its high one (q + offset's low 4 bits; for q4_0/q4_1 the file block's byte 4v + i).
+// The last dimension names the packed format as the block size names the file's.
 constexpr int64_t QGROUP = 16;
-constexpr int64_t packed_bytes(WType t) { return QGROUP * block_bytes(t); }
-constexpr int64_t packed_scales(WType t) { return t == WType::q4_1 ? 64 : 32; }  // bytes before the quants
+struct PackedFormat {
+  int scale_bytes;  // 2: fp16; 4: float32
+  int scales;       // scale vectors (q6_k: 2)
+  bool min;
+  int planes;       // bit planes above the nibbles
+  bool nibbles;     // else a byte a weight (q8_0)
+  int32_t offset;   // the packed quants over the weight's q: q8_0 128, q4_0 8, q5_0 16, q6_k 32
+};
+constexpr PackedFormat packed_format(WType t) {
+  switch (t) {
+    case WType::q8_0: return {2, 1, false, 0, false, 128};
+    case WType::q4_0: return {2, 1, false, 0, true, 8};
+    case WType::q4_1: return {2, 1, true, 0, true, 0};
+    case WType::q5_0: return {2, 1, false, 1, true, 16};
+    case WType::q5_1: return {2, 1, true, 1, true, 0};
+    case WType::q4_k: return {4, 1, true, 0, true, 0};
+    case WType::q5_k: return {4, 1, true, 1, true, 0};
+    case WType::q6_k: return {4, 2, false, 2, true, 32};
+    default: return {0, 0, false, 0, false, 0};
+  }
+}
+// Bytes of a record before its quants, a record's bytes, and the packed tensor's last dimension.
+constexpr int64_t packed_quants(WType t) {
+  return QGROUP * (packed_format(t).scales + packed_format(t).min) * packed_format(t).scale_bytes + 64 * packed_format(t).planes;
+}
+constexpr int64_t packed_chunk(WType t) { return packed_quants(t) + (packed_format(t).nibbles ? 256 : 512); }
+constexpr int64_t packed_bytes(WType t) { return packed_chunk(t) * block_weights(t) / QBLOCK; }
 
-// x quantized (quantize_rows): row m's quants at q + m * K; its block b's d, d * s and c = -offset * s (the
-// start of a SIMD path's integer sum, whose packed quants are the weight's plus ``offset``) at [m * K / 32 + b].
+// x quantized (quantize_rows): row m's quants at q + m * K; its block b's d, d * s, c = -offset * s (the
+// start of a SIMD path's integer sum, whose packed quants are the weight's plus ``offset``) and c16, c's
+// part from the block's first 16 q (q6_k's two sums), at [m * K / 32 + b].
 struct QRows {
   int8_t* q;
   float* d;
   float* sd;
   int32_t* c;
+  int32_t* c16;
 };
 
 struct QLinearArgs {
@@ -199,10 +245,10 @@ struct QLinearArgs {
 void quantize_rows_ref(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0, int64_t m1);
 void quantize_rows_avx2(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0, int64_t m1);
 void quantize_rows_avx512(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0, int64_t m1);
-// The offset of a path's packed quants over the weight's: vpdpbusd multiplies uint8 weights (q8_0: q + 128;
-// q4_0: the nibble, q - 8 + 8); AVX2's maddubs takes q8_0 as |q| x sign(x, q) (offset 0).
-constexpr int32_t vnni_offset(WType t) { return t == WType::q8_0 ? 128 : t == WType::q4_0 ? 8 : 0; }
-constexpr int32_t avx2_offset(WType t) { return t == WType::q4_0 ? 8 : 0; }
+// The offset of a path's packed quants over the weight's: vpdpbusd multiplies uint8 weights (packed_format's);
+// AVX2's maddubs takes q8_0 as |q| x sign(x, q) (offset 0).
+constexpr int32_t vnni_offset(WType t) { return packed_format(t).offset; }
+constexpr int32_t avx2_offset(WType t) { return t == WType::q8_0 ? 0 : vnni_offset(t); }
 // Column groups [g0, g1) of every row: the packed SIMD paths (AVX512-VNNI and AVX-VNNI vpdpbusd, the
 // vnni_offset; AVX2 maddubs).
 void qlinear_avx512vnni(const QLinearArgs& a, int64_t g0, int64_t g1);

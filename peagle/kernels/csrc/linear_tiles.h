@@ -3,7 +3,7 @@
 // supplies: LANES, RMAX (the tallest tile), RWIDE (the tile height for passes taller than RMAX),
 // columns(R) (a tile's width for R rows, within the registers), vec, zero(), load_x(p),
 // load_x_tail(p, n), load_w<T>(row, k) (weights k .. k+LANES-1 of a float row), load_w_tail<T>(row, k,
-// n), load_block<T>(row, b, out) (block b of a row of GGUF blocks of a format with an integer path: QBLOCK /
+// n), load_block<T>(row, b, out) (block b of a row of q8_0, q4_0 or q4_1 blocks (simd_block): QBLOCK /
 // LANES vectors, float32; the other formats' chunks are de-quantized by chunk_values, then loaded as x is),
 // fma(a, b, c) and hsum(v) (lanes reduced as reference.cpp).
 #pragma once
@@ -33,7 +33,7 @@ static void tile(const LinearArgs& a, int64_t m, int64_t n) {
       typename V::vec wv[NB][QBLOCK / L];
       for (int j = 0; j < NB; ++j) {
         __builtin_prefetch(next + j * RB + b * QBLOCK / block_weights(T) * block_bytes(T), 0, 3);
-        if constexpr (int_path(T)) {
+        if constexpr (simd_block(T)) {
           V::template load_block<T>(w + j * RB, b, wv[j]);
         } else {
           alignas(64) float chunk[QBLOCK];
@@ -156,6 +156,11 @@ static void dispatch_packed(const QLinearArgs& a, int64_t n0, int64_t n1) {
     case WType::q8_0: return run_tiles<Q<WType::q8_0>>(a, n0, n1);
     case WType::q4_0: return run_tiles<Q<WType::q4_0>>(a, n0, n1);
     case WType::q4_1: return run_tiles<Q<WType::q4_1>>(a, n0, n1);
+    case WType::q5_0: return run_tiles<Q<WType::q5_0>>(a, n0, n1);
+    case WType::q5_1: return run_tiles<Q<WType::q5_1>>(a, n0, n1);
+    case WType::q4_k: return run_tiles<Q<WType::q4_k>>(a, n0, n1);
+    case WType::q5_k: return run_tiles<Q<WType::q5_k>>(a, n0, n1);
+    case WType::q6_k: return run_tiles<Q<WType::q6_k>>(a, n0, n1);
     default: return;
   }
 }

@@ -5,12 +5,15 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <cpuid.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstring>
 #include <atomic>
 #include <functional>
 #include <string>
@@ -222,12 +225,12 @@ WeightView weight_view(const at::Tensor& w) {
     TORCH_CHECK(w.dim() == 3, "peagle::linear: GGUF blocks are uint8 [N, K / block weights, block bytes], got ", w.sizes());
     for (WType t : {WType::q8_0, WType::q4_0, WType::q4_1, WType::q5_0, WType::q5_1, WType::q4_k, WType::q5_k, WType::q6_k}) {
       if (w.size(2) == block_bytes(t)) return {w.data_ptr(), t, w.size(0), w.size(1) * block_weights(t), false};
-      if (int_path(t) && w.size(2) == packed_bytes(t)) return {w.data_ptr(), t, w.size(0) * QGROUP, w.size(1) * QBLOCK, true};
+      if (w.size(2) == packed_bytes(t)) return {w.data_ptr(), t, w.size(0) * QGROUP, w.size(1) * block_weights(t), true};
     }
     if (w.size(2) == BF16_PAIR_BYTES) return {w.data_ptr(), WType::bf16, w.size(0) * QGROUP, w.size(1) * 2, true};
     TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know "
                 "(34: q8_0, 18: q4_0, 20: q4_1, 22: q5_0, 24: q5_1, 144: q4_k, 176: q5_k, 210: q6_k; packed 16 columns at "
-                "a time: 544, 288, 320, bf16 pairs 64)");
+                "a time: 544, 288, 320, 352, 384, 3072, 3584, 4096, bf16 pairs 64)");
   }
   TORCH_CHECK(w.dim() == 2, "peagle::linear: the weight must be an [N, K] matrix");
   switch (w.scalar_type()) {
@@ -264,6 +267,76 @@ static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optiona
   return c;
 }
 
+// Where weight k (0..31) of column c sits in a packed record (kernels.h's layout): its quant's byte and
+// shift, and its bit planes' byte and bit.
+struct PackedAt {
+  int64_t q, plane;
+  int shift, bit;
+};
+static PackedAt packed_at(const PackedFormat& f, WType t, int64_t c, int k) {
+  const int64_t Q = packed_quants(t), v = (k % 16) / 4, i = k % 4;
+  if (!f.nibbles) return {Q + 64 * (k / 4) + 4 * c + i, 0, 0, 0};
+  return {Q + 64 * v + 4 * c + i, Q - 64 * f.planes + 4 * c + i, k < 16 ? 0 : 4, int(k < 16 ? v : 4 + v)};
+}
+
+// Chunk rec (one record) of column c of a packed matrix as float32: the file's values, sub_block's
+// arithmetic on the packed quants less the offset (the packing reproduces gguf's values bit for bit).
+static void packed_values(const uint8_t* rec, WType t, int64_t c, float* out) {
+  const PackedFormat f = packed_format(t);
+  auto scale = [&](int64_t vec) {
+    const uint8_t* p = rec + (QGROUP * vec + c) * f.scale_bytes;
+    if (f.scale_bytes == 4) { float v; std::memcpy(&v, p, 4); return v; }
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return half_to_float(h);
+  };
+  const float s[2] = {scale(0), scale(f.scales - 1)}, m = f.min ? scale(f.scales) : 0.f;
+  for (int k = 0; k < QBLOCK; ++k) {
+    const PackedAt at = packed_at(f, t, c, k);
+    int q = f.nibbles ? (rec[at.q] >> at.shift) & 15 : rec[at.q];
+    for (int h = 0; h < f.planes; ++h) q |= ((rec[at.plane + 64 * h] >> at.bit) & 1) << (4 + h);
+    out[k] = f.min ? std::fma(float(q), s[0], m) : float(q - f.offset) * s[k / 16];
+  }
+}
+
+// The file's blocks uint8 [N, K / block weights, block bytes] (N a multiple of 16) packed for the integer
+// path, uint8 [N / 16, K / block weights, packed_bytes] (kernels.h's layout): for q8_0, q4_0, q4_1 a
+// permutation of the bytes, for q5_0, q5_1 of the bits; the K-quants' scales and mins multiplied out.
+static at::Tensor pack(const at::Tensor& blocks) {
+  const WeightView w = weight_view(blocks);
+  TORCH_CHECK(quantized(w.wtype) && !w.packed && w.N % QGROUP == 0,
+              "peagle::pack: takes a GGUF file's blocks, uint8 [N, K / block weights, block bytes], N a multiple of 16");
+  const WType t = w.wtype;
+  const PackedFormat f = packed_format(t);
+  const int64_t nb = w.K / QBLOCK, PC = packed_chunk(t), RB = row_bytes(t, w.K);
+  at::Tensor out = at::zeros({w.N / QGROUP, blocks.size(1), packed_bytes(t)}, blocks.options());
+  const uint8_t* in = static_cast<const uint8_t*>(w.w);
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, w.N / QGROUP, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < nb; ++b)
+        for (int64_t c = 0; c < QGROUP; ++c) {
+          const uint8_t* row = in + (g * QGROUP + c) * RB;
+          uint8_t* rec = o + (g * nb + b) * PC;
+          const SubBlock sb = sub_block(row, t, b);
+          if (f.scale_bytes == 2) {  // the file's fp16 d (and m): the block's first bytes
+            std::memcpy(rec + 2 * c, row + b * block_bytes(t), 2);
+            if (f.min) std::memcpy(rec + 2 * (QGROUP + c), row + b * block_bytes(t) + 2, 2);
+          } else {
+            for (int h = 0; h < f.scales; ++h) std::memcpy(rec + 4 * (QGROUP * h + c), &sb.s[h], 4);
+            if (f.min) std::memcpy(rec + 4 * (QGROUP * f.scales + c), &sb.m, 4);
+          }
+          for (int k = 0; k < QBLOCK; ++k) {
+            const int q = (sb.q[k] + f.offset) & 255;
+            const PackedAt at = packed_at(f, t, c, k);
+            rec[at.q] |= uint8_t(f.nibbles ? (q & 15) << at.shift : q);
+            for (int h = 0; h < f.planes; ++h) rec[at.plane + 64 * h] |= uint8_t(((q >> (4 + h)) & 1) << at.bit);
+          }
+        }
+  });
+  return out;
+}
+
 // Rows ``ids`` of a GGUF matrix (the file's blocks or packed), de-quantized to float32 [n, K]: gguf's values
 // (q * d exact, + m rounded once), as the embedding looks tokens up; of a packed bf16 matrix, its values.
 static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
@@ -271,8 +344,7 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
   TORCH_CHECK(quantized(w.wtype) || w.packed, "peagle::dequantize_rows: takes GGUF blocks or a packed bf16 matrix");
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
               "peagle::dequantize_rows: ids must be contiguous int64 [n]");
-  const int64_t n = ids.numel(), nb = w.K / QBLOCK, bb = block_bytes(w.wtype), PB = packed_bytes(w.wtype),
-                RB = row_bytes(w.wtype, w.K);
+  const int64_t n = ids.numel(), nb = w.K / QBLOCK, RB = row_bytes(w.wtype, w.K);
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i)
     TORCH_CHECK(0 <= ip[i] && ip[i] < w.N, "peagle::dequantize_rows: row ", ip[i], " out of ", w.N);
@@ -288,22 +360,13 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
     });
     return out;
   }
+  const int64_t PC = packed_chunk(w.wtype);
   at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
-    uint8_t blk[34];
     for (int64_t i = i0; i < i1; ++i)
       for (int64_t b = 0; b < nb; ++b) {
-        if (!w.packed) {
-          chunk_values(base + ip[i] * RB, w.wtype, b, o + i * w.K + b * QBLOCK);
-        } else {  // kernels.h's layout: column c of group g, block b, gathered back into a file block
-          const int64_t g = ip[i] / QGROUP, c = ip[i] % QGROUP, sc = packed_scales(w.wtype);
-          const uint8_t* s = base + (g * nb + b) * PB;
-          std::memcpy(blk, s + 2 * c, 2);
-          if (w.wtype == WType::q4_1) std::memcpy(blk + 2, s + 32 + 2 * c, 2);
-          for (int64_t v = 0; v < (bb - sc / 16) / 4; ++v)
-            for (int k = 0; k < 4; ++k)
-              blk[sc / 16 + 4 * v + k] = uint8_t(s[sc + 64 * v + 4 * c + k] ^ (w.wtype == WType::q8_0 ? 0x80 : 0));
-          chunk_values(blk, w.wtype, 0, o + i * w.K + b * QBLOCK);
-        }
+        float* dst = o + i * w.K + b * QBLOCK;
+        if (w.packed) packed_values(base + (ip[i] / QGROUP * nb + b) * PC, w.wtype, ip[i] % QGROUP, dst);
+        else chunk_values(base + ip[i] * RB, w.wtype, b, dst);
       }
   });
   return out;
@@ -352,17 +415,18 @@ static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::opti
                        const QKernel& k) {
   const Call c = prepare(x, w, bias);
   const int64_t N = w.N, K = w.K, M = c.M, nb = K / QBLOCK;
-  // x's quants, then each block's d, d * s and c (4 bytes each: aligned, K being a multiple of 32)
-  at::Tensor buf = at::empty({M * (K + 12 * nb)}, x.options().dtype(at::kByte));
+  // x's quants, then each block's d, d * s, c and c16 (4 bytes each: aligned, K being a multiple of 32)
+  at::Tensor buf = at::empty({M * (K + 16 * nb)}, x.options().dtype(at::kByte));
   uint8_t* base = buf.data_ptr<uint8_t>();
   const QRows q{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + M * K),
-                reinterpret_cast<float*>(base + M * K + 4 * M * nb), reinterpret_cast<int32_t*>(base + M * K + 8 * M * nb)};
+                reinterpret_cast<float*>(base + M * K + 4 * M * nb), reinterpret_cast<int32_t*>(base + M * K + 8 * M * nb),
+                reinterpret_cast<int32_t*>(base + M * K + 12 * M * nb)};
   const float* xp = c.x.data_ptr<float>();
   const int32_t offset = k.offset(w.wtype);
   at::parallel_for(0, M, ROW_GRAIN, [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
   const int64_t units = w.packed ? N / QGROUP : N;
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
-    const QRows qc{q.q + m0 * K, q.d + m0 * nb, q.sd + m0 * nb, q.c + m0 * nb};
+    const QRows qc{q.q + m0 * K, q.d + m0 * nb, q.sd + m0 * nb, q.c + m0 * nb, q.c16 + m0 * nb};
     QLinearArgs a{qc, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
                   std::min(ROW_CHUNK, M - m0), N, K, N, w.wtype};
     at::parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
@@ -420,7 +484,7 @@ static at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& w, con
 // The integer path's scalar reference, on the file's blocks.
 static at::Tensor qlinear_reference(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   const WeightView v = weight_view(w);
-  TORCH_CHECK(int_path(v.wtype) && !v.packed, "peagle::qlinear_ref: takes a GGUF file's q8_0/q4_0/q4_1 blocks, uint8 [N, K / 32, block bytes]");
+  TORCH_CHECK(quantized(v.wtype) && !v.packed, "peagle::qlinear_ref: takes a GGUF file's blocks, uint8 [N, K / block weights, block bytes]");
   return qrun(x, v, bias, {quantize_rows_ref, [](WType) { return 0; }, qlinear_ref, COL_GRAIN});
 }
 
@@ -444,6 +508,8 @@ TORCH_LIBRARY(peagle, m) {
   m.def("qlinear_ref(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("bf16linear_ref(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("dequantize_rows(Tensor blocks, Tensor ids) -> Tensor");
+  m.def("pack(Tensor blocks) -> Tensor");
+  m.impl("pack", c10::DispatchKey::CPU, TORCH_FN(pack));
   m.impl("dequantize_rows", c10::DispatchKey::CPU, TORCH_FN(dequantize_rows));
   m.def("isa() -> str", [] { return best_isa(); });
   m.def("int_isa() -> str", [] { return best_int_isa(); });

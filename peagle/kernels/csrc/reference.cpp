@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "attention_tiles.h"
 #include "kernels.h"
@@ -148,18 +149,27 @@ float weight_at(const uint8_t* row, WType t, int64_t k) {
   }
 }
 
-void chunk_values(const uint8_t* row, WType t, int64_t c, float* out) {
+// f(std::integral_constant<WType, T>) for a block format t known at run time.
+template <class F>
+static auto by_format(WType t, F f) {
   switch (t) {
-    case WType::q8_0: return chunk_values<WType::q8_0>(row, c, out);
-    case WType::q4_0: return chunk_values<WType::q4_0>(row, c, out);
-    case WType::q4_1: return chunk_values<WType::q4_1>(row, c, out);
-    case WType::q5_0: return chunk_values<WType::q5_0>(row, c, out);
-    case WType::q5_1: return chunk_values<WType::q5_1>(row, c, out);
-    case WType::q4_k: return chunk_values<WType::q4_k>(row, c, out);
-    case WType::q5_k: return chunk_values<WType::q5_k>(row, c, out);
-    case WType::q6_k: return chunk_values<WType::q6_k>(row, c, out);
-    default: return;
+    case WType::q8_0: return f(std::integral_constant<WType, WType::q8_0>());
+    case WType::q4_0: return f(std::integral_constant<WType, WType::q4_0>());
+    case WType::q4_1: return f(std::integral_constant<WType, WType::q4_1>());
+    case WType::q5_0: return f(std::integral_constant<WType, WType::q5_0>());
+    case WType::q5_1: return f(std::integral_constant<WType, WType::q5_1>());
+    case WType::q4_k: return f(std::integral_constant<WType, WType::q4_k>());
+    case WType::q5_k: return f(std::integral_constant<WType, WType::q5_k>());
+    default: return f(std::integral_constant<WType, WType::q6_k>());
   }
+}
+
+SubBlock sub_block(const uint8_t* row, WType t, int64_t c) {
+  return by_format(t, [&](auto T) { return sub_block<T.value>(row, c); });
+}
+
+void chunk_values(const uint8_t* row, WType t, int64_t c, float* out) {
+  by_format(t, [&](auto T) { chunk_values<T.value>(row, c, out); });
 }
 
 void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes) {
@@ -187,32 +197,41 @@ void quantize_rows_ref(const float* x, int64_t ldx, int64_t K, int32_t offset, c
       float amax = 0.f;
       for (int i = 0; i < QBLOCK; ++i) amax = std::max(amax, std::fabs(v[i]));
       const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-      int32_t s = 0;
+      int32_t s = 0, s16 = 0;
       for (int i = 0; i < QBLOCK; ++i) {
         const int q = int(std::nearbyint(v[i] * id));
         out.q[m * K + b * QBLOCK + i] = int8_t(q);
         s += q;
+        if (i == 15) s16 = s;
       }
       out.d[m * nb + b] = d;
       out.sd[m * nb + b] = d * float(s);
       out.c[m * nb + b] = -offset * s;
+      out.c16[m * nb + b] = -offset * s16;
     }
 }
 
 // The integer path from the file's blocks (kernels.h), one output at a time.
 void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / QBLOCK, RB = row_bytes(a.wtype, a.K);
+  const PackedFormat f = packed_format(a.wtype);
   for (int64_t m = 0; m < a.M; ++m)
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = a.w + n * RB;
       float acc = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
-        const QBlock p = qblock(row, a.wtype, b);
+        const SubBlock w = sub_block(row, a.wtype, b);
         const int8_t* xq = a.x.q + m * a.K + b * QBLOCK;
-        int32_t isum = 0;
-        for (int k = 0; k < QBLOCK; ++k) isum += quant_at(p, a.wtype, k) * int32_t(xq[k]);
-        acc = std::fma(half_to_float(p.d), a.x.d[m * nb + b] * float(isum), acc);
-        if (a.wtype == WType::q4_1) acc = std::fma(half_to_float(p.m), a.x.sd[m * nb + b], acc);
+        const float dx = a.x.d[m * nb + b];
+        int32_t isum[2] = {0, 0};
+        for (int k = 0; k < QBLOCK; ++k) isum[k / 16] += int32_t(w.q[k]) * int32_t(xq[k]);
+        if (f.scales == 2) {
+          acc = std::fma(w.s[0], dx * float(isum[0]), acc);
+          acc = std::fma(w.s[1], dx * float(isum[1]), acc);
+        } else {
+          acc = std::fma(w.s[0], dx * float(isum[0] + isum[1]), acc);
+        }
+        if (f.min) acc = std::fma(w.m, a.x.sd[m * nb + b], acc);
       }
       a.y[m * a.ldy + n] = a.bias ? acc + a.bias[n] : acc;
     }
