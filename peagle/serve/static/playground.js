@@ -136,7 +136,9 @@ class Answer {
       f.append(el("b", "", String(value)));
       return f;
     }));
-    const positions = Math.max(acceptedAt.length, server && server.method !== "none" ? server.max_speculative_tokens : 0);
+    // the positions drafted: at the end the server's count; meanwhile K (auto: those accepted so far)
+    const fixed = server && typeof server.num_speculative_tokens === "number" ? server.max_speculative_tokens : 0;
+    const positions = m ? m.drafted_per_position.length : Math.max(acceptedAt.length, fixed);
     const shares = Array.from({ length: rounds ? positions : 0 }, (_, k) => (acceptedAt[k] || 0) / rounds);
     this.chart.hidden = !shares.length;
     this.bars.setAttribute("aria-label", shares.length ? "acceptance by draft position: "
