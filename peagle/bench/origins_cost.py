@@ -1,6 +1,8 @@
 """What the playground's ``"token_origins": true`` costs a streamed request: one chat request at a time to a
 running ``peagle serve``, alternately without and with the field (ABBA order, so a drift of the machine's
-speed falls on both alike), each run's decode rate measured at the client, medians printed.
+speed falls on both alike), each run's decode rate measured at the client. Printed: each kind's median and
+best (other jobs only ever slow a run down), and the median of each pair's ratio (a pair runs back to back:
+on a shared machine, other jobs slow both alike).
 
 Decode rate: the completion's tokens but the first (the prompt's pass) over the time from the first event with
 text to the last one. ``python -m peagle.bench.origins_cost --port 8000 --runs 6``."""
@@ -52,8 +54,11 @@ def main(argv: list[str] | None = None) -> None:
                 rates[origins].append(decode_rate(client, url, {**body, "token_origins": origins}))
                 print(f"token_origins={str(origins).lower():5} {rates[origins][-1]:.1f} tok/s", flush=True)
     without, with_ = statistics.median(rates[False]), statistics.median(rates[True])
-    print(f"median without {without:.1f} tok/s, with {with_:.1f} tok/s: {with_ / without:.3f}x "
-          f"({len(rates[False])} runs each, {args.max_tokens} tokens)")
+    paired = statistics.median(b / a for a, b in zip(rates[False], rates[True]))
+    best_without, best_with = max(rates[False]), max(rates[True])
+    print(f"median without {without:.1f} tok/s, with {with_:.1f} tok/s: {with_ / without:.3f}x; best "
+          f"{best_without:.1f} and {best_with:.1f} tok/s: {best_with / best_without:.3f}x; median of the pairs' "
+          f"ratios {paired:.3f}x ({len(rates[False])} runs each, {args.max_tokens} tokens)")
 
 
 if __name__ == "__main__":
