@@ -36,9 +36,9 @@ def start_engine(tiny_chat_dir, cache: Path, max_queue: int = 8, **kwargs) -> As
 
 
 class Server:
-    def __init__(self, engine: AsyncEngine):
+    def __init__(self, engine: AsyncEngine, api_key: str | None = None):
         self.engine = engine
-        self.app = build_app(self.engine, "tiny")
+        self.app = build_app(self.engine, "tiny", api_key)
         self.port = free_port()
         self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, port=self.port, log_level="warning"))
         self._thread = threading.Thread(target=self._uvicorn.run, daemon=True)

@@ -1,5 +1,6 @@
 """OpenAI-compatible HTTP API (the subset vLLM's clients use): completions, chat completions
-(streamed or not, ``n`` choices, logprobs), models, health and Prometheus metrics.
+(streamed or not, ``n`` choices, logprobs), models, health and Prometheus metrics; the playground page at
+``/`` and its ``/v1/server_info`` (:mod:`peagle.serve.playground`).
 
 Every error is an OpenAI error object: 400 for any request the server cannot take (never 422),
 401, 404, 503 when the queue is full, 500 for the requests an engine fault failed.
@@ -23,6 +24,7 @@ from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from peagle.serve.async_engine import AsyncEngine, Delta, EngineError, QueueFullError
+from peagle.serve.playground import mount_playground
 from peagle.serve.requests import ChatRequest, CompletionRequest, GenerationRequest, Limits, choice_params
 from peagle.serve.responses import DONE_EVENT, ErrorResponse, Formatter, Refusal, error, error_event
 
@@ -41,6 +43,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
     app.add_exception_handler(Refusal, _refused)
     if api_key:
         app.add_middleware(_Auth, api_key=api_key)
+    mount_playground(app, info, model_name)   # after _Auth: the page's files (no data) need no key
     app.openapi = functools.partial(_openapi, app)
 
     @app.get("/health", response_class=Response,

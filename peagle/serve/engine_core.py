@@ -57,6 +57,9 @@ class EngineInfo:
     max_num_seqs: int
     pid: int
     method: str          # the engine's speculative method (none: the target alone)
+    k: int | str         # num_speculative_tokens: K, "auto" (chosen each step, at most k_max) or 0 (no drafts)
+    k_max: int           # the most positions a step drafts (0 without a head)
+    token_tree: str      # what the drafts form: "chain", "auto" or an explicit tree's rank paths
 
 
 @dataclass
@@ -129,7 +132,9 @@ def run_engine_core(inbox, outbox, spec: EngineSpec) -> None:
         outbox.send(("ready", EngineInfo(engine.tokenizer, str(engine.device), engine.precision, engine.kernels,
                                          engine.graphs is not None, engine.max_model_len,
                                          engine.target.cfg.vocab_size, engine.cfg.max_num_seqs, os.getpid(),
-                                         engine.cfg.method)))
+                                         engine.cfg.method,
+                                         engine.cfg.num_speculative_tokens if engine.bounds.k_max else 0,
+                                         engine.bounds.k_max, str(engine.token_tree))))
         EngineCore(engine, outbox, spec.stream_interval).serve(inbox)
     except (EOFError, OSError):  # the server has gone
         pass
