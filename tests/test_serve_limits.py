@@ -211,8 +211,9 @@ def test_the_key_guards_everything_but_health(srv, alone):
 def test_a_template_that_raises_gets_a_400_object(srv, alone, monkeypatch):
     monkeypatch.setattr(srv.engine.info.tokenizer, "chat_template", "{{ (messages | length) / 0 }}")
     with beside_a_stream(srv, alone):
-        assert_error(request(srv.port, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-                     400, "BadRequestError", "the chat template refused these messages: ZeroDivisionError")
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        assert_error(request(srv.port, "POST", "/v1/chat/completions", chat), 400, "BadRequestError",
+                     "the chat template refused these messages: ZeroDivisionError")
 
 
 def test_check_request_without_http():
@@ -235,6 +236,6 @@ def test_check_request_without_http():
     assert refused(CompletionRequest(prompt="x", stop=["a", "b", "c"])) == \
         "3 stop strings are more than the 2 a request may have"
     assert refused(CompletionRequest(prompt="x", stop="abcd")) == "a stop string may have at most 3 characters"
-    assert ServerLimits().prompt_chars(8192) == 16 * 8192
+    assert ServerLimits().most_prompt_chars(8192) == 16 * 8192
     with pytest.raises(ValueError, match="max_stop_strings must be positive, got 0"):
         ServerLimits(max_stop_strings=0)

@@ -1,10 +1,13 @@
 """``peagle bench attack`` (or ``python -m peagle.bench.attack``): ``peagle serve`` under a hostile
-client (issue 38). One streamed completion, the victim, runs twice: alone, then while attackers send
-a 64 MiB body (by its Content-Length, and chunked), a 2M-character prompt, 10^4 stop strings of 200
-characters, and hold slow-loris connections that trickle their headers a byte a second. Reported: the
-victim's gaps between two tokens in each run (the goal: no attack delays its next token by more than
-100 ms), what each attack got back and how soon, and the server processes' peak RSS growth over the
-run (the goal: at most twice the body limit). The victim's text must be the same in both runs."""
+client (issue 38). A streamed completion, the victim, runs alone (``--victims`` times, one after
+another), then one after another for as long as attackers send a 64 MiB body (by its Content-Length,
+and chunked), a 2M-character prompt and 10^4 stop strings of 200 characters (``--repeats`` times each)
+and hold slow-loris connections that trickle their headers a byte a second until the server cuts them.
+Reported: the victims' gaps between two tokens in each run (the goal: no attack delays a stream's next
+token by more than 100 ms), the largest ones with when they ended and when each attack was sent (to
+tell them from the other jobs of a shared machine), what each attack got back and how soon, and the
+server processes' peak RSS growth over the run (the goal: at most twice the body limit). Every victim
+must write the same text."""
 from __future__ import annotations
 
 import argparse
@@ -35,12 +38,14 @@ VICTIM = {"prompt": "Write a long story about a lighthouse keeper and the sea.",
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8766)
     p.add_argument("--max-tokens", type=int, default=400, help="the victim's length")
+    p.add_argument("--victims", type=int, default=3, help="victims one after another alone (attacked: as many "
+                                                          "as the attacks last)")
     p.add_argument("--attacks", type=_attacks, default=ATTACKS, help=f"comma-separated, of {','.join(ATTACKS)} "
                                                                        "(default: all)")
     p.add_argument("--loris", type=int, default=16, help="slow-loris connections")
     p.add_argument("--repeats", type=int, default=3, help="times each body attack is sent (0.5 s apart)")
     p.add_argument("--wait-idle", type=float, default=300,
-                   help="before each run, wait at most this many s for other processes to quieten (the machine is shared)")
+                   help="before each run, wait at most this many s for other processes to quieten (a shared machine)")
     p.add_argument("--server-args", default="", help="more `peagle serve` flags, as one string ('--target T ...')")
     p.add_argument("--json", default=None, help="also write every measurement to this JSON file")
 
@@ -56,15 +61,20 @@ def main(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "peagle.cli", "serve", "--port", str(args.port), *shlex.split(args.server_args)]
     body = {**VICTIM, "max_tokens": args.max_tokens}
     runs: dict[str, dict] = {}
+    texts: dict[str, set[str]] = {}
     with running(cmd, args.port) as (_, proc):
         for name in ("alone", "attacked"):
             wait_for_idle(args.wait_idle)
             with Server(proc.pid) as server:
-                run, attacks = (victim(args.port, body), []) if name == "alone" else under_attack(args, body)
-            runs[name] = {**run, **gaps(run), **server.figures()}
-    out = {"command": shlex.join(cmd), "cpu": cpu_name(), "body_limit_bytes": ServerLimits().max_body_bytes,
-           **{name: {k: v for k, v in run.items() if k not in ("times", "text")} for name, run in runs.items()},
-           "same_text": runs["alone"]["text"] == runs["attacked"]["text"], "attacks": attacks}
+                t0 = time.perf_counter()
+                if name == "alone":
+                    streams, attacks = [victim(args.port, body) for _ in range(args.victims)], []
+                else:
+                    streams, attacks = under_attack(args, body, t0)
+            runs[name] = {"victims": len(streams), **gaps(streams, t0), **server.figures()}
+            texts[name] = {v["text"] for v in streams}
+    out = {"command": shlex.join(cmd), "cpu": cpu_name(), "body_limit_bytes": ServerLimits().max_body_bytes, **runs,
+           "same_text": len(texts["alone"] | texts["attacked"]) == 1, "attacks": attacks}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     print(report(out))
@@ -133,22 +143,32 @@ def victim(port: int, body: dict, started: threading.Event | None = None) -> dic
     return {"times": times, "text": "".join(text)}
 
 
-def gaps(run: dict) -> dict:
-    g = sorted(b - a for a, b in zip(run["times"], run["times"][1:]))
-    return {"events": len(run["times"]), "gap_ms_median": 1e3 * statistics.median(g),
-            "gap_ms_p99": 1e3 * g[int(0.99 * (len(g) - 1))], "gap_ms_max": 1e3 * g[-1]}
+def gaps(streams: list[dict], t0: float) -> dict:
+    """The gaps between a stream's events, over all ``streams``; the five largest, with when they ended
+    (s after ``t0``)."""
+    g = sorted((b - a, b - t0) for v in streams for a, b in zip(v["times"], v["times"][1:]))
+    ms = [1e3 * x for x, _ in g]
+    return {"events": sum(len(v["times"]) for v in streams), "gap_ms_median": statistics.median(ms),
+            "gap_ms_p99": ms[int(0.99 * (len(ms) - 1))], "gap_ms_max": ms[-1],
+            "largest_gaps": [{"ms": 1e3 * x, "ended_at_s": t} for x, t in g[-5:]]}
 
 
-def under_attack(args: argparse.Namespace, body: dict) -> tuple[dict, list[dict]]:
-    """The victim, with every attack started once it has its 20th token."""
-    started, result, attacks = threading.Event(), {}, []
-    stream = threading.Thread(target=lambda: result.update(victim(args.port, body, started)))
+def under_attack(args: argparse.Namespace, body: dict, t0: float) -> tuple[list[dict], list[dict]]:
+    """Victims one after another until every attack has its answer; the attacks start once the first
+    victim has its 20th token. Each attack's record says when it was sent (s after ``t0``)."""
+    started, done, streams, attacks = threading.Event(), threading.Event(), [], []
+
+    def victims():
+        while not done.is_set() or not streams:
+            streams.append(victim(args.port, body, started))
+
+    stream = threading.Thread(target=victims)
     stream.start()
     started.wait()
 
     def repeat(name, fn, *a):
         for _ in range(args.repeats):
-            attacks.append({"attack": name, **fn(*a)})
+            attacks.append({"attack": name, "sent_at_s": time.perf_counter() - t0, **fn(*a)})
             time.sleep(0.5)
 
     prompt = json.dumps({"prompt": "x" * 2_000_000}).encode()
@@ -159,13 +179,14 @@ def under_attack(args: argparse.Namespace, body: dict) -> tuple[dict, list[dict]
              "stops": ("10^4 stop strings of 200 characters", post, args.port, stops)}
     threads = [threading.Thread(target=repeat, args=every[a]) for a in args.attacks if a in every]
     if "loris" in args.attacks:
-        threads.append(threading.Thread(target=lambda: attacks.extend(slow_loris(args.port, args.loris))))
+        threads.append(threading.Thread(target=lambda: attacks.extend(slow_loris(args.port, args.loris, t0))))
     for t in threads:
         t.start()
-    stream.join()
     for t in threads:
         t.join()
-    return result, attacks
+    done.set()
+    stream.join()
+    return streams, attacks
 
 
 def answer(sock: socket.socket, t0: float) -> dict:
@@ -213,7 +234,7 @@ def post(port: int, body: bytes) -> dict:
     return {**answer(sock, t0), "body_bytes_sent": len(body)}
 
 
-def slow_loris(port: int, n: int) -> list[dict]:
+def slow_loris(port: int, n: int, t_start: float) -> list[dict]:
     """``n`` connections that send a request's headers a byte a second, each until the server cuts it."""
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 10_000
     socks = {socket.create_connection(("127.0.0.1", port)): 0 for _ in range(n)}
@@ -221,7 +242,7 @@ def slow_loris(port: int, n: int) -> list[dict]:
     while socks and time.perf_counter() - t0 < 120:
         for s in select.select(list(socks), [], [], 1.0)[0]:
             socks.pop(s)
-            out.append({"attack": "slow-loris headers, a byte a second", **answer(s, t0)})
+            out.append({"attack": "slow-loris headers, a byte a second", "sent_at_s": t0 - t_start, **answer(s, t0)})
         for s, i in socks.items():
             try:
                 s.send(head[i:i + 1])
@@ -229,20 +250,20 @@ def slow_loris(port: int, n: int) -> list[dict]:
             except OSError:
                 pass
     for s in socks:   # never cut
-        out.append({"attack": "slow-loris headers, a byte a second", "status": None, "error": "still open",
-                    "seconds": time.perf_counter() - t0})
+        out.append({"attack": "slow-loris headers, a byte a second", "sent_at_s": t0 - t_start, "status": None,
+                    "error": "still open", "seconds": time.perf_counter() - t0})
         s.close()
     return out
 
 
 def report(out: dict) -> str:
     lines = [f"{out['cpu']}; server: {out['command']}", "",
-             "| victim stream | events | median gap ms | p99 gap ms | max gap ms | server RSS growth MiB | "
-             "server's cores | other sessions' cores |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| victim streams | streams | events | median gap ms | p99 gap ms | max gap ms | server RSS growth MiB | "
+             "server's cores | other sessions' cores |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in ("alone", "attacked"):
         r = out[name]
         load = "?" if r["other_load_cores"] is None else f"{r['other_load_cores']:.2f}"
-        lines.append(f"| {name} | {r['events']} | {r['gap_ms_median']:.1f} | {r['gap_ms_p99']:.1f} | "
+        lines.append(f"| {name} | {r['victims']} | {r['events']} | {r['gap_ms_median']:.1f} | {r['gap_ms_p99']:.1f} | "
                      f"{r['gap_ms_max']:.1f} | {r['rss_growth_mib']:.1f} | {r['server_cores']:.2f} | {load} |")
     lines += ["", f"same text alone and attacked: {out['same_text']}; body limit "
                   f"{out['body_limit_bytes'] / MiB:g} MiB", "",

@@ -85,12 +85,13 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
 
 # JSON bodies are parsed, prompts templated and tokenized on this thread, not on the event loop, so a
 # long one delays its own request, not /health or another stream's next token. One thread: more would
-# take turns at the GIL with the event loop (the tokenizer lets go of it, JSON and templates do not).
+# take turns at the GIL with the event loop (the tokenizer lets go of it, JSON and templates do not),
+# and the tokenizer is never used by two threads at once.
 _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peagle-parse")
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
-async def _off_loop(fn: Callable[..., T], *args) -> T:
+async def _off_loop(fn: Callable[..., _T], *args) -> _T:
     return await asyncio.get_running_loop().run_in_executor(_WORKER, fn, *args)
 
 
@@ -104,6 +105,8 @@ class _OffLoopRequest(Request):
 
 
 class _Route(APIRoute):
+    """FastAPI's route, handing FastAPI an :class:`_OffLoopRequest` to read the body from."""
+
     def get_route_handler(self) -> Callable:
         handle = super().get_route_handler()
 

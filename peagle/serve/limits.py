@@ -36,7 +36,7 @@ CHARS_PER_TOKEN = 16
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """The limits on one client. Every default leaves room for any request the model can serve."""
+    """The limits on one client: none is unbounded, and the defaults leave room for what clients ask of this model."""
     max_body_bytes: int = 8 * 2 ** 20      # --max-request-body-bytes: a request body (413)
     max_header_bytes: int = 64 * 2 ** 10   # --max-request-header-bytes: a request's line and headers (431)
     read_timeout: float = 30.0             # --request-read-timeout: s for a request's headers, then its body (408)
@@ -52,7 +52,7 @@ class ServerLimits:
             if value is not None and not value > 0:
                 raise ValueError(f"server limit {f.name} must be positive, got {value}")
 
-    def prompt_chars(self, max_model_len: int) -> int:
+    def most_prompt_chars(self, max_model_len: int) -> int:
         return self.max_prompt_chars or CHARS_PER_TOKEN * max_model_len
 
     def uvicorn_kwargs(self) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def check_request(req: GenerationRequest, limits: ServerLimits, max_model_len: i
     if len(sizes) * req.n > limits.max_choices:
         raise Refusal(400, f"{len(sizes)} prompts x n={req.n} choices are more than the {limits.max_choices} "
                            "a request may ask for")
-    most, chars = limits.prompt_chars(max_model_len), max(sizes, default=0)
+    most, chars = limits.most_prompt_chars(max_model_len), max(sizes, default=0)
     if chars > most:
         raise Refusal(400, f"a prompt has {chars} characters; this server takes at most {most} per prompt")
     stop = req.stop_strings
