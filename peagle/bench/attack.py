@@ -71,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
                     streams, attacks = [victim(args.port, body) for _ in range(args.victims)], []
                 else:
                     streams, attacks = under_attack(args, body, t0)
-            runs[name] = {"victims": len(streams), **gaps(streams, t0), **server.figures()}
+            runs[name] = {"victims": len(streams), **gaps(streams, t0, at_work(attacks)), **server.figures()}
             texts[name] = {v["text"] for v in streams}
     out = {"command": shlex.join(cmd), "cpu": cpu_name(), "body_limit_bytes": ServerLimits().max_body_bytes, **runs,
            "same_text": len(texts["alone"] | texts["attacked"]) == 1, "attacks": attacks}
@@ -143,14 +143,27 @@ def victim(port: int, body: dict, started: threading.Event | None = None) -> dic
     return {"times": times, "text": "".join(text)}
 
 
-def gaps(streams: list[dict], t0: float) -> dict:
-    """The gaps between a stream's events, over all ``streams``; the five largest, with when they ended
-    (s after ``t0``)."""
-    g = sorted((b - a, b - t0) for v in streams for a, b in zip(v["times"], v["times"][1:]))
-    ms = [1e3 * x for x, _ in g]
+def gaps(streams: list[dict], t0: float, windows: list[tuple[float, float]]) -> dict:
+    """The gaps between a stream's events, over all ``streams``: median, p99, largest, the largest of
+    those that overlap one of ``windows`` (s after ``t0``: the server at work on an attack; the others
+    are the shared machine's), and the five largest with when they ended."""
+    g = sorted((b - a, a - t0, b - t0) for v in streams for a, b in zip(v["times"], v["times"][1:]))
+    ms = [1e3 * x for x, _, _ in g]
+    near = [1e3 * x for x, start, end in g if any(start < w1 and end > w0 for w0, w1 in windows)]
     return {"events": sum(len(v["times"]) for v in streams), "gap_ms_median": statistics.median(ms),
             "gap_ms_p99": ms[int(0.99 * (len(ms) - 1))], "gap_ms_max": ms[-1],
-            "largest_gaps": [{"ms": 1e3 * x, "ended_at_s": t} for x, t in g[-5:]]}
+            "gap_ms_max_at_attacks": max(near, default=None),
+            "largest_gaps": [{"ms": 1e3 * x, "ended_at_s": end} for x, _, end in g[-5:]]}
+
+
+def at_work(attacks: list[dict]) -> list[tuple[float, float]]:
+    """When the server was at work on an attack (s after the run's start): a request from its sending
+    to 0.1 s after its answer; a slow-loris connection as it connects and as it is cut."""
+    out = []
+    for a in attacks:
+        start, end = a["sent_at_s"], a["sent_at_s"] + a["seconds"]
+        out += [(start, start + 0.1), (end - 0.1, end + 0.1)] if a.get("holds_connection") else [(start, end + 0.1)]
+    return out
 
 
 def under_attack(args: argparse.Namespace, body: dict, t0: float) -> tuple[list[dict], list[dict]]:
@@ -242,7 +255,8 @@ def slow_loris(port: int, n: int, t_start: float) -> list[dict]:
     while socks and time.perf_counter() - t0 < 120:
         for s in select.select(list(socks), [], [], 1.0)[0]:
             socks.pop(s)
-            out.append({"attack": "slow-loris headers, a byte a second", "sent_at_s": t0 - t_start, **answer(s, t0)})
+            out.append({"attack": "slow-loris headers, a byte a second", "sent_at_s": t0 - t_start,
+                        "holds_connection": True, **answer(s, t0)})
         for s, i in socks.items():
             try:
                 s.send(head[i:i + 1])
@@ -250,21 +264,24 @@ def slow_loris(port: int, n: int, t_start: float) -> list[dict]:
             except OSError:
                 pass
     for s in socks:   # never cut
-        out.append({"attack": "slow-loris headers, a byte a second", "sent_at_s": t0 - t_start, "status": None,
-                    "error": "still open", "seconds": time.perf_counter() - t0})
+        out.append({"attack": "slow-loris headers, a byte a second", "sent_at_s": t0 - t_start,
+                    "holds_connection": True, "status": None, "error": "still open",
+                    "seconds": time.perf_counter() - t0})
         s.close()
     return out
 
 
 def report(out: dict) -> str:
     lines = [f"{out['cpu']}; server: {out['command']}", "",
-             "| victim streams | streams | events | median gap ms | p99 gap ms | max gap ms | server RSS growth MiB | "
-             "server's cores | other sessions' cores |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| victim streams | streams | events | median gap ms | p99 gap ms | max gap ms | "
+             "max gap ms at an attack | server RSS growth MiB | server's cores | other sessions' cores |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in ("alone", "attacked"):
         r = out[name]
         load = "?" if r["other_load_cores"] is None else f"{r['other_load_cores']:.2f}"
+        near = "-" if r["gap_ms_max_at_attacks"] is None else f"{r['gap_ms_max_at_attacks']:.1f}"
         lines.append(f"| {name} | {r['victims']} | {r['events']} | {r['gap_ms_median']:.1f} | {r['gap_ms_p99']:.1f} | "
-                     f"{r['gap_ms_max']:.1f} | {r['rss_growth_mib']:.1f} | {r['server_cores']:.2f} | {load} |")
+                     f"{r['gap_ms_max']:.1f} | {near} | {r['rss_growth_mib']:.1f} | {r['server_cores']:.2f} | {load} |")
     lines += ["", f"same text alone and attacked: {out['same_text']}; body limit "
                   f"{out['body_limit_bytes'] / MiB:g} MiB", "",
               "| attack | answers (status, error) | seconds to answer (max) | body bytes sent (max) |",
