@@ -109,8 +109,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from peagle.engine.llm_engine import EngineConfig
     from peagle.serve.api import build_app, speculative_config
     from peagle.serve.async_engine import AsyncEngine, EngineSpec
+    from peagle.serve.limits import ServerLimits
 
     spec = speculative_config(args.speculative_config)
+    limits = ServerLimits(max_body_bytes=args.max_request_body_bytes, max_header_bytes=args.max_request_header_bytes,
+                          read_timeout=args.request_read_timeout, limit_concurrency=args.limit_concurrency,
+                          max_prompt_chars=args.max_prompt_chars, max_choices=args.max_choices_per_request,
+                          max_stop_strings=args.max_stop_strings, max_stop_chars=args.max_stop_string_chars)
     # uvicorn shuts down gracefully on SIGTERM, then raises it again: exit cleanly then, through the
     # `finally` below that stops the engine process
     signal.signal(signal.SIGTERM, _exit_cleanly)
@@ -139,8 +144,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"(engine process {info.pid})", file=sys.stderr, flush=True)
     try:
         # on SIGTERM, running requests get a few seconds to finish; then they are cancelled (and aborted)
-        uvicorn.run(build_app(async_engine, name, args.api_key), host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=5)
+        uvicorn.run(build_app(async_engine, name, args.api_key, limits), host=args.host, port=args.port,
+                    log_level="warning", timeout_graceful_shutdown=5, **limits.uvicorn_kwargs())
     finally:
         async_engine.close()
     return 0
@@ -268,8 +273,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from peagle.bench import baseline, offline, serve, serving, structured, sweep
+    from peagle.bench import attack, baseline, offline, serve, serving, structured, sweep
     from peagle.runtime import DEVICE_HELP, DTYPE_CHOICES
+    from peagle.serve.limits import CHARS_PER_TOKEN, ServerLimits
 
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -311,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                         '"parallel_drafting": true}; omitted or method "none": the target alone')
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
-    v.add_argument("--api-key", default=None)
+    v.add_argument("--api-key", default=None,
+                   help="Bearer key for every path but /health (/v1, /metrics, /docs, /openapi.json)")
     v.add_argument("--served-model-name", default=None)
     v.add_argument("--max-num-seqs", type=int, default=8)
     v.add_argument("--max-num-batched-tokens", type=int, default=2048,
@@ -335,6 +342,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "flag): each event costs the server ~0.25 ms of CPU beside the engine (default 1)")
     add_runtime_args(v, engine=True)
     v.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond which the server answers 503")
+    lim = ServerLimits()   # the limits on one client (peagle/serve/limits.py); each refusal an OpenAI error object
+    v.add_argument("--max-request-body-bytes", type=int, default=lim.max_body_bytes,
+                   help="a larger body gets a 413, by its Content-Length or once that many bytes have come "
+                        f"(default {lim.max_body_bytes})")
+    v.add_argument("--max-request-header-bytes", type=int, default=lim.max_header_bytes,
+                   help=f"a request line and headers larger get a 431 (default {lim.max_header_bytes})")
+    v.add_argument("--request-read-timeout", type=float, default=lim.read_timeout,
+                   help="seconds a client has to send a request's headers, and then its body; a slower one gets a "
+                        f"408 and its connection is closed (default {lim.read_timeout:g})")
+    v.add_argument("--limit-concurrency", type=int, default=lim.limit_concurrency,
+                   help="open connections and requests in flight beyond which the server answers 503 "
+                        f"(uvicorn's flag; default {lim.limit_concurrency})")
+    v.add_argument("--max-prompt-chars", type=int, default=lim.max_prompt_chars,
+                   help="a longer prompt (a chat's messages together) gets a 400 before it is tokenized "
+                        f"(default {CHARS_PER_TOKEN} x the maximum context length)")
+    v.add_argument("--max-choices-per-request", type=int, default=lim.max_choices,
+                   help=f"prompts x n a request may ask for (default {lim.max_choices})")
+    v.add_argument("--max-stop-strings", type=int, default=lim.max_stop_strings,
+                   help=f"stop strings a request may have (default {lim.max_stop_strings})")
+    v.add_argument("--max-stop-string-chars", type=int, default=lim.max_stop_chars,
+                   help=f"characters a stop string may have (default {lim.max_stop_chars})")
     v.set_defaults(func=cmd_serve)
 
     y = sub.add_parser("synth", help="the target writes responses to prompt files (training data); resumable")
@@ -393,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export)
 
     b = sub.add_parser("bench", help="benchmarks: serve (HTTP load, as vllm bench serve), offline, sweep, serving, "
-                                     "baseline")
+                                     "baseline, attack")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     for name, module, text in [
             ("serve", serve, "stream a dataset to an OpenAI-compatible server (flags as vllm bench serve)"),
@@ -402,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
             ("serving", serving, "the serving table: peagle's and llama.cpp's servers against the offline engine"),
             ("baseline", baseline, "the default model, one request: plain decoding against HF and llama.cpp, "
                                    "pass, prefill and drafting costs"),
-            ("structured", structured, "JSON-schema output with speculation against free text: rate and validity")]:
+            ("structured", structured, "JSON-schema output with speculation against free text: rate and validity"),
+            ("attack", attack, "one stream's token gaps and the server's RSS, alone and under a hostile client")]:
         bp = bsub.add_parser(name, help=text, description=module.__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_args(bp)

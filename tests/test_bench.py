@@ -566,3 +566,26 @@ def test_baseline_quotes_llama_bench_against_our_decode(monkeypatch):
     assert res["rows"][0]["ours_none_vs_tg128"] == 1.5 and "ours_none_vs_tg128" not in res["rows"][1]
     md = "\n".join(llamabench.markdown_llama_bench({"llama_bench": res}))
     assert "| Q4_1 | 100.0 | 90.0 | 240.0 | 300.0 | 3.00x | 1.50 |" in md and "| BF16 |" in md
+
+
+def test_bench_attack_tiny(tiny_chat_dir, tmp_path, capsys, monkeypatch):
+    """``bench attack`` on the tiny model: every victim writes the same text, alone and attacked, and every
+    attack gets its error object (a chunked 64 MiB body may read as a reset: the server stops reading it)."""
+    from test_serve import free_port
+
+    monkeypatch.setenv("PEAGLE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "attack.json"
+    rc = main(["bench", "attack", "--port", str(free_port()), "--max-tokens", "60", "--victims", "1", "--loris", "2",
+               "--repeats", "1", "--wait-idle", "0", "--json", str(out), "--server-args",
+               f"--target {tiny_chat_dir} --max-model-len 128 --request-read-timeout 1"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    res = json.loads(out.read_text())
+    assert res["same_text"] and res["alone"]["events"] == 60
+    assert res["attacked"]["events"] == 60 * res["attacked"]["victims"]
+    got = {a["attack"]: (a["status"], a["error"]) for a in res["attacks"]}
+    assert got["64 MiB body, Content-Length"] == (413, "RequestTooLargeError")
+    assert got["64 MiB body, chunked"] in {(413, "RequestTooLargeError"), (None, "connection reset")}
+    assert got["2M-character prompt"] == got["10^4 stop strings of 200 characters"] == (400, "BadRequestError")
+    assert got["slow-loris headers, a byte a second"] == (408, "RequestTimeoutError")
+    assert res["attacked"]["gap_ms_max_at_attacks"] is not None and "| attacked |" in printed.out

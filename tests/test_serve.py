@@ -83,7 +83,7 @@ def sse(port, path, body):
 
 
 def metric(port, name: str) -> float:
-    _, text, _ = request(port, "GET", "/metrics", key=None)
+    _, text, _ = request(port, "GET", "/metrics")
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and not line.startswith("#"):

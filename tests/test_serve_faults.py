@@ -27,6 +27,7 @@ from test_serve import free_port, request, wait_healthy
 
 from peagle.serve.api import build_app
 from peagle.serve.async_engine import AsyncEngine, EngineSpec
+from peagle.serve.limits import ServerLimits
 
 
 def start_engine(tiny_chat_dir, cache: Path, max_queue: int = 8, **kwargs) -> AsyncEngine:
@@ -36,11 +37,14 @@ def start_engine(tiny_chat_dir, cache: Path, max_queue: int = 8, **kwargs) -> As
 
 
 class Server:
-    def __init__(self, engine: AsyncEngine, api_key: str | None = None):
+    """``peagle serve``'s app and uvicorn settings, uvicorn in a thread of this process."""
+
+    def __init__(self, engine: AsyncEngine, api_key: str | None = None, limits: ServerLimits = ServerLimits()):
         self.engine = engine
-        self.app = build_app(self.engine, "tiny", api_key)
+        self.app = build_app(self.engine, "tiny", api_key, limits)
         self.port = free_port()
-        self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, port=self.port, log_level="warning"))
+        self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, port=self.port, log_level="warning",
+                                                      **limits.uvicorn_kwargs()))
         self._thread = threading.Thread(target=self._uvicorn.run, daemon=True)
         self._thread.start()
         while not self._uvicorn.started:

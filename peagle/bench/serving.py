@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
     runs: list[dict] = []
     for rep in range(args.repeats):
         for system in systems:
-            with running(server_command(system, args, max(concurrencies)), args.port) as log:
+            with running(server_command(system, args, max(concurrencies)), args.port) as (log, _):
                 for c in concurrencies:
                     res = client(args, c)
                     runs.append({"system": system, "via": "server", "concurrency": c, "repeat": rep,
@@ -106,7 +106,8 @@ def server_command(system: str, args: argparse.Namespace, max_seqs: int) -> list
 
 @contextlib.contextmanager
 def running(cmd: list[str], port: int, timeout: float = 600):
-    """A server started with ``cmd``, ready to answer (it lists its models); stopped on exit. Yields its log's path."""
+    """A server started with ``cmd``, ready to answer (it lists its models); stopped on exit. Yields its
+    log's path and its process."""
     import httpx
 
     log = Path(tempfile.mkstemp(prefix="peagle-bench-server-", suffix=".log")[1])
@@ -128,7 +129,7 @@ def running(cmd: list[str], port: int, timeout: float = 600):
         # a warm-up request, as the offline engine gets one: a serving process is measured warm
         httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hello", "max_tokens": 16},
                    timeout=120).raise_for_status()
-        yield log
+        yield log, proc
     finally:
         proc.terminate()
         try:

@@ -3,7 +3,8 @@
 ``/`` and its ``/v1/server_info`` (:mod:`peagle.serve.playground`).
 
 Every error is an OpenAI error object: 400 for any request the server cannot take (never 422),
-401, 404, 503 when the queue is full, 500 for the requests an engine fault failed.
+401, 404, 408, 413 and 431 past the limits on a client (:mod:`peagle.serve.limits`), 503 when the
+queue or the connections are full, 500 for the requests an engine fault failed.
 
 The routes are here, with the streams they run through the engine; what a request may ask is checked
 in :mod:`peagle.serve.requests`, the answers are made in :mod:`peagle.serve.responses`."""
@@ -12,18 +13,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import secrets
 import time
 import uuid
-from typing import Any, AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
+from fastapi.routing import APIRoute
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from peagle.serve.async_engine import AsyncEngine, Delta, EngineError, QueueFullError
+from peagle.serve.limits import BodyLimit, ServerLimits, check_request
 from peagle.serve.playground import mount_playground
 from peagle.serve.requests import ChatRequest, CompletionRequest, GenerationRequest, Limits, choice_params
 from peagle.serve.responses import DONE_EVENT, ErrorResponse, Formatter, Refusal, error, error_event
@@ -33,15 +38,19 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": ErrorResponse, "description": "an OpenAI error object"} for c in codes}
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
+              server_limits: ServerLimits = ServerLimits()) -> FastAPI:
+    """The app; uvicorn runs it with ``server_limits.uvicorn_kwargs()`` (the limits on connections)."""
     app = FastAPI(title="peagle", description="P-EAGLE speculative decoding server")
+    app.router.route_class = _Route
     info = engine.info
     tok = info.tokenizer  # this process's copy (the engine process detokenizes with its own)
     limits = Limits(model_name, info.vocab_size, info.max_model_len, engine.max_queue + info.max_num_seqs)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(Refusal, _refused)
-    if api_key:
+    app.add_middleware(BodyLimit, limits=server_limits)
+    if api_key:  # outermost: a client without the key gets its 401 before its body is read
         app.add_middleware(_Auth, api_key=api_key)
     mount_playground(app, info, model_name)   # after _Auth: the page's files (no data) need no key
     app.openapi = functools.partial(_openapi, app)
@@ -53,7 +62,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
             return error(503, "the engine process has stopped", "ServiceUnavailableError")
         return Response(status_code=200)
 
-    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}, **_errors(401)})
     async def metrics():
         return Response(generate_latest(engine.metrics.registry), media_type="text/plain; version=0.0.4")
 
@@ -62,17 +71,51 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
                                             "owned_by": "peagle", "max_model_len": info.max_model_len}]}
 
-    post_responses = {200: {"content": {"text/event-stream": {}}}, **_errors(400, 401, 404, 500, 503)}
+    post_responses = {200: {"content": {"text/event-stream": {}}}, **_errors(400, 401, 404, 408, 413, 500, 503)}
 
     @app.post("/v1/completions", responses=post_responses)
     async def completions(req: CompletionRequest, request: Request):
-        return await _generate(engine, limits, request, req, req.prompts(tok))
+        check_request(req, server_limits, info.max_model_len)
+        return await _generate(engine, limits, request, req, await _off_loop(req.prompts, tok))
 
     @app.post("/v1/chat/completions", responses=post_responses)
     async def chat(req: ChatRequest, request: Request):
-        return await _generate(engine, limits, request, req, [req.prompt(tok)])
+        check_request(req, server_limits, info.max_model_len)
+        return await _generate(engine, limits, request, req, [await _off_loop(req.prompt, tok)])
 
     return app
+
+
+# JSON bodies are parsed, prompts templated and tokenized on this thread, not on the event loop, so a
+# long one delays its own request, not /health or another stream's next token. One thread: more would
+# take turns at the GIL with the event loop (the tokenizer lets go of it, JSON and templates do not),
+# and the tokenizer is never used by two threads at once.
+_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="peagle-parse")
+_T = TypeVar("_T")
+
+
+async def _off_loop(fn: Callable[..., _T], *args) -> _T:
+    return await asyncio.get_running_loop().run_in_executor(_WORKER, fn, *args)
+
+
+class _OffLoopRequest(Request):
+    """A request whose JSON body is parsed on :data:`_WORKER` (8 MiB of JSON takes ~70 ms to parse)."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = await _off_loop(json.loads, await self.body())
+        return self._json
+
+
+class _Route(APIRoute):
+    """FastAPI's route, handing FastAPI an :class:`_OffLoopRequest` to read the body from."""
+
+    def get_route_handler(self) -> Callable:
+        handle = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            return await handle(_OffLoopRequest(request.scope, request.receive))
+        return handler
 
 
 async def _invalid(_, exc: RequestValidationError) -> Response:
@@ -207,14 +250,17 @@ async def _events(fmt: Formatter, deltas: AsyncIterator[tuple[int, Delta]],
 
 
 class _Auth:
-    """Bearer-token check on /v1/ (plain ASGI: Starlette's BaseHTTPMiddleware hides client disconnects)."""
+    """Bearer-token check on every path but /health (load balancers probe it without a key), so the
+    metrics and the API's schema and docs need the key too (vLLM's ``--api-key`` covers /v1 only). The
+    key is compared in constant time. Plain ASGI: Starlette's BaseHTTPMiddleware hides client disconnects."""
+    OPEN = frozenset({"/health"})
 
     def __init__(self, app, api_key: str):
         self.app, self.expected = app, f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            if dict(scope["headers"]).get(b"authorization") != self.expected:
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
+            if not secrets.compare_digest(dict(scope["headers"]).get(b"authorization", b""), self.expected):
                 return await error(401, "invalid or missing API key", "AuthenticationError")(scope, receive, send)
         await self.app(scope, receive, send)
 

@@ -139,6 +139,10 @@ class SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+
 
 class CompletionRequest(SamplingRequest):
     default_max_tokens: ClassVar[int | None] = 16   # OpenAI's default for completions
@@ -150,11 +154,15 @@ class CompletionRequest(SamplingRequest):
         """Alternatives a token asked for (0: the token's own logprob only); None: no logprobs."""
         return self.logprobs
 
-    def prompts(self, tokenizer) -> list[list[int]]:
-        """One prompt (text or token ids) or a list of them, as token ids."""
+    @property
+    def prompt_list(self) -> list[str | list[int]]:
+        """One prompt (text or token ids) or a list of them, as a list."""
         p = self.prompt
-        prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) or not p else p
-        return [tokenizer(x)["input_ids"] if isinstance(x, str) else x for x in prompts]
+        return [p] if isinstance(p, str) or (p and isinstance(p[0], int)) or not p else p
+
+    def prompts(self, tokenizer) -> list[list[int]]:
+        """Every prompt as token ids."""
+        return [tokenizer(x)["input_ids"] if isinstance(x, str) else x for x in self.prompt_list]
 
 
 class ContentPart(BaseModel):
@@ -192,8 +200,9 @@ class ChatRequest(SamplingRequest):
             raise Refusal(400, "top_logprobs needs logprobs: true")
         try:
             return encode(tokenizer, msgs, True)
-        except TemplateError as e:
-            raise Refusal(400, f"the chat template refused these messages: {e}") from None
+        except Exception as e:  # a template's own error (raise_exception) or any other it runs into: never a 500
+            why = str(e) if isinstance(e, TemplateError) else f"{type(e).__name__}: {e}"
+            raise Refusal(400, f"the chat template refused these messages: {why}") from None
 
 
 GenerationRequest = CompletionRequest | ChatRequest
@@ -220,7 +229,7 @@ def sampling_params(req: GenerationRequest, prompt_ids: list[int], limits: Limit
     if max_tokens > room:
         raise Refusal(400, f"max_tokens must be in 1..{room} (maximum context length {limits.max_model_len}, "
                            f"prompt {len(prompt_ids)} tokens), got {max_tokens}")
-    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    stop = req.stop_strings
     try:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0),
                               max_tokens=max_tokens, seed=req.seed, stop=stop, ignore_eos=req.ignore_eos,
