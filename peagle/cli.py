@@ -209,7 +209,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     # float32: no round trip through a lower precision
     target, path = load_target(args.target, "float32", quantization=args.quantization, compute=args.compute)
-    head = load_drafter_for(target, path, args.drafter)
+    head = load_drafter_for(target, path, args.drafter, pack=False)  # as trained: not quantized beside a GGUF target
     head.cfg.check_target(target.cfg, target.aux_layers)
     base = target.model.embed_tokens.weight if args.compact else None
     save_drafter(head, args.out, getattr(torch, args.dtype), base_embedding=base)

@@ -258,11 +258,12 @@ def default_drafter_path(target_path: Path, method: str = "parallel") -> Path | 
 
 
 def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,
-                     method: str = "parallel"):
+                     method: str = "parallel", pack: bool = True):
     """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
     1-layer head (cached, so every run uses the same one). Beside a target on the integer path its linear
     weights are quantized to Q8_0 and packed too (its pass reads half the bytes; lossless all the same);
-    beside one on the bf16 dot-product path its bf16 weights are packed for it."""
+    beside one on the bf16 dot-product path its bf16 weights are packed for it. ``pack=False`` keeps the
+    head's weights as stored (``peagle export`` writes them back)."""
     from peagle.models.drafter import load_drafter, save_drafter
 
     path = Path(drafter) if drafter else default_drafter_path(target_path, method)
@@ -276,8 +277,8 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
         raise ModelNotFoundError(f"no drafter at {path}")
     head = load_drafter(path, target.dtype, base_embedding=target.model.embed_tokens.weight.detach(),
                         device=target.lm_weight.device, linear_dtype=target.weight_dtype)
-    if integer_path(target):
+    if pack and integer_path(target):
         quantize_linears(head, "q8_0")
-    if integer_path(target) or bf16_dots(target):
+    if pack and (integer_path(target) or bf16_dots(target)):
         pack_model(head)
     return head
