@@ -126,6 +126,8 @@ def target_gguf(name: str | os.PathLike | None) -> Path | None:
 def _gguf_cache(gguf: Path) -> Path:
     if gguf == default_gguf():
         return cache_dir() / "models" / DEFAULT_NAME  # its name finds the shipped heads
+    if gguf.resolve() == (cache_dir() / "models" / GEMMA_GGUF[1]).resolve():  # assembled, sha256 checked
+        return cache_dir() / "models" / Path(GEMMA_GGUF[1]).stem  # gemma-3-270m-q4_k_m: finds its shipped head
     st = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
     return cache_dir() / "models" / f"{gguf.stem}-{key}"
