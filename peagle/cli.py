@@ -170,7 +170,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
                                        kv_cache_tokens=kv_tokens, enforce_eager=args.enforce_eager)
     run = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
                      args.seed, args.batch_size, args.shard_size, turns=args.turns, samples=args.samples,
-                     sample_temperature=args.sample_temperature)
+                     sample_temperature=args.sample_temperature, chat=args.chat)
     print(f"wrote {run.responses} responses ({run.response_tokens} tokens, {run.tokens_per_s:.1f} tokens/s on "
           f"{engine.device} in {engine.precision}) to {args.out}", file=sys.stderr)
     return 0
@@ -214,7 +214,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     # float32: no round trip through a lower precision
     target, path = load_target(args.target, "float32", quantization=args.quantization, compute=args.compute)
-    head = load_drafter_for(target, path, args.drafter)
+    head = load_drafter_for(target, path, args.drafter, pack=False)  # as trained: not quantized beside a GGUF target
     head.cfg.check_target(target.cfg, target.aux_layers)
     base = target.model.embed_tokens.weight if args.compact else None
     save_drafter(head, args.out, getattr(torch, args.dtype), base_embedding=base)
@@ -381,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--seed", type=int, default=0)
     y.add_argument("--batch-size", type=int, default=64, help="requests decoded together")
     y.add_argument("--shard-size", type=int, default=2000, help="responses per JSONL shard")
+    y.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                   help="wrap prompts in the model's chat template (default: on); --no-chat gives plain text, "
+                        "as a base model (Gemma 3 270M) is prompted")
     y.set_defaults(func=cmd_synth)
 
     d = sub.add_parser("init-drafter", help="write a randomly initialised head for a target (vLLM format)")

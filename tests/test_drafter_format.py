@@ -592,3 +592,20 @@ def test_default_heads_per_method(tmp_path, monkeypatch):
             assert loader.default_drafter_path(target, "eagle3") == tmp_path / "Tiny"  # falls back
     assert loader.default_drafter_path(target, "parallel") == tmp_path / "Tiny"
     assert loader.default_drafter_path(target, "eagle3") == tmp_path / "Tiny-eagle3"
+
+
+def test_the_gemma_file_finds_its_shipped_head(tmp_path, monkeypatch):
+    """Gemma 3 270M's GGUF, assembled in the cache, gets a folder named after the file (other GGUF files: a key
+    of path, size and time), so `peagle/heads/gemma-3-270m-q4_k_m` is its default head."""
+    from peagle.models import loader
+
+    monkeypatch.setenv("PEAGLE_CACHE", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    gemma = tmp_path / "models" / loader.GEMMA_GGUF[1]
+    other = tmp_path / "models" / "other.gguf"
+    gemma.write_bytes(b"GGUF")
+    other.write_bytes(b"GGUF")
+    assert loader._gguf_cache(gemma) == tmp_path / "models" / "gemma-3-270m-q4_k_m"
+    assert loader._gguf_cache(other).name.startswith("other-")
+    assert (loader.HEADS / "gemma-3-270m-q4_k_m" / "config.json").is_file()
+    assert loader.default_drafter_path(loader._gguf_cache(gemma)) == loader.HEADS / "gemma-3-270m-q4_k_m"

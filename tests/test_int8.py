@@ -253,3 +253,9 @@ def test_a_head_beside_a_target_on_the_integer_path_is_quantized(qllama, tmp_pat
     head = load_drafter_for(qllama, tmp_path, tmp_path / "head")
     assert all(isinstance(m.weight, QuantTensor) and m.weight.packed and m.weight.format == "q8_0"
                for m in head.modules() if isinstance(m, Linear))
+    # `peagle export` loads it as stored (pack=False) and writes it back, compact too: the same weights
+    plain = load_drafter_for(qllama, tmp_path, tmp_path / "head", pack=False)
+    assert not any(isinstance(m.weight, QuantTensor) for m in plain.modules() if isinstance(m, Linear))
+    save_drafter(plain, tmp_path / "out", base_embedding=qllama.model.embed_tokens.weight)
+    again = load_drafter_for(qllama, tmp_path, tmp_path / "out", pack=False)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), again.state_dict().values()))

@@ -117,6 +117,31 @@ def test_later_turns_follow_the_targets_own_answers_and_resume(tiny_chat_dir, pr
         synthesize(engine, chat, out, samples=2, sample_temperature=0.0, progress=False)
 
 
+def test_no_chat_gives_the_target_plain_text(tiny_chat_dir, prompt_files, tmp_path):
+    """``chat=False`` (``peagle synth --no-chat``, for a base model such as Gemma 3 270M): each prompt is
+    its plain text, as ``--skip-chat-template`` benchmarks send it; later turns join the conversation so
+    far by blank lines. The default keeps the chat template, and the run log records which."""
+    engine = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", max_num_seqs=4, max_model_len=256)
+    tok = engine.tokenizer
+    kw = dict(num_prompts=4, max_new_tokens=5, progress=False, turns=2)
+    synthesize(engine, prompt_files, tmp_path / "plain", chat=False, **kw)
+    synthesize(engine, prompt_files, tmp_path / "chat", **kw)
+    plain = {r["id"]: r for r in records(tmp_path / "plain")}
+    templated = {r["id"]: r for r in records(tmp_path / "chat")}
+    assert set(plain) == set(templated) and any(r["turn"] == 2 for r in plain.values())
+    for rid, r in plain.items():
+        if r["turn"] == 1:
+            assert r["prompt_token_ids"] == tok(r["prompt"])["input_ids"]
+        else:
+            first = plain[rid.removesuffix("#t2")]
+            assert r["prompt_token_ids"] == tok(f"{first['prompt']}\n\n{first['response']}\n\n{r['prompt']}")["input_ids"]
+        assert r["prompt_token_ids"] != templated[rid]["prompt_token_ids"]
+        assert "<|im_start|>" not in tok.decode(r["prompt_token_ids"])
+    assert "<|im_start|>" in tok.decode(templated[next(iter(templated))]["prompt_token_ids"])
+    runs = [json.loads(line) for line in (tmp_path / "plain" / "synth_runs.jsonl").read_text().splitlines()]
+    assert runs[0]["chat"] is False
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_synth_cleanly_even_started_in_the_background(tiny_chat_dir, prompt_files, tmp_path, sig):
     """A shell's background job starts with SIGINT ignored; the CLI still stops on SIGINT or SIGTERM by

@@ -126,6 +126,8 @@ def target_gguf(name: str | os.PathLike | None) -> Path | None:
 def _gguf_cache(gguf: Path) -> Path:
     if gguf == default_gguf():
         return cache_dir() / "models" / DEFAULT_NAME  # its name finds the shipped heads
+    if gguf.resolve() == (cache_dir() / "models" / GEMMA_GGUF[1]).resolve():  # assembled, sha256 checked
+        return cache_dir() / "models" / Path(GEMMA_GGUF[1]).stem  # gemma-3-270m-q4_k_m: finds its shipped head
     st = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
     return cache_dir() / "models" / f"{gguf.stem}-{key}"
@@ -258,11 +260,12 @@ def default_drafter_path(target_path: Path, method: str = "parallel") -> Path | 
 
 
 def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,
-                     method: str = "parallel"):
+                     method: str = "parallel", pack: bool = True):
     """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
     1-layer head (cached, so every run uses the same one). Beside a target on the integer path its linear
     weights are quantized to Q8_0 and packed too (its pass reads half the bytes; lossless all the same);
-    beside one on the bf16 dot-product path its bf16 weights are packed for it."""
+    beside one on the bf16 dot-product path its bf16 weights are packed for it. ``pack=False`` keeps the
+    head's weights as stored (``peagle export`` writes them back)."""
     from peagle.models.drafter import load_drafter, save_drafter
 
     path = Path(drafter) if drafter else default_drafter_path(target_path, method)
@@ -276,8 +279,8 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
         raise ModelNotFoundError(f"no drafter at {path}")
     head = load_drafter(path, target.dtype, base_embedding=target.model.embed_tokens.weight.detach(),
                         device=target.lm_weight.device, linear_dtype=target.weight_dtype)
-    if integer_path(target):
+    if pack and integer_path(target):
         quantize_linears(head, "q8_0")
-    if integer_path(target) or bf16_dots(target):
+    if pack and (integer_path(target) or bf16_dots(target)):
         pack_model(head)
     return head

@@ -125,10 +125,12 @@ class SynthRun:
 def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_prompts: int | None = None,
                max_new_tokens: int = 512, temperature: float = 0.0, seed: int = 0, batch_size: int = 16,
                shard_size: int = 2000, progress: bool = True, turns: int = 1, samples: int = 1,
-               sample_temperature: float = 0.7) -> SynthRun:
+               sample_temperature: float = 0.7, chat: bool = True) -> SynthRun:
     """Generate responses for the first ``num_prompts`` of the (seeded) shuffled prompts: up to
     ``turns`` user turns of each, ``samples`` times (the first at ``temperature``, the others at
-    ``sample_temperature``); returns what this run wrote (also appended to ``synth_runs.jsonl``)."""
+    ``sample_temperature``); returns what this run wrote (also appended to ``synth_runs.jsonl``).
+    ``chat=False`` gives the target plain text (the turns joined by blank lines, no chat template),
+    as a base model is prompted and as the benchmarks prompt it with ``--skip-chat-template``."""
     if turns < 1 or samples < 1:
         raise ValueError(f"turns and samples must be >= 1, got {turns} and {samples}")
     if samples > 1 and sample_temperature <= 0:
@@ -159,7 +161,7 @@ def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_
         in_shard = sum(1 for _ in open(existing[-1]))
     settings = {"prompt_files": [str(f) for f in prompt_files], "num_prompts": len(prompts), "seed": seed,
                 "max_new_tokens": max_new_tokens, "temperature": temperature, "turns": turns, "samples": samples,
-                "sample_temperature": sample_temperature, "batch_size": batch_size,
+                "sample_temperature": sample_temperature, "batch_size": batch_size, "chat": chat,
                 "device": str(engine.device), "dtype": dtype_name(engine.dtype)}
     bar = None
     if progress:
@@ -172,7 +174,7 @@ def synthesize(engine, prompt_files: list[str], out_dir: str | os.PathLike, num_
         while queue or live:
             while queue and len(live) < 2 * batch_size:
                 job = queue.pop()
-                ids = engine.encode_prompt(job.messages())
+                ids = engine.encode_prompt(job.messages(), chat=chat)
                 room = engine.max_model_len - len(ids)
                 if room < 8:  # a prompt too long for the context is skipped (and skipped again on resume)
                     continue

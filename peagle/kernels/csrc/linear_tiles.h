@@ -89,10 +89,10 @@ static void rest(const typename K::Args& a, int64_t m, int64_t n) {
 }
 
 // Units [n0, n1) of all rows: column blocks of NB, each block's rows in tiles of R (<= RMAX: every
-// row of a verification pass shares one read of the weights).
-template <class K, int R>
+// row of a verification pass shares one read of the weights). NARROW: one unit a block (see run_packed).
+template <class K, int R, bool NARROW = false>
 static void blocks(const typename K::Args& a, int64_t n0, int64_t n1) {
-  constexpr int NB = K::columns(R);
+  constexpr int NB = NARROW ? 1 : K::columns(R);
   int64_t n = n0;
   for (; n + NB <= n1; n += NB) {
     int64_t m = 0;
@@ -108,15 +108,15 @@ static void blocks(const typename K::Args& a, int64_t n0, int64_t n1) {
 
 // Tiles as tall as the pass up to RMAX rows (every row of a verification pass shares one read of the
 // weights), as wide as the registers then allow; taller passes (prefill) in tiles of RTALL rows.
-template <class K, int R = K::RMAX>
+template <class K, bool NARROW = false, int R = K::RMAX>
 static void run_tiles(const typename K::Args& a, int64_t n0, int64_t n1) {
   if constexpr (R == K::RMAX) {
-    if (a.M > R) return blocks<K, K::RTALL>(a, n0, n1);
+    if (a.M > R) return blocks<K, K::RTALL, NARROW>(a, n0, n1);
   }
   if constexpr (R > 1) {
-    if (a.M < R) return run_tiles<K, R - 1>(a, n0, n1);
+    if (a.M < R) return run_tiles<K, NARROW, R - 1>(a, n0, n1);
   }
-  blocks<K, R>(a, n0, n1);
+  blocks<K, R, NARROW>(a, n0, n1);
 }
 
 // The float32 path over vector traits V for weights of type T, in columns; taller passes in tiles of
@@ -149,18 +149,31 @@ static void dispatch_wtype(const LinearArgs& a, int64_t n0, int64_t n1) {
   }
 }
 
+// A packed weight larger than the caches streams from memory on every pass (an LM head: Gemma 3 270M's
+// 262,144 x 640 Q8_0 is 170 MB): there tiles one unit wide (one read stream, which the hardware prefetcher
+// keeps ahead of) beat the wider ones that hide vpdpbusd's latency for weights in cache (Zen 5, that head,
+// CPU time of one thread: 1 row 6.3 -> 4.8 ms, 2 rows 7.2 -> 5.0, 4 rows 6.1 -> 5.0; BENCHMARKS §23). A
+// column's sum is the same whatever the tile's shape: results do not change.
+constexpr int64_t STREAM_BYTES = int64_t(16) << 20;
+
+template <class K, WType T>
+static void run_packed(const QLinearArgs& a, int64_t n0, int64_t n1) {
+  if (a.N / QGROUP * (a.K / QBLOCK) * packed_chunk(T) > STREAM_BYTES) return run_tiles<K, true>(a, n0, n1);
+  run_tiles<K>(a, n0, n1);
+}
+
 // The integer path's tiles (kernels.h) for a packed weight: Q<T> a kernel as above, in the ISA's column units.
 template <template <WType> class Q>
 static void dispatch_packed(const QLinearArgs& a, int64_t n0, int64_t n1) {
   switch (a.wtype) {
-    case WType::q8_0: return run_tiles<Q<WType::q8_0>>(a, n0, n1);
-    case WType::q4_0: return run_tiles<Q<WType::q4_0>>(a, n0, n1);
-    case WType::q4_1: return run_tiles<Q<WType::q4_1>>(a, n0, n1);
-    case WType::q5_0: return run_tiles<Q<WType::q5_0>>(a, n0, n1);
-    case WType::q5_1: return run_tiles<Q<WType::q5_1>>(a, n0, n1);
-    case WType::q4_k: return run_tiles<Q<WType::q4_k>>(a, n0, n1);
-    case WType::q5_k: return run_tiles<Q<WType::q5_k>>(a, n0, n1);
-    case WType::q6_k: return run_tiles<Q<WType::q6_k>>(a, n0, n1);
+    case WType::q8_0: return run_packed<Q<WType::q8_0>, WType::q8_0>(a, n0, n1);
+    case WType::q4_0: return run_packed<Q<WType::q4_0>, WType::q4_0>(a, n0, n1);
+    case WType::q4_1: return run_packed<Q<WType::q4_1>, WType::q4_1>(a, n0, n1);
+    case WType::q5_0: return run_packed<Q<WType::q5_0>, WType::q5_0>(a, n0, n1);
+    case WType::q5_1: return run_packed<Q<WType::q5_1>, WType::q5_1>(a, n0, n1);
+    case WType::q4_k: return run_packed<Q<WType::q4_k>, WType::q4_k>(a, n0, n1);
+    case WType::q5_k: return run_packed<Q<WType::q5_k>, WType::q5_k>(a, n0, n1);
+    case WType::q6_k: return run_packed<Q<WType::q6_k>, WType::q6_k>(a, n0, n1);
     default: return;
   }
 }
