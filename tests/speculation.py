@@ -21,6 +21,17 @@ from peagle.models.drafter import Drafter
 from peagle.models.loader import init_drafter
 
 MASK = 159  # the tiny vocabulary's last id, never produced by the tests' prompts
+# a JSON schema a random model can finish (bounded strings and arrays), for the structured-output tests
+PERSON_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}},
+    "required": ["name", "age", "tags"], "additionalProperties": False}
+
+
+def blank_tokens(tokenizer) -> list[int]:
+    """The ids whose text is whitespace: a random model likes JSON's optional whitespace, so the structured
+    tests bias these down (logit_bias beside the grammar) and its JSON ends."""
+    return [i for i in tokenizer.get_vocab().values() if not tokenizer.decode([i]).strip()]
 
 # a CPU in bf16: 8 rows cost about one row, then rows get dearer; drafting a tenth of a target pass
 TARGET = CostCurve([1, 8, 16, 64, 256], [1.0, 1.1, 1.6, 4.0, 14.0])

@@ -11,6 +11,7 @@ import threading
 import jsonschema
 import openai
 import pytest
+from speculation import PERSON_SCHEMA, blank_tokens
 from test_serve import request, sse
 from test_serve_faults import Server
 
@@ -25,10 +26,7 @@ FIELDS = {"prompt": "The cat sat on", "max_tokens": 16, "temperature": 0, "ignor
           "frequency_penalty": 0.8, "repetition_penalty": 1.4, "logit_bias": {"42": 0.3}, "min_tokens": 4}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "temperature": 0.9, "seed": 11,
         "ignore_eos": True}
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}},
-    "required": ["name", "age", "tags"], "additionalProperties": False}
+SCHEMA = PERSON_SCHEMA
 JSON_CHAT = {"messages": [{"role": "user", "content": "A person as JSON."}], "max_tokens": 80, "temperature": 0,
              "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}}
 
@@ -38,7 +36,7 @@ def plain(tiny_chat_dir):
     """The engine without a head. A random model likes JSON's optional whitespace: the JSON request biases
     the whitespace tokens down, so its output ends."""
     e = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32")
-    JSON_CHAT["logit_bias"] = {str(i): -100 for i in e.tokenizer.get_vocab().values() if not e.tokenizer.decode([i]).strip()}
+    JSON_CHAT["logit_bias"] = {str(i): -100 for i in blank_tokens(e.tokenizer)}
     return e
 
 

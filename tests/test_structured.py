@@ -9,7 +9,7 @@ import json
 
 import jsonschema
 import pytest
-from speculation import OracleDrafter, Watch, make_engine
+from speculation import PERSON_SCHEMA, OracleDrafter, Watch, blank_tokens, make_engine
 
 from peagle.engine import processors, scheduler
 from peagle.engine.grammar import GrammarError, StructuredOutput
@@ -17,11 +17,7 @@ from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.loader import init_drafter
 
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 6},
-    "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}},
-    "required": ["name", "age", "tags"], "additionalProperties": False}
+SCHEMA = PERSON_SCHEMA
 JSON = StructuredOutput("json_schema", json.dumps(SCHEMA))
 TREE = "[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]"
 GREEDY = SEEDED = SamplingParams()
@@ -33,7 +29,7 @@ def plain(tiny_chat_dir):
     whitespace tokens are biased down (logit_bias beside the grammar), and its output ends."""
     global GREEDY, SEEDED
     e = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32")
-    blank = {i: -100.0 for t, i in e.tokenizer.get_vocab().items() if not e.tokenizer.decode([i]).strip()}
+    blank = {i: -100.0 for i in blank_tokens(e.tokenizer)}
     GREEDY = SamplingParams(max_tokens=96, structured=JSON, logit_bias=blank)
     SEEDED = dataclasses.replace(GREEDY, temperature=0.8, seed=4)
     return e
