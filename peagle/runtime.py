@@ -44,11 +44,26 @@ def cpu_has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
+def cpu_threads() -> int:
+    """Threads for the torch pool: ``PEAGLE_TORCH_THREADS``, else ``OMP_NUM_THREADS``, else the cores this
+    process may run on (its affinity: ``taskset``, a container's cpuset), not the machine's count. Two
+    OpenMP threads on one core wait for each other at every barrier: a 128-token decode pinned to one core
+    ran 1.3x slower with two (BENCHMARKS.md §29)."""
+    for name in ("PEAGLE_TORCH_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):   # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
 def configure_cpu() -> None:
-    """CPU inference and training: one torch thread pool over every core (``PEAGLE_TORCH_THREADS``
-    overrides). One pool only: a second one (numpy's OpenBLAS, say) spinning on the same cores slows
-    decoding several-fold."""
-    torch.set_num_threads(int(os.environ.get("PEAGLE_TORCH_THREADS", 0)) or os.cpu_count() or 1)
+    """CPU inference and training: one torch thread pool over the cores this process has (see
+    :func:`cpu_threads`). One pool only: a second one (numpy's OpenBLAS, say) spinning on the same cores
+    slows decoding several-fold."""
+    torch.set_num_threads(cpu_threads())
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
