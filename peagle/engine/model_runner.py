@@ -240,7 +240,7 @@ class ModelRunner:
         if self.bounds.k_max and not k:   # (taps may be a graph's output: copied)
             ids, positions, taps, cu = drafter_rows
             rows = slice(cu[i], cu[i] + n + a)
-            seq.draft_lag.append((ids[rows], positions[rows], taps[rows].clone()))
+            seq.lag(ids[rows], positions[rows], taps[rows].clone())
         if b.partial[i]:
             return Verified(a)
         tokens = [seq.drafts[j - 1] for j in nodes[1:a + 1]] + [token]
@@ -258,10 +258,9 @@ class ModelRunner:
         parts, lags = [], []
         for i, seq in enumerate(seqs):
             rows = slice(cu[i], cu[i + 1])
-            lag = seq.draft_lag + [(ids[rows], positions[rows], taps[rows])]
-            parts.append([torch.cat(x) for x in zip(*lag)])
             lags.append(seq.draft_lag_rows)
-            seq.draft_lag = []
+            lag = seq.take_lag() + [(ids[rows], positions[rows], taps[rows])]
+            parts.append([torch.cat(x) for x in zip(*lag)])
         spans = [Span(s.num_rows + n, s.ctx_len, s.block_table) for s, n in zip(spans, lags)]
         ids, positions, taps = (torch.cat(x) for x in zip(*parts))
         return spans, ids, positions, offsets(spans), num_valid + to_device(lags, self.device), taps

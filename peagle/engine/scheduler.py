@@ -156,7 +156,7 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.release(seq)
         seq.set_drafts(Tree(()), [])
-        seq.draft_lag = []
+        seq.take_lag()
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
 

@@ -90,6 +90,7 @@ class Sequence:
         # rows the drafter has not read (steps at K = 0): (ids, positions, target taps), read when
         # drafting resumes so its KV has no holes
         self.draft_lag: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.draft_lag_rows = 0       # their rows, counted as they come (auto K reads it every step)
         self.finish_reason: str | None = None
         self.text = ""
         self.detok: Detokenizer | None = None      # the engine's, when it has a tokenizer
@@ -110,10 +111,15 @@ class Sequence:
         self.candidates = candidates[:tree.depth]
         self.drafts = tree.tokens(self.candidates)
 
-    @property
-    def draft_lag_rows(self) -> int:
-        """Rows the drafter must catch up on before it drafts again."""
-        return sum(ids.shape[0] for ids, _, _ in self.draft_lag)
+    def lag(self, ids: torch.Tensor, positions: torch.Tensor, taps: torch.Tensor) -> None:
+        """Keep a step's rows the drafter skipped (K = 0), to be read when drafting resumes."""
+        self.draft_lag.append((ids, positions, taps))
+        self.draft_lag_rows += ids.shape[0]
+
+    def take_lag(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The skipped rows, handed over (to the drafter's catch-up) or dropped (preemption)."""
+        lag, self.draft_lag, self.draft_lag_rows = self.draft_lag, [], 0
+        return lag
 
     @property
     def output_ids(self) -> list[int]:
