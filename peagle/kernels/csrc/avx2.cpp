@@ -152,12 +152,14 @@ inline __m256i bcast4(const int8_t* p) {  // four int8 activations in every lane
 // vector, `maddubs` (uint8 x int8 pairs into int16) then `madd` into int32. Rows [m, m+R) x halves
 // [u, u+H) (half u: group u / 2, columns 8 (u % 2) ..). q4: a block's 8 maddubs results add in int16
 // (16 products of at most 15 x 127: no overflow); q8_0: |w| x sign(x, w) (at most 128 x 127 a product,
-// two per int16), each into int32.
+// two per int16), each into int32. At most one packed group (two halves) a tile: four halves (two groups,
+// two streams of blocks read in turn) made one row 2.5x slower on Zen 5 (6.6 against 2.6 ms for the default
+// model's layer matmuls on one thread, BENCHMARKS.md §30).
 template <WType T>
 struct Avx2Int {
   using Args = QLinearArgs;
   static constexpr int RMAX = 4, RTALL = 4;
-  static constexpr int columns(int R) { return R == 1 ? 4 : R == 2 ? 2 : 1; }
+  static constexpr int columns(int R) { return R <= 2 ? 2 : 1; }
 
   template <int R, int H>
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {

@@ -11,11 +11,12 @@ namespace peagle {
 namespace {
 
 // vpdpbusd's latency (~5 cycles at two a cycle) wants about 12 independent sums in flight: R x G as near
-// 12 as 32 registers allow (R * G int32 and float32 vectors, and the weights' 2G). Taller passes go in
-// tiles of 8 rows (measured on a Xeon: 0.38 ns a vpdpbusd with weights in cache, 4 x 3 against 0.46 for 8 x 1).
+// 12 as 32 registers allow (R * G int32 and float32 vectors, the weights' 2G, two broadcasts). Taller passes
+// go in tiles of 4 rows, each tile's weights then read from L1 (Zen 5, the default model's layer matmuls on
+// one thread: 4 rows 2.6 -> 1.9 ms, 8 rows 3.8 -> 3.3 ms against tiles of 8 x 1; BENCHMARKS.md §30).
 struct Zmm {
-  static constexpr int LANES = 16, RMAX = 8;
-  static constexpr int columns(int R) { return R <= 2 ? 4 : R <= 4 ? 3 : R <= 6 ? 2 : 1; }
+  static constexpr int LANES = 16, RMAX = 4;
+  static constexpr int columns(int R) { return R <= 1 ? 4 : 3; }
   using ivec = __m512i;
   using fvec = __m512;
   static ivec set1_i32(int32_t v) { return _mm512_set1_epi32(v); }

@@ -58,32 +58,44 @@ struct VnniTiles {
           if constexpr (SUMS == 2) is[SUMS - 1][r][j] = c2;
         }
       }
+      const uint8_t* p[G];  // each unit's quants in this block
       for (int j = 0; j < G; ++j) {
         const int64_t part = (u + j) % PARTS;
         const uint8_t* s = a.w + ((u + j) / PARTS * nb + b) * PB;
         const uint8_t* next = a.w + ((u + G + j) / PARTS * nb + b) * PB;  // every 64-byte line holds each part
         for (int64_t l = 0; l < PB; l += 64) __builtin_prefetch(next + l, 0, 3);
-        const uint8_t* p = s + QOFF + 4 * W::LANES * part;
-        if constexpr (!F.nibbles) {
-          for (int v = 0; v < 8; ++v) {
-            const ivec wv = W::load(p + 64 * v);
-            for (int r = 0; r < R; ++r)
-              is[0][r][j] = W::dpbusd(is[0][r][j], wv, bcast4(a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v));
+        p[j] = s + QOFF + 4 * W::LANES * part;
+      }
+      // each weight vector loaded (and split) once for the R rows, each row's four activations broadcast
+      // once for the G units: the integer sums are exact, so the order of the products changes nothing
+      if constexpr (!F.nibbles) {
+        for (int v = 0; v < 8; ++v) {
+          ivec wv[G];
+          for (int j = 0; j < G; ++j) wv[j] = W::load(p[j] + 64 * v);
+          for (int r = 0; r < R; ++r) {
+            const ivec x = bcast4(a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v);
+            for (int j = 0; j < G; ++j) is[0][r][j] = W::dpbusd(is[0][r][j], wv[j], x);
           }
-        } else {
-          ivec planes[F.planes > 0 ? F.planes : 1];
-          for (int h = 0; h < F.planes; ++h) planes[h] = W::load(p - 64 * (F.planes - h));
-          for (int v = 0; v < 4; ++v) {
-            ivec lo, hi;
-            W::nibbles(W::load(p + 64 * v), lo, hi);
+        }
+      } else {
+        ivec planes[G][F.planes > 0 ? F.planes : 1];
+        for (int j = 0; j < G; ++j)
+          for (int h = 0; h < F.planes; ++h) planes[j][h] = W::load(p[j] - 64 * (F.planes - h));
+        for (int v = 0; v < 4; ++v) {
+          ivec lo[G], hi[G];
+          for (int j = 0; j < G; ++j) {
+            W::nibbles(W::load(p[j] + 64 * v), lo[j], hi[j]);
             for (int h = 0; h < F.planes; ++h) {
-              lo = W::or_(lo, bit(planes[h], v, 4 + h));
-              hi = W::or_(hi, bit(planes[h], 4 + v, 4 + h));
+              lo[j] = W::or_(lo[j], bit(planes[j][h], v, 4 + h));
+              hi[j] = W::or_(hi[j], bit(planes[j][h], 4 + v, 4 + h));
             }
-            for (int r = 0; r < R; ++r) {
-              const int8_t* x = a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v;
-              is[0][r][j] = W::dpbusd(is[0][r][j], lo, bcast4(x));
-              is[SUMS - 1][r][j] = W::dpbusd(is[SUMS - 1][r][j], hi, bcast4(x + 16));
+          }
+          for (int r = 0; r < R; ++r) {
+            const int8_t* x = a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v;
+            const ivec xl = bcast4(x), xh = bcast4(x + 16);
+            for (int j = 0; j < G; ++j) {
+              is[0][r][j] = W::dpbusd(is[0][r][j], lo[j], xl);
+              is[SUMS - 1][r][j] = W::dpbusd(is[SUMS - 1][r][j], hi[j], xh);
             }
           }
         }
