@@ -158,7 +158,7 @@ inline __m256i bcast4(const int8_t* p) {  // four int8 activations in every lane
 template <WType T>
 struct Avx2Int {
   using Args = QLinearArgs;
-  static constexpr int RMAX = 4, RTALL = 4;
+  static constexpr int RMAX = 4, RTALL = 4, GROUP_UNITS = 2;
   static constexpr int columns(int R) { return R <= 2 ? 2 : 1; }
 
   template <int R, int H>

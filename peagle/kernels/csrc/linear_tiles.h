@@ -89,10 +89,13 @@ static void rest(const typename K::Args& a, int64_t m, int64_t n) {
 }
 
 // Units [n0, n1) of all rows: column blocks of NB, each block's rows in tiles of R (<= RMAX: every
-// row of a verification pass shares one read of the weights). NARROW: one unit a block (see run_packed).
+// row of a verification pass shares one read of the weights). NARROW: one packed group a block (see run_packed).
 template <class K, int R, bool NARROW = false>
 static void blocks(const typename K::Args& a, int64_t n0, int64_t n1) {
-  constexpr int NB = NARROW ? 1 : K::columns(R);
+  constexpr int NB = [] {
+    if constexpr (NARROW) return K::GROUP_UNITS;
+    else return K::columns(R);
+  }();
   int64_t n = n0;
   for (; n + NB <= n1; n += NB) {
     int64_t m = 0;
@@ -152,8 +155,10 @@ static void dispatch_wtype(const LinearArgs& a, int64_t n0, int64_t n1) {
 // A packed weight larger than the caches streams from memory on every pass (an LM head: Gemma 3 270M's
 // 262,144 x 640 Q8_0 is 170 MB): there tiles one unit wide (one read stream, which the hardware prefetcher
 // keeps ahead of) beat the wider ones that hide vpdpbusd's latency for weights in cache (Zen 5, that head,
-// CPU time of one thread: 1 row 6.3 -> 4.8 ms, 2 rows 7.2 -> 5.0, 4 rows 6.1 -> 5.0; BENCHMARKS §23). A
-// column's sum is the same whatever the tile's shape: results do not change.
+// CPU time of one thread: 1 row 6.3 -> 4.8 ms, 2 rows 7.2 -> 5.0, 4 rows 6.1 -> 5.0; BENCHMARKS §23). One
+// packed group wide, not one unit: with 8 lanes (AVX2, AVX-VNNI) a group is two units sharing every cache
+// line, and a tile of one read each line twice (the default model's Q8_0 head, one row: AVX2 1.50 -> 0.73 ms,
+// AVX-VNNI 0.78 -> 0.53; §30). A column's sum is the same whatever the tile's shape: results do not change.
 constexpr int64_t STREAM_BYTES = int64_t(16) << 20;
 
 template <class K, WType T>
