@@ -15,7 +15,6 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
 
 from peagle import kernels
 from peagle.models.layers import Linear, RMSNorm, apply_rope
@@ -381,6 +380,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         elif q.device.type == "cpu":
             o = prefix_then_causal(qh, kh, vh, scale)
         else:  # CUDA's kernels take the lower-right causal bias without materialising it
+            from torch.nn.attention.bias import causal_lower_right  # here: importing it loads torch._dynamo (144 MB)
+
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(n, L), scale=scale)
         return o.transpose(1, 2).reshape(B, n, H * d)
     if causal:
