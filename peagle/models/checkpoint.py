@@ -67,13 +67,12 @@ def fused_groups(names) -> dict[str, list[str]]:
 
 
 def fuse_checkpoint(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF/vLLM checkpoint names -> ours: stack q/k/v into qkv_proj and gate/up into gate_up_proj."""
-    out = dict(sd)
+    """HF/vLLM checkpoint names -> ours: stack q/k/v into qkv_proj and gate/up into gate_up_proj, in ``sd``
+    itself (returned), each group's parts dropped as it is fused: a loader's peak holds one group twice, not
+    every layer's."""
     for fused, names in fused_groups(sd).items():
-        out[fused] = torch.cat([sd[n] for n in names], dim=0)
-        for n in names:
-            out.pop(n)
-    return out
+        sd[fused] = torch.cat([sd.pop(n) for n in names], dim=0)
+    return sd
 
 
 def split_checkpoint(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

@@ -206,8 +206,7 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
             sd = read_gguf(gguf, names, cfg, keep, dt, compute_dtype(dt, dev), dev)
         else:
             sd = read_safetensors(path, dt, dev)
-        model.load_checkpoint(sd)
-        del sd  # the file's tensors before fusing and packing: held on, they would sit beside the packed copies
+        model.load_checkpoint(sd)  # empties sd: the file's tensors are the model's, none held beside them
     except (CheckpointError, GGUFError) as e:
         raise CheckpointError(f"{gguf if from_gguf else path}: {e}") from None
     set_precision(model, dt, compute_dtype(dt, dev))
