@@ -211,7 +211,7 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
         raise CheckpointError(f"{gguf if from_gguf else path}: {e}") from None
     set_precision(model, dt, compute_dtype(dt, dev))
     if compute == "fast":
-        pack_model(model, model.model.embed_tokens if model.lm_head is None else None)
+        pack_model(model, model.model.embed_tokens if model.lm_head is None else None, owned=True)
     trim_heap()
     return model.eval(), path
 

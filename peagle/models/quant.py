@@ -137,6 +137,19 @@ def pack(blocks: torch.Tensor) -> torch.Tensor:
     return torch.ops.peagle.pack(blocks)
 
 
+def pack_owned(blocks: torch.Tensor) -> torch.Tensor:
+    """:func:`pack` for blocks nothing else holds: in the formats whose packed group is the size of its 16 rows
+    (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) packed into their own memory, :data:`DEQUANT_ROWS` rows at a time, so that a
+    large matrix is not held twice at load (Gemma 3's 170 MB Q8_0 embedding); the same bytes as :func:`pack`."""
+    n, nb, size = blocks.shape
+    f = BY_SIZE[size]
+    if f.packed_bytes != GROUP * size:
+        return pack(blocks)
+    for i in range(0, n, DEQUANT_ROWS):
+        blocks[i:i + DEQUANT_ROWS] = pack(blocks[i:i + DEQUANT_ROWS]).view(-1, nb, size)
+    return blocks.view(n // GROUP, nb, f.packed_bytes)
+
+
 def bf16_packable(w: torch.Tensor) -> bool:
     """Whether :func:`pack_bf16` takes ``w``: a plain bfloat16 ``[N, K]`` matrix on the CPU (not a QuantTensor
     standing for one), N a multiple of 16, K even."""
@@ -260,10 +273,11 @@ def formats(model: torch.nn.Module) -> list[str]:
     return sorted({p.format for p in model.parameters() if quantized(p)})
 
 
-def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None) -> None:
+def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, owned: bool = False) -> None:
     """``model``'s weights packed for the kernels' paths that this CPU runs, in place (after loading: fused
     q/k/v and gate/up matrices are packed whole): every quantized weight whose rows come in groups of 16
-    :func:`pack`-ed for the integer path; every bfloat16 :class:`~peagle.models.layers.Linear` weight
+    :func:`pack`-ed for the integer path (``owned``: the model alone holds its blocks, which may then be packed
+    where they lie, :func:`pack_owned`); every bfloat16 :class:`~peagle.models.layers.Linear` weight
     :func:`pack_bf16`-ed for the bf16 dot-product path, and with them ``tied``, an embedding that is also the
     LM head, when its values are bfloat16 ones (it keeps its nominal dtype: lookups give the same values)."""
     from peagle import kernels
@@ -273,7 +287,7 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None) -
     for m in model.modules():
         for name, p in m.named_parameters(recurse=False):
             if blocks and quantized(p) and not p.packed and packable(p.blocks):
-                w = QuantTensor(pack(p.blocks), p.dtype)
+                w = QuantTensor((pack_owned if owned else pack)(p.blocks), p.dtype)
             elif bf16 and isinstance(m, Linear) and name == "weight" and bf16_packable(p):
                 w = QuantTensor(pack_bf16(p.detach()), p.dtype)
             else:
