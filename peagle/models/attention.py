@@ -268,7 +268,8 @@ def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     size = math.prod(shape) * dtype.itemsize
-    return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8).view(dtype).view(shape)  # keeps the map alive
+    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # private: a read maps the zero page (shared: a new one)
+    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)  # the tensor keeps the map alive
 
 
 class KVCache:
