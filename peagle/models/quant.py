@@ -296,11 +296,25 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, o
     if bf16 and tied is not None and not isinstance(tied.weight, QuantTensor) and weight_dtype(model) == torch.bfloat16:
         # the head multiplies by the layers' dtype (LlamaModel.head_weight): one packed table serves both
         w = tied.weight.detach()
-        w16 = w.bfloat16()
-        same = all(torch.equal(w16[i:i + DEQUANT_ROWS].to(w.dtype), w[i:i + DEQUANT_ROWS])  # in slices: no second
-                   for i in range(0, w.shape[0], DEQUANT_ROWS))                              # float32 table at load
-        if bf16_packable(w16) and same:
-            tied.weight = torch.nn.Parameter(QuantTensor(pack_bf16(w16), w.dtype), requires_grad=False)
+        shaped = w.dim() == 2 and w.device.type == "cpu" and w.shape[0] % GROUP == 0 and w.shape[1] % 2 == 0
+        packed = pack_bf16_rows(w) if shaped else None
+        if packed is not None:
+            tied.weight = torch.nn.Parameter(QuantTensor(packed, w.dtype), requires_grad=False)
+
+
+def pack_bf16_rows(w: torch.Tensor) -> torch.Tensor | None:
+    """:func:`pack_bf16` of a float32 ``[N, K]`` matrix's values as bfloat16 (N a multiple of 16), or None if one
+    is not a bfloat16 value; :data:`DEQUANT_ROWS` rows at a time, the same bytes (row groups are packed apart):
+    at load no whole bf16 copy and no second float32 table stand beside the float32 table and the result."""
+    n, k = w.shape
+    out = torch.empty(n // GROUP, k // 2, BF16_PAIR, dtype=torch.uint8, device=w.device)
+    for i in range(0, n, DEQUANT_ROWS):
+        rows = w[i:i + DEQUANT_ROWS]
+        r16 = rows.bfloat16()
+        if not torch.equal(r16.to(rows.dtype), rows):
+            return None
+        out[i // GROUP:(i + rows.shape[0]) // GROUP] = pack_bf16(r16)
+    return out
 
 
 def quantize_linears(model: torch.nn.Module, fmt: str = "q8_0") -> None:
