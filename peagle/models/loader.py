@@ -293,4 +293,5 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
         quantize_linears(head, "q8_0")
     if pack and (integer_path(target) or bf16_dots(target)):
         pack_model(head)
+    trim_heap()
     return head
