@@ -61,10 +61,12 @@ BF16_PAIR = GROUP * 4  # bytes of a packed bf16 matrix's (group, k pair): 16 col
 
 
 def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
-    """A matrix's GGUF bytes (``[N, nb * block_bytes]``) as the kernels take them: a new CPU tensor,
-    uint8 ``[N, nb, block_bytes]``."""
+    """A matrix's GGUF bytes (``[N, nb * block_bytes]``) as the kernels take them: a CPU tensor, uint8
+    ``[N, nb, block_bytes]``, on ``data``'s memory where it is a writable C-ordered uint8 array (the loader's,
+    read for it: no second copy of a 170 MB embedding), else on a copy."""
     f = FORMATS[fmt]
-    return torch.from_numpy(np.array(data, dtype=np.uint8).reshape(data.shape[0], -1, f.block_bytes))
+    data = np.require(data, np.uint8, ["C", "W"])
+    return torch.from_numpy(data.reshape(data.shape[0], -1, f.block_bytes))
 
 
 def dequantize(blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
