@@ -363,8 +363,8 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], int, int]]]:
     """A GGUF file's ``general.architecture`` and its tensors as ``(name, GGMLQuantizationType, shape (the file's
     order), data offset, bytes)``, read from its header alone: the metadata values are stepped over, not parsed
-    (``gguf.GGUFReader`` makes numpy views of each of a 262k-token vocabulary's strings: 690 MB that
-    stayed resident, 9 s on Gemma 3)."""
+    (``gguf.GGUFReader`` makes numpy views of each of a 262k-token vocabulary's strings: 690 MB at load and
+    9 s on Gemma 3)."""
     import mmap
     import struct
 
