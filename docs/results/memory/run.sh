@@ -17,6 +17,7 @@ run() {  # name, env, generate args
   echo "$name: $(grep 'Maximum resident' "$OUT/$name.err" | awk '{printf "%d MB", $6 / 1000}'); $(grep -o '[0-9.]* tok/s' "$OUT/$name.err")"
 }
 run gemma-none "" --target gemma3 --method none --max-new-tokens 128 --no-chat "The history of the Roman Empire"
+run gemma-default "" --target gemma3 --max-new-tokens 128 --no-chat "The history of the Roman Empire"
 run smollm-none "" --method none --max-new-tokens 128 "What is the capital of France?"
 run smollm-default "" --max-new-tokens 128 "What is the capital of France?"
 run bf16-fast "" --target "$BF16" --method none --max-new-tokens 16 "What is the capital of France?"
