@@ -12,7 +12,9 @@ natively (AVX512_BF16 or AMX), else float32.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import gc
 import os
 from pathlib import Path
 
@@ -64,6 +66,19 @@ def configure_cpu() -> None:
     :func:`cpu_threads`). One pool only: a second one (numpy's OpenBLAS, say) spinning on the same cores
     slows decoding several-fold."""
     torch.set_num_threads(cpu_threads())
+
+
+def trim_heap() -> None:
+    """Free what reference cycles hold, then hand the C heap's free pages back to the OS (glibc's
+    ``malloc_trim``; elsewhere nothing): parsing a tokenizer or reading a checkpoint frees hundreds of MB of
+    small blocks between live ones, which glibc keeps resident otherwise (Gemma 3's tokenizer: 270 MB)."""
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:

@@ -20,7 +20,8 @@ from speculation import MASK, assert_lossless_on_path
 from peagle import kernels
 from peagle.models.layers import Linear, set_precision
 from peagle.models.loader import init_drafter, load_drafter_for, load_target
-from peagle.models.quant import GROUP, QuantTensor, bf16_dots, bf16_packable, bf16_rows, formats, pack_bf16, pack_model, quantized
+from peagle.models.quant import (DEQUANT_ROWS, GROUP, QuantTensor, bf16_dots, bf16_packable, bf16_rows, formats, pack_bf16,
+                                 pack_bf16_rows, pack_model, quantized)
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
@@ -141,6 +142,15 @@ def test_packing_is_a_permutation_of_the_matrix():
     assert both.packed and torch.equal(both.dequantize(), torch.cat([w.float()] * 2))
     assert not bf16_packable(w[:40]) and not bf16_packable(w[:, :95]) and not bf16_packable(w.float())
     assert not bf16_packable(QuantTensor(packed, torch.bfloat16))  # packed once, or GGUF blocks nominally bf16
+
+
+def test_a_float32_table_of_bf16_values_packs_a_slice_at_a_time_as_whole():
+    """A tied embedding's float32 table (bf16 values) packed :data:`DEQUANT_ROWS` rows at a time: the bytes of
+    packing its bf16 copy whole; None where one value is not a bfloat16 one."""
+    w = torch.randn(2 * DEQUANT_ROWS + 3 * GROUP, 40, generator=torch.Generator().manual_seed(0)).bfloat16().float()
+    assert torch.equal(pack_bf16_rows(w), pack_bf16(w.bfloat16()))
+    w[DEQUANT_ROWS + 5, 7] += 2 ** -20
+    assert pack_bf16_rows(w) is None
 
 
 @native

@@ -1,12 +1,15 @@
 """Loading without copies: a sharded bf16 checkpoint of about 1 GB is read tensor by tensor, each
 materialised once in the target dtype, so the process peaks near the weights' size (issue: <= 1.3x
-the weights plus the runtime), not at a float32 copy or a second full copy."""
+the weights plus the runtime), not at a float32 copy or a second full copy; and what else a loaded engine
+would keep resident for nothing (file maps, fused parts, an untouched KV pool, torch._dynamo, Triton, the
+tokenizer's Python vocabulary)."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -76,3 +79,104 @@ def test_bf16_checkpoint_loads_near_its_size(tmp_path):
     assert m["param_bytes"] == weights + upcast
     extra = (m["peak_kb"] - m["base_kb"]) * 1024
     assert extra <= 1.3 * (weights + upcast), f"loading peaked at {extra / weights:.2f}x the weights"
+
+
+def test_load_checkpoint_takes_the_tensors_over_and_fuses_in_place():
+    """``load_checkpoint`` empties the dict it is given, and the model holds the checkpoint's own tensors
+    (fused q/k/v and gate/up once, each group's parts dropped as it goes): a dict still holding the parts would
+    keep every layer's projections twice until loading ends."""
+    from conftest import tiny_hf
+
+    from peagle.models.checkpoint import fuse_checkpoint
+    from peagle.models.llama import ModelConfig, build_target
+
+    hf = tiny_hf("llama")
+    sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    down = sd["model.layers.0.mlp.down_proj.weight"]
+    with torch.device("meta"):
+        model = build_target(ModelConfig.from_hf(hf.config.to_dict()))
+    model.load_checkpoint(sd)
+    assert sd == {}
+    assert model.model.layers[0].mlp.down_proj.weight.data_ptr() == down.data_ptr()  # not copied
+    parts = {f"a.self_attn.{n}_proj.weight": torch.full((2, 4), float(i)) for i, n in enumerate("qkv")}
+    assert fuse_checkpoint(parts) is parts and list(parts) == ["a.self_attn.qkv_proj.weight"]
+    assert parts["a.self_attn.qkv_proj.weight"][:, 0].tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_safetensors_are_read_off_the_files_map(tmp_path):
+    """The tensors ``read_safetensors`` gives are the file's values in memory of their own, the file not left
+    mapped: a tensor on the file's map keeps every page of it mapped and resident (counted once touched) beside
+    the copies that fusing and packing make of the others."""
+    from peagle.models.checkpoint import read_safetensors
+
+    tensors = {"a": torch.randn(64, 32).bfloat16(), "b": torch.arange(5), "c": torch.tensor(True), "d": torch.zeros(0, 3)}
+    f = tmp_path / "weights.safetensors"
+    save_file(tensors, str(f))
+    got = read_safetensors(f)
+    maps = open("/proc/self/maps").read()
+    assert str(f) not in maps
+    assert got.keys() == tensors.keys() and all(torch.equal(got[k], v) and got[k].dtype == v.dtype for k, v in tensors.items())
+
+
+def test_a_kv_pool_is_resident_only_where_written():
+    """A CPU KV pool's pages become resident as its blocks are first written (zeros all the same): 256 MiB of
+    pool cost a few MiB until used (``torch.zeros`` would make all of it resident at once)."""
+    from peagle.models.attention import KVCache
+
+    def rss() -> int:
+        return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmRSS"))
+
+    before = rss()
+    cache = KVCache(128 * 1024 - 1, 4, 64, torch.float32, "cpu")  # 2 x 128 MiB
+    assert rss() - before < 16 << 20
+    cache.k[:16] = 1.0
+    assert rss() - before < 16 << 20
+    assert float(cache.k[16:].abs().sum()) == 0 and float(cache.v.abs().sum()) == 0  # reading leaves it unallocated
+    assert rss() - before < 16 << 20
+
+
+def test_the_engine_loads_without_dynamo_or_triton(tmp_path):
+    """Importing the engine and the CLI and building a target on the meta device (as the loader does) pull in
+    neither torch._dynamo (with sympy: 144 MB resident) nor Triton (75 MB): they are for CUDA and compile."""
+    code = ("import sys, torch, peagle.cli, peagle.engine.llm_engine\n"
+            "from peagle.models.llama import ModelConfig, build_target\n"
+            f"cfg = ModelConfig.from_hf({CONFIG!r})\n"
+            "with torch.device('meta'):\n    build_target(cfg)\n"
+            "print(sorted(m for m in ('torch._dynamo', 'triton') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+def tiny_gemma_tokenizer(path) -> None:
+    """A Gemma tokenizer (transformers 5 builds it from Python vocabulary and merges) of a few tokens, saved."""
+    from transformers import GemmaTokenizer
+
+    pieces = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "\u2581", "a", "b", "c", "ab", "abc", "\u2581ab"]
+    GemmaTokenizer(vocab={p: i for i, p in enumerate(pieces)},
+                   merges=[("a", "b"), ("ab", "c"), ("\u2581", "ab")]).save_pretrained(str(path))
+
+
+@pytest.mark.parametrize("which", ["default", "gemma"])
+def test_the_tokenizer_keeps_no_python_copy_of_its_vocabulary(which, tmp_path):
+    """``load_tokenizer`` drops the Python vocabulary and merges transformers keeps beside the Rust tokenizer
+    it built from them (Gemma's: 262k strings and 515k merges), and the tokenizer encodes, decodes and renders
+    the chat template as transformers' own."""
+    from transformers import AutoTokenizer
+
+    from peagle.models.loader import load_tokenizer, resolve_target
+
+    path = resolve_target(None, weights=False) if which == "default" else tmp_path
+    if which == "gemma":
+        tiny_gemma_tokenizer(path)
+    tok, ref = load_tokenizer(path), AutoTokenizer.from_pretrained(str(path))
+    if which == "gemma" and not hasattr(ref, "_merges"):
+        pytest.skip("this transformers keeps no Python copy of a Gemma tokenizer's merges")
+    assert not hasattr(tok, "_merges") and not hasattr(tok, "_vocab")
+    text = "Loading without copies: abc ab cab, a tokenizer's strings once. \u00bd caf\u00e9 \u2713"
+    assert tok(text)["input_ids"] == ref(text)["input_ids"]
+    if ref.chat_template:
+        msgs = [{"role": "user", "content": text}]
+        assert tok.apply_chat_template(msgs, tokenize=False) == ref.apply_chat_template(msgs, tokenize=False)
+    ids = list(range(0, len(ref), max(1, len(ref) // 500)))
+    assert tok.decode(ids) == ref.decode(ids) and tok.get_vocab() == ref.get_vocab()

@@ -24,7 +24,8 @@ from peagle.models.checkpoint import CheckpointError
 from peagle.models.loader import default_gguf, load_target, load_tokenizer, resolve_target
 from peagle.models.checkpoint import split_checkpoint
 from peagle.models.llama import ModelConfig, build_target
-from peagle.models.quant import FORMATS, QBLOCK, GGUFError, QuantTensor, blocks_of, dequantize, formats, pack_model, read_gguf
+from peagle.models.quant import (DEQUANT_ROWS, FORMATS, QBLOCK, GGUFError, QuantTensor, blocks_of, dequantize, formats,
+                                 gguf_tensors, pack, pack_model, pack_owned, read_gguf)
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
@@ -131,6 +132,23 @@ def test_bad_block_weights_are_refused():
         torch.ops.peagle.linear(x, blocks.view(8, -1))
     with pytest.raises(RuntimeError, match="features"):
         torch.ops.peagle.linear(x[:, :32], blocks)
+
+
+@native
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_packing_owned_blocks_where_they_lie_gives_packs_bytes(fmt):
+    """:func:`pack_owned` (a freshly loaded model's blocks packed in their own memory, a slice of rows at a
+    time) gives :func:`pack`'s bytes, over several slices and a short last one; the formats whose packed group
+    is larger than its rows (the K-quants) are packed into new memory."""
+    if kernels.int_isa() == "none":
+        pytest.skip("no integer path on this CPU")
+    k = width(fmt, 64)
+    blocks = blocks_of(random_blocks(fmt, DEQUANT_ROWS * 2 + 48, k), fmt)
+    got = pack_owned(blocks.clone())
+    assert torch.equal(got, pack(blocks))
+    same_size = FORMATS[fmt].packed_bytes == 16 * FORMATS[fmt].block_bytes
+    owned = blocks.clone()
+    assert (pack_owned(owned).data_ptr() == owned.data_ptr()) == same_size
 
 
 @native
@@ -295,6 +313,26 @@ def tiny_names(cfg: ModelConfig) -> list[str]:
     with torch.device("meta"):
         model = build_target(cfg, (0, 1, 1))
     return list(split_checkpoint(model.state_dict(), model))
+
+
+def gguf_readers_table(path) -> tuple[str, list]:
+    """What :func:`gguf_tensors` gives, by ``gguf.GGUFReader`` (which parses every metadata value)."""
+    reader = gguf.GGUFReader(str(path))
+    return str(reader.get_field("general.architecture").contents()), [
+        (t.name, t.tensor_type, [int(n) for n in t.shape], int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
+
+
+def test_the_tensor_table_is_read_from_the_header_as_gguf_reads_it(tmp_path):
+    """The default model's file (its tokenizer's strings, scores and merges stepped over) and a tiny file with
+    every kept format and a de-quantized one: names, types, shapes, offsets and sizes as GGUFReader has them; a
+    truncated header is refused."""
+    tiny_gguf(tmp_path / "k.gguf", {**K_FILES["k-quants"][0], "blk.0.attn_output.weight": "IQ4_NL"}, hidden=256)
+    for path in (default_gguf(), tmp_path / "k.gguf"):
+        assert gguf_tensors(path) == gguf_readers_table(path), path
+    data = default_gguf().read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:1 << 20])  # inside the tokenizer's metadata
+    with pytest.raises(GGUFError, match="corrupt or unreadable"):
+        read_gguf(tmp_path / "cut.gguf", [], tiny_cfg(), True, torch.float32, torch.float32, torch.device("cpu"))
 
 
 def test_read_gguf_keeps_the_block_formats_and_de_quantizes_the_rest(tmp_path, capsys):

@@ -128,11 +128,12 @@ class LLMEngine:
         bf16 there, bf16 weights with float32 arithmetic on the CPU), a GGUF target's quantized matrices
         kept as they ship unless ``quantization`` is ``none``, run through integer dot products unless ``compute``
         is ``exact`` (:func:`peagle.models.loader.load_target`)."""
-        from peagle.models.loader import load_drafter_for, load_target, load_tokenizer
+        from peagle.models.loader import load_drafter_for, load_target, load_tokenizer, resolve_target
 
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)
+        # the tokenizer first: what parsing it frees is handed back before the weights arrive, not on top of them
+        tokenizer = load_tokenizer(resolve_target(target, weights=False))
         model, path = load_target(target, dtype, device=device, quantization=quantization, compute=compute)
-        tokenizer = load_tokenizer(path)
         head = load_drafter_for(model, path, drafter, tokenizer, method) if method != "none" else None
         return cls(model, head, config, tokenizer)
 

@@ -9,13 +9,14 @@ the nodes of token trees (:class:`TreeRows`): each sees its context and its own 
 """
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
 
 from peagle import kernels
 from peagle.models.layers import Linear, RMSNorm, apply_rope
@@ -260,16 +261,28 @@ class PaddedMeta(AttnMeta):
         return self
 
 
+def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Zeros that take memory only where they are written: on the CPU, anonymous pages the OS fills with zeros
+    on first use (a KV pool sized for 8,192 positions is resident for the blocks handed out: 300 MB of
+    Gemma 3's float32 pool otherwise; reads of the rest see the shared zero page); elsewhere ``torch.zeros``."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = math.prod(shape) * dtype.itemsize
+    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # private: a read maps the zero page (shared: a new one)
+    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)  # the tensor keeps the map alive
+
+
 class KVCache:
     """One layer's paged key/value pool: ``[num_slots + 1, kv_heads, head_dim]`` each, the last
-    slot a scratch row for rows that write nothing. Zeroed once: batched attention reads whole
+    slot a scratch row for rows that write nothing. Zeros to begin with: batched attention reads whole
     blocks, and a masked key still multiplies its value by a zero weight, which never-written
-    memory could turn into NaN (stale values of freed blocks are finite)."""
+    memory could turn into NaN (stale values of freed blocks are finite); on the CPU the pool's pages become
+    resident as blocks are first written (:func:`untouched_zeros`)."""
 
     def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str):
         self.num_slots = num_slots
-        self.k = torch.zeros(num_slots + 1, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        self.k = untouched_zeros((num_slots + 1, kv_heads, head_dim), dtype, device)
+        self.v = untouched_zeros((num_slots + 1, kv_heads, head_dim), dtype, device)
 
     def write(self, meta: AttnMeta, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k.index_copy_(0, meta.slot_mapping, k)
@@ -381,6 +394,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         elif q.device.type == "cpu":
             o = prefix_then_causal(qh, kh, vh, scale)
         else:  # CUDA's kernels take the lower-right causal bias without materialising it
+            from torch.nn.attention.bias import causal_lower_right  # here: importing it loads torch._dynamo (144 MB)
+
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(n, L), scale=scale)
         return o.transpose(1, 2).reshape(B, n, H * d)
     if causal:

@@ -323,7 +323,8 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     own = drafter.state_dict()
     if tensors["t2d"].dtype != torch.bool:
         tensors["t2d"] = tensors["t2d"].bool()
-    drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in tensors.items()})
+    # assigned, not copied into the head's own tensors: its embedding (the target's, de-quantized) is not held twice
+    drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in tensors.items()}, assign=True)
     drafter.to(device=device, dtype=dtype)
     set_precision(drafter, linear_dtype or dtype, dtype)
     target_ids = drafter.draft_vocab_ids()

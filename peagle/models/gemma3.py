@@ -38,8 +38,11 @@ class Gemma3Model(LlamaModel):
                                   c.rms_norm_eps, sliding_window=c.window(i), mlp=self.make_mlp(i), scale=c.attn_scale)
 
     def convert_checkpoint(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Every norm's ``w`` -> ``1 + w`` in float32 (HF's ``1.0 + weight.float()``), so the plain RMSNorm runs it."""
-        return {k: v.float() + 1 if k.endswith("norm.weight") else v for k, v in sd.items()}
+        """Every norm's ``w`` -> ``1 + w`` in float32 (HF's ``1.0 + weight.float()``), so the plain RMSNorm runs it;
+        in place."""
+        for k in [k for k in sd if k.endswith("norm.weight")]:
+            sd[k] = sd[k].float() + 1
+        return sd
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows scaled by ``sqrt(hidden)`` rounded to their dtype, as HF does."""

