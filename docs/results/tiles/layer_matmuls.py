@@ -14,7 +14,7 @@ from peagle.models.layers import Linear
 from peagle.models.loader import load_target
 
 assert kernels.available()
-torch.set_num_threads(1)
+torch.set_num_threads(int(__import__("os").environ.get("THREADS", 1)))
 isa = sys.argv[1] if len(sys.argv) > 1 else "avx512vnni"
 model, _ = load_target(sys.argv[2] if len(sys.argv) > 2 else None, device="cpu", compute="fast")
 mods = [m for m in model.modules() if isinstance(m, Linear)]

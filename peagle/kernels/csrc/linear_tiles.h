@@ -89,11 +89,12 @@ static void rest(const typename K::Args& a, int64_t m, int64_t n) {
 }
 
 // Units [n0, n1) of all rows: column blocks of NB, each block's rows in tiles of R (<= RMAX: every
-// row of a verification pass shares one read of the weights). NARROW: one packed group a block (see run_packed).
+// row of a verification pass shares one read of the weights). NARROW: K::stream_columns(R), a packed group at
+// most (see run_packed).
 template <class K, int R, bool NARROW = false>
 static void blocks(const typename K::Args& a, int64_t n0, int64_t n1) {
   constexpr int NB = [] {
-    if constexpr (NARROW) return K::GROUP_UNITS;
+    if constexpr (NARROW) return K::stream_columns(R);
     else return K::columns(R);
   }();
   int64_t n = n0;

@@ -19,7 +19,8 @@ struct VnniTiles {
   using fvec = typename W::fvec;
   static constexpr PackedFormat F = packed_format(T);
   static constexpr int SUMS = F.scales;  // integer sums a chunk (q6_k: weights 0..15 and 16..31 apart)
-  static constexpr int RMAX = W::RMAX, RTALL = W::RMAX, GROUP_UNITS = QGROUP / W::LANES;
+  static constexpr int RMAX = W::RMAX, RTALL = W::RMAX;
+  static constexpr int stream_columns(int) { return QGROUP / W::LANES; }  // one packed group
   static constexpr int columns(int R) { return (W::columns(R) + SUMS - 1) / SUMS; }  // the sums' registers
 
   static ivec bcast4(const int8_t* p) {  // four int8 activations in every lane
