@@ -153,7 +153,7 @@ inline __m256i bcast4(const int8_t* p) {  // four int8 activations in every lane
 // [u, u+H) (half u: group u / 2, columns 8 (u % 2) ..). q4: a block's 8 maddubs results add in int16
 // (16 products of at most 15 x 127: no overflow); q8_0: |w| x sign(x, w) (at most 128 x 127 a product,
 // two per int16), each into int32. At most one packed group (two halves) a tile: four halves (two groups,
-// two streams of blocks read in turn) made one row 2.5x slower on Zen 5 (6.6 against 2.6 ms for the default
+// two streams of blocks read in turn) made one row 2.5x slower on Zen 5 (7.0 against 2.8 ms for the default
 // model's layer matmuls on one thread, BENCHMARKS.md §30).
 template <WType T>
 struct Avx2Int {

@@ -158,8 +158,8 @@ static void dispatch_wtype(const LinearArgs& a, int64_t n0, int64_t n1) {
 // keeps ahead of) beat the wider ones that hide vpdpbusd's latency for weights in cache (Zen 5, that head,
 // CPU time of one thread: 1 row 6.3 -> 4.8 ms, 2 rows 7.2 -> 5.0, 4 rows 6.1 -> 5.0; BENCHMARKS §23). One
 // packed group wide, not one unit: with 8 lanes (AVX2, AVX-VNNI) a group is two units sharing every cache
-// line, and a tile of one read each line twice (the default model's Q8_0 head, one row: AVX2 1.50 -> 0.73 ms,
-// AVX-VNNI 0.78 -> 0.53; §30). A column's sum is the same whatever the tile's shape: results do not change.
+// line, and a tile of one read each line twice (the default model's Q8_0 head, one row: AVX2 0.87 -> 0.67 ms,
+// AVX-VNNI 0.74 -> 0.50; §30). A column's sum is the same whatever the tile's shape: results do not change.
 constexpr int64_t STREAM_BYTES = int64_t(16) << 20;
 
 template <class K, WType T>
