@@ -390,8 +390,7 @@ def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], in
         def skip(vtype: int) -> None:
             nonlocal pos
             if vtype == 8:
-                n = take("Q")
-                pos += n
+                string()
             elif vtype == 9:
                 item, count = take("IQ")
                 if item in _SCALARS:
