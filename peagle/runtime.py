@@ -50,7 +50,7 @@ def cpu_threads() -> int:
     """Threads for the torch pool: ``PEAGLE_TORCH_THREADS``, else ``OMP_NUM_THREADS``, else the cores this
     process may run on (its affinity: ``taskset``, a container's cpuset), not the machine's count. Two
     OpenMP threads on one core wait for each other at every barrier: a decode step pinned to one core
-    took 1.38x as long with two (BENCHMARKS.md §30)."""
+    took 1.4x as long with two (BENCHMARKS.md §30)."""
     for name in ("PEAGLE_TORCH_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name, "").strip()
         if value.isdigit() and int(value) > 0:
