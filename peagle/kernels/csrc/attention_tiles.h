@@ -196,11 +196,24 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
       }
       const int64_t ju = std::max(j0, LO), n = std::min(j0 + KEY_BLOCK, HI) - ju;
       int64_t blk = ju / bs, off = ju % bs;  // walked, not divided, key by key
+      // Memory is read ahead of the arithmetic: a head's rows lie a slot apart, a stride the hardware's
+      // streams follow late, and one row's attention waited on memory more than it computed (BENCHMARKS.md
+      // §31). This block's values (read after its scores), its keys on the first block, the next block's keys.
+      const bool first = j0 == LO - LO % KEY_BLOCK;
       for (int64_t j = 0; j < n; ++j, ++off) {
         if (off == bs) ++blk, off = 0;
         const int64_t slot = (blocks[blk] * bs + off) * a.Hkv + h;
         krow[j] = a.k + slot * d;
         vrow[j] = a.v + slot * d;
+        for (int64_t e = 0; e < d; e += 64 / sizeof(float)) {
+          __builtin_prefetch(vrow[j] + e, 0, 3);
+          if (first) __builtin_prefetch(krow[j] + e, 0, 3);
+        }
+      }
+      for (int64_t j = 0, m = std::min(j0 + 2 * KEY_BLOCK, HI) - (j0 + KEY_BLOCK); j < m; ++j, ++off) {
+        if (off == bs) ++blk, off = 0;
+        const float* next = a.k + ((blocks[blk] * bs + off) * a.Hkv + h) * d;
+        for (int64_t e = 0; e < d; e += 64 / sizeof(float)) __builtin_prefetch(next + e, 0, 2);
       }
       for (int64_t r = 0; r < R; ++r) {
         const float* q = a.q + rows[r] * a.q_stride + h * g * d;
