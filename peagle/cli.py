@@ -9,7 +9,7 @@ import sys
 import time
 
 from peagle.engine.auto_k import parse_k
-from peagle.runtime import add_quantization_arg, add_runtime_args, add_tree_args, dtype_name
+from peagle.runtime import add_kv_args, add_quantization_arg, add_runtime_args, add_tree_args, dtype_name
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
                                        device=args.device, quantization=args.quantization, compute=args.compute, max_num_seqs=1,
                                        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
-                                       speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
+                                       kv_cache_dtype=args.kv_cache_dtype, speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
                                        else "chain", speculative_tree_budget=args.speculative_tree_budget)
     ids = engine.encode_prompt(args.prompt, chat=args.chat)
     t0 = time.perf_counter()
@@ -44,7 +44,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "method": args.method, "k": 0 if args.method == "none" else args.k,
         "speculative_token_tree": str(engine.token_tree),
         "device": str(engine.device), "dtype": dtype_name(engine.weight_dtype), "compute_dtype": dtype_name(engine.dtype),
-        "quantization": engine.quantization, "compute": args.compute,
+        "quantization": engine.quantization, "compute": args.compute, "kv_cache_dtype": dtype_name(engine.kv_dtype),
         "kernels": engine.kernels, "cuda_graphs": engine.graphs is not None,
         "num_prompt_tokens": len(ids), "num_output_tokens": len(out.token_ids),
         "acceptance_length": round(s.acceptance_length, 4),
@@ -124,6 +124,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        long_prefill_token_threshold=args.long_prefill_token_threshold,
                        max_num_partial_prefills=args.max_num_partial_prefills,
                        max_long_partial_prefills=args.max_long_partial_prefills, enforce_eager=args.enforce_eager,
+                       kv_cache_dtype=args.kv_cache_dtype,
                        long_prefill_step_ms=args.long_prefill_step_ms or None,
                        speculative_token_tree=spec["speculative_token_tree"],
                        speculative_tree_budget=spec["speculative_tree_budget"])
@@ -167,7 +168,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     engine = LLMEngine.from_pretrained(args.target, method="none", dtype=args.dtype, device=args.device,
                                        quantization=args.quantization, compute=args.compute, max_num_seqs=args.batch_size,
                                        max_model_len=args.max_model_len,
-                                       kv_cache_tokens=kv_tokens, enforce_eager=args.enforce_eager)
+                                       kv_cache_tokens=kv_tokens, enforce_eager=args.enforce_eager,
+                                       kv_cache_dtype=args.kv_cache_dtype)
     run = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
                      args.seed, args.batch_size, args.shard_size, turns=args.turns, samples=args.samples,
                      sample_temperature=args.sample_temperature, chat=args.chat)
@@ -290,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--max-model-len", type=int, default=None)
     add_runtime_args(g, engine=True)
+    add_kv_args(g)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -341,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a streamed response gets an event every this many tokens (the first at once; SGLang's "
                         "flag): each event costs the server ~0.25 ms of CPU beside the engine (default 1)")
     add_runtime_args(v, engine=True)
+    add_kv_args(v)
     v.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond which the server answers 503")
     lim = ServerLimits()   # the limits on one client (peagle/serve/limits.py); each refusal an OpenAI error object
     v.add_argument("--max-request-body-bytes", type=int, default=lim.max_body_bytes,
@@ -373,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--max-new-tokens", type=int, default=512)
     y.add_argument("--max-model-len", type=int, default=2048)
     add_runtime_args(y, engine=True)
+    add_kv_args(y)
     y.add_argument("--temperature", type=float, default=0.0, help="of each prompt's first sample (0: greedy)")
     y.add_argument("--turns", type=int, default=1,
                    help="user turns per conversation: later ShareGPT turns follow the target's own answers")

@@ -156,6 +156,16 @@ def add_runtime_args(p, engine: bool = False) -> None:
                        help="CUDA: run decode steps eagerly, without CUDA graphs (the CPU always does)")
 
 
+def add_kv_args(p) -> None:
+    """``--kv-cache-dtype`` (vLLM's name) for the commands that run the engine."""
+    from peagle.engine.config import KV_CACHE_DTYPES
+
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="what the KV cache stores: auto = float16 where peagle's CPU kernels run their fast paths "
+                        "(as llama.cpp's F16 cache: half the bytes attention reads), else the model's dtype "
+                        "(float32 on the CPU with --compute exact)")
+
+
 def to_device(data: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
     """A host list as a tensor on ``device``: built on the CPU (named, so a default device never
     leaks in), then copied from pinned memory without blocking the host on CUDA."""

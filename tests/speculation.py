@@ -264,32 +264,33 @@ def oracle_run(target, head: OracleDrafter | None, method: str, k, ps: list[list
     return run
 
 
-def assert_lossless_on_path(target, method: str, wrap=lambda head: head) -> None:
+def assert_lossless_on_path(target, method: str, wrap=lambda head: head, **engine_kw) -> None:
     """A weight path's losslessness (the integer path, bf16 dot products): greedy and seeded, one sequence
     and four together with prompts prefilled in chunks of 7, chains and (P-EAGLE) a token tree, every output
     equals plain decoding's on the same path and the oracle head's drafts are accepted (a verifier that
     rejected them all would fail here); a random head's rejections still give plain decoding. ``wrap``
-    puts a head on the path (packs it as the loader would)."""
+    puts a head on the path (packs it as the loader would); ``engine_kw`` goes to every engine (a KV dtype)."""
     from peagle.engine.sampling import SamplingParams
 
     prompt = prompts(1, seed=3)[0]
     greedy = SamplingParams(max_tokens=40, ignore_eos=True)
     seeded = dataclasses.replace(greedy, temperature=0.8, top_p=0.95, seed=11)
     for params in (greedy, seeded):
-        ref = make_engine(target, None, "none").generate([prompt], params)[0].token_ids
+        ref = make_engine(target, None, "none", **engine_kw).generate([prompt], params)[0].token_ids
         for k, wrong_every, kw in ((3, 4, {}), (7, 1000, {}), (3, 5, dict(max_num_seqs=4, max_num_batched_tokens=7)),
                                    (3, 4, dict(speculative_token_tree="[(0,), (1,), (0, 0), (0, 0, 0)]"))):
             if method == "eagle3" and "speculative_token_tree" in kw:
                 continue
-            engine = make_engine(target, wrap(OracleDrafter.of(target, prompt + ref, wrong_every)), method, k, **kw)
+            engine = make_engine(target, wrap(OracleDrafter.of(target, prompt + ref, wrong_every)), method, k, **kw,
+                                 **engine_kw)
             n = kw.get("max_num_seqs", 1)
             outs = engine.generate([prompt] * n, [params] * n)
             assert [o.token_ids for o in outs] == [ref] * n, (method, k, kw)
             assert engine.stats.num_accepted_tokens > 0 and outs[0].stats.acceptance_length > 1.5, (k, kw)
     random_head = wrap(init_drafter(target, 1, MASK, seed=4))  # drafts the target rarely takes: rejections
     ps = prompts(4, seed=6)
-    plain = [o.token_ids for o in make_engine(target, None, "none").generate(ps, greedy)]
-    assert [o.token_ids for o in make_engine(target, random_head, method, 3).generate(ps, greedy)] == plain
+    plain = [o.token_ids for o in make_engine(target, None, "none", **engine_kw).generate(ps, greedy)]
+    assert [o.token_ids for o in make_engine(target, random_head, method, 3, **engine_kw).generate(ps, greedy)] == plain
 
 
 def oracle_engine(target: str, cases: list[tuple[list[int], dict]], wrong_every: int = 5, fault: str | None = None,

@@ -526,6 +526,11 @@ def test_every_command_that_loads_a_target_takes_quantization():
         parser.parse_args(["bench", "offline", "--quantization", "q4"])
     with pytest.raises(SystemExit):
         parser.parse_args(["generate", "hi", "--compute", "int4"])
+    for argv in (["generate", "hi"], ["serve"], ["synth", "--prompts", "p", "--out", "o"]):  # vLLM's --kv-cache-dtype
+        assert parser.parse_args(argv).kv_cache_dtype == "auto", argv
+        assert parser.parse_args([*argv, "--kv-cache-dtype", "float32"]).kv_cache_dtype == "float32", argv
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "hi", "--kv-cache-dtype", "fp8"])
     args = parser.parse_args(["bench", "serving", "--dataset-name", "mt-bench", "--quantization", "none",
                               "--compute", "exact"])
     cmd = server_command("peagle-none", args, 4)

@@ -105,7 +105,7 @@ def test_cli_generate_json_and_errors():
         assert r.returncode == 0, r.stderr
         outs[method] = json.loads(r.stdout.strip().splitlines()[-1])
     for key in ("text", "token_ids", "num_prompt_tokens", "num_output_tokens", "acceptance_length",
-                "per_position_acceptance", "elapsed_s", "output_tokens_per_s"):
+                "per_position_acceptance", "elapsed_s", "output_tokens_per_s", "kv_cache_dtype"):
         assert key in outs["parallel"], key
     assert (outs["parallel"]["device"], outs["parallel"]["dtype"], outs["parallel"]["cuda_graphs"]) == ("cpu", "float32", False)
     assert outs["parallel"]["token_ids"] == outs["none"]["token_ids"]

@@ -212,6 +212,31 @@ def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):
 
 
 @native
+def test_the_fast_paths_keep_a_half_kv_cache_and_exact_keeps_float32(qllama):
+    """``kv_cache_dtype`` ``auto``: float16 pools (the target's and the head's) on the integer path, float32 where
+    the matmuls run float32 arithmetic (``--compute exact``, plain float32 weights); an explicit dtype wins; a
+    dtype the engine does not know is refused before anything is allocated."""
+    from peagle.engine.llm_engine import EngineConfig
+    from speculation import make_engine
+
+    engine = make_engine(qllama, init_drafter(qllama, 1, MASK, seed=4), "parallel", 3)
+    assert engine.runner.kv_dtype == torch.float16
+    assert {c.k.dtype for c in engine.runner.target_caches + engine.runner.drafter_caches} == {torch.float16}
+    assert make_engine(qllama, None, "none", kv_cache_dtype="float32").runner.target_caches[0].k.dtype == torch.float32
+    assert make_engine(native_from_hf(tiny_hf("llama")), None, "none").runner.kv_dtype == torch.float32
+    with pytest.raises(ValueError, match="unknown kv_cache_dtype 'fp8'"):
+        EngineConfig(kv_cache_dtype="fp8")
+
+
+@native
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_speculation_over_a_half_kv_cache_is_plain_decoding(method):
+    """float16 pools under float32 matmuls (the kernel's attention reads them converted, prompt chunks of 7 and
+    token trees included): speculation is still plain decoding over the same cache, drafts accepted."""
+    assert_lossless_on_path(native_from_hf(tiny_hf("llama")), method, kv_cache_dtype="float16")
+
+
+@native
 @pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_rows_are_looked_up_as_gguf_dequantizes_them(fmt):
     """The native lookup (an embedding a step) from the file's blocks and from packed ones: the bits of

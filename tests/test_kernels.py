@@ -221,6 +221,45 @@ def test_an_attention_rows_result_does_not_depend_on_the_pass(window, isa):
     assert torch.equal(alone[0], full[5])
 
 
+@each_isa()
+@pytest.mark.parametrize("d", [64, 24])
+@pytest.mark.parametrize("window", [0, 50])
+def test_half_pools_give_the_bits_of_float32_pools_holding_the_same_values(d, window, isa):
+    """The 16-bit KV cache: keys and values read from float16 pools through their exact conversion, so the
+    result is the float32 kernel's over pools that torch converted (no code of the kernels' in the conversion),
+    every row, alone or in its tiles; the reference reads half pools too."""
+    q, k, v, table, seq, pos, bs = paged_case(d)
+    k16, v16 = k.half(), v.half()
+    assert not torch.equal(k16.float(), k)  # the rounding is there to be seen
+    rows = torch.arange(q.shape[0])
+    got = torch.ops.peagle.attention(q, k16, v16, table, seq, pos, rows, bs, window, d ** -0.5, None, isa)
+    want = torch.ops.peagle.attention(q, k16.float(), v16.float(), table, seq, pos, rows, bs, window, d ** -0.5, None,
+                                      isa)
+    assert torch.equal(got, want), isa
+    ref = torch.ops.peagle.attention_ref(q, k16, v16, table, seq, pos, rows, bs, window, d ** -0.5, None, LANES[isa])
+    assert torch.equal(got, ref), isa
+    one = torch.ops.peagle.attention(q, k16, v16, table, seq, pos, torch.tensor([7]), bs, window, d ** -0.5, None, isa)
+    assert torch.equal(one[7], got[7])
+    with pytest.raises(RuntimeError, match="both float32 or both float16"):
+        torch.ops.peagle.attention(q, k16, v, table, seq, pos, rows, bs, window, d ** -0.5, None, isa)
+
+
+@native
+def test_rope_write_rounds_into_half_pools_as_torch_does():
+    g = torch.Generator().manual_seed(5)
+    T, H, Hkv, d = 4, 6, 2, 16
+    qkv = torch.randn(T, H + 2 * Hkv, d, generator=g) * 30
+    cos, sin = torch.randn(T, d, generator=g), torch.randn(T, d, generator=g)
+    k32, v32 = torch.zeros(10, Hkv, d), torch.zeros(10, Hkv, d)
+    k16, v16 = k32.half(), v32.half()
+    slots = torch.tensor([3, 9, 0, 5])
+    torch.ops.peagle.rope_write(qkv.clone(), cos, sin, H, k32, v32, slots)
+    torch.ops.peagle.rope_write(qkv.clone(), cos, sin, H, k16, v16, slots)
+    assert torch.equal(k16, k32.half()) and torch.equal(v16, v32.half())
+    with pytest.raises(RuntimeError, match="both float32 or both float16"):
+        torch.ops.peagle.rope_write(qkv.clone(), cos, sin, H, k16, v32, slots)
+
+
 @native
 def test_layer_ops_match_torch():
     """rms_norm (alone and fused with the residual add), silu_mul and rope_write against torch's ops."""

@@ -8,6 +8,7 @@ from peagle import kernels
 from peagle.engine.tree import Tree
 
 METHODS = ("parallel", "eagle3", "none")
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32")
 AUTO_RANKS = 8   # candidates a position the engine weighs for a tree of its own choosing
 
 
@@ -38,6 +39,10 @@ class EngineConfig:
     max_long_partial_prefills: int = 1
     block_size: int = 16
     kv_cache_tokens: int | None = None      # default: max_num_seqs full sequences, capped at 16384
+    # what the KV cache stores (vLLM's --kv-cache-dtype; llama.cpp's -ctk/-ctv): "auto" is float16 where the
+    # target runs peagle's CPU kernels on their fast paths (half the bytes a step reads, as llama.cpp's F16
+    # cache), else the model's dtype (float32 on the CPU: --compute exact keeps every bit of float32 arithmetic)
+    kv_cache_dtype: str = "auto"
     enforce_eager: bool = False             # CUDA: no CUDA graphs for decode steps (vLLM's flag; CPUs never capture)
 
     def __post_init__(self):
@@ -58,6 +63,8 @@ class EngineConfig:
         m = self.max_speculative_tokens
         if m is not None and (not isinstance(m, int) or m < 1):
             raise ValueError(f"max_speculative_tokens must be an integer >= 1, got {m!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_num_partial_prefills",
                      "max_long_partial_prefills"):
             if getattr(self, name) < 1:

@@ -108,6 +108,11 @@ class LLMEngine:
         return kernels.isa() if kernels.native(self.device) else "torch"
 
     @property
+    def kv_dtype(self) -> torch.dtype:
+        """What the KV cache stores (:func:`peagle.engine.model_runner.kv_cache_dtype`)."""
+        return self.runner.kv_dtype
+
+    @property
     def quantization(self) -> str:
         """``gguf`` where the target's weights run GGUF-quantized (:mod:`peagle.models.quant`), else ``none``."""
         return "gguf" if formats(self.target) else "none"

@@ -18,6 +18,7 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
+from peagle import kernels
 from peagle.engine.auto_k import CostCurve
 from peagle.engine.config import Bounds, EngineConfig
 from peagle.engine.expansion import expand
@@ -30,7 +31,22 @@ from peagle.models.attention import AttnMeta, KVCache, Span, TreeRows
 from peagle.models.drafter import Drafter
 from peagle.models.layers import pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
+from peagle.models.quant import bf16_dots, integer_path
 from peagle.runtime import precision_name, to_device
+
+
+def kv_cache_dtype(name: str, target: LlamaModel) -> torch.dtype:
+    """The KV pools' dtype for :attr:`EngineConfig.kv_cache_dtype` ``name``: ``auto`` is float16 where the
+    target's attention runs peagle's CPU kernel and its matmuls their fast paths (integer or bf16 dot
+    products: ``--compute exact`` keeps float32), else the model's dtype."""
+    if name != "auto":
+        return getattr(torch, name)
+    c, dev = target.cfg, target.lm_weight.device
+    if kernels.native(dev) and (integer_path(target) or bf16_dots(target)):
+        lim = kernels.limits()
+        if c.head_dim <= lim.head_dim and c.num_heads // c.num_kv_heads <= lim.group:
+            return torch.float16
+    return target.dtype
 
 
 def offsets(spans: list[Span]) -> list[int]:
@@ -91,8 +107,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.pad_block = num_blocks  # one more block, never handed out: padding sequences write there
         num_slots = (num_blocks + 1) * config.block_size
-        self.target_caches = target.make_caches(num_slots)
-        self.drafter_caches = drafter.make_caches(num_slots) if config.method != "none" else []
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, target)
+        self.target_caches = target.make_caches(num_slots, self.kv_dtype)
+        self.drafter_caches = drafter.make_caches(num_slots, self.kv_dtype) if config.method != "none" else []
         use_graphs = self.device.type == "cuda" and not config.enforce_eager and target.graph_safe
         self.graphs = self.make_graphs(capture=True) if use_graphs else None
 

@@ -292,8 +292,15 @@ class KVCache:
         self.v[:slots].zero_()
 
     def write(self, meta: AttnMeta, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k.index_copy_(0, meta.slot_mapping, k)
-        self.v.index_copy_(0, meta.slot_mapping, v)
+        self.k.index_copy_(0, meta.slot_mapping, k.to(self.k.dtype))
+        self.v.index_copy_(0, meta.slot_mapping, v.to(self.v.dtype))
+
+    def stored(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k``, ``v`` as the pools give them back (rounded to a 16-bit cache's dtype, in the rows' dtype), for
+        attention over a pass's own rows: the same values as over keys read from the pools."""
+        if self.k.dtype == k.dtype:
+            return k, v
+        return k.to(self.k.dtype).to(k.dtype), v.to(self.v.dtype).to(v.dtype)
 
     @staticmethod
     def move(caches: list["KVCache"], src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -482,13 +489,14 @@ class Attention(nn.Module):
         for g in groups:
             if g.self_attend:
                 rows = slice(g.first, g.first + g.Q)
-                o = attend(q[rows][None], k[rows][None], v[rows][None], g.folded_mask(w, gqa), self.sinks,
+                keys, values = cache.stored(k[rows], v[rows])
+                o = attend(q[rows][None], keys[None], values[None], g.folded_mask(w, gqa), self.sinks,
                            causal=g.masks[w] is None, scale=self.scale)
             else:
                 qg = q[g.first:g.first + g.B * g.Q].view(g.B, g.Q, *q.shape[1:]) if g.first is not None else q[g.rows]
                 keys, values = cache.keys_values(g)
-                o = attend(qg, keys, values, g.folded_mask(w, gqa), self.sinks, causal=g.causal and g.masks[w] is None,
-                           scale=self.scale)
+                o = attend(qg, keys.to(q.dtype), values.to(q.dtype), g.folded_mask(w, gqa), self.sinks,
+                           causal=g.causal and g.masks[w] is None, scale=self.scale)
             if out is None:
                 return self.o_proj(o.view(T, -1))
             if g.first is not None:

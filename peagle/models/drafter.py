@@ -183,9 +183,9 @@ class Drafter(nn.Module):
                              if cfg.draft_vocab_size == cfg.vocab_size else torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
-    def make_caches(self, num_slots: int) -> list[KVCache]:
+    def make_caches(self, num_slots: int, dtype: torch.dtype | None = None) -> list[KVCache]:
         p = self.embed_tokens.weight
-        return [KVCache(num_slots, self.cfg.num_kv_heads, self.cfg.head_dim, p.dtype, p.device)
+        return [KVCache(num_slots, self.cfg.num_kv_heads, self.cfg.head_dim, dtype or p.dtype, p.device)
                 for _ in range(self.cfg.num_layers)]
 
     def project(self, taps: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from typing import Any, Callable
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import TokenLogprob
 from peagle.engine.sequence import Sequence, SpecStats
+from peagle.runtime import dtype_name
 
 log = logging.getLogger("peagle.serve")
 
@@ -49,7 +50,7 @@ class EngineInfo:
     """What the server needs to know of the engine it talks to."""
     tokenizer: Any
     device: str
-    dtype: str           # the precision, e.g. "float16 weights, float32 compute"
+    dtype: str           # the precision, e.g. "float16 weights, float32 compute, float32 KV cache"
     kernels: str         # the linear layers' kernels: avx512, avx2, scalar (peagle's CPU kernels) or torch
     cuda_graphs: bool
     max_model_len: int
@@ -129,7 +130,8 @@ def run_engine_core(inbox, outbox, spec: EngineSpec) -> None:
         outbox.send(("failed", str(e) or type(e).__name__))
         return
     try:
-        outbox.send(("ready", EngineInfo(engine.tokenizer, str(engine.device), engine.precision, engine.kernels,
+        precision = f"{engine.precision}, {dtype_name(engine.kv_dtype)} KV cache"
+        outbox.send(("ready", EngineInfo(engine.tokenizer, str(engine.device), precision, engine.kernels,
                                          engine.graphs is not None, engine.max_model_len,
                                          engine.target.cfg.vocab_size, engine.cfg.max_num_seqs, os.getpid(),
                                          engine.cfg.method,

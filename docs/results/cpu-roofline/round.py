@@ -5,7 +5,7 @@ format (`gguf`: the file as it ships, the default, `--compute fast`; `gguf-exact
 arithmetic; else the de-quantized weights in that dtype). Medians over 120 steps, the engines interleaved
 in rounds of 10 steps.
 
-    python docs/results/cpu-roofline/round.py [FORMATS]   # default gguf,gguf-exact,bfloat16
+    python docs/results/cpu-roofline/round.py [FORMATS] [KV_CACHE_DTYPE]   # default gguf,gguf-exact,bfloat16 auto
 """
 import statistics
 import sys
@@ -23,8 +23,9 @@ print("|---|---|" + "---|---|" * len(KS) + "---|")
 for fmt in (sys.argv[1].split(",") if len(sys.argv) > 1 else ["gguf", "gguf-exact", "bfloat16"]):
     how = dict(quantization="gguf", compute="exact" if fmt == "gguf-exact" else "fast") if fmt.startswith("gguf") \
         else dict(dtype=fmt, quantization="none")
+    kv = sys.argv[2] if len(sys.argv) > 2 else "auto"
     engines = {k: LLMEngine.from_pretrained(None, method="none" if k == 0 else "parallel", k=max(k, 1), max_num_seqs=1,
-                                            **how) for k in (0, *KS)}
+                                            kv_cache_dtype=kv, **how) for k in (0, *KS)}
     seqs = {}
     for k, e in engines.items():
         seqs[k] = e.add_request(e.encode_prompt(text), SamplingParams(max_tokens=10 ** 6, ignore_eos=True))
@@ -39,4 +40,4 @@ for fmt in (sys.argv[1].split(",") if len(sys.argv) > 1 else ["gguf", "gguf-exac
     ms = {k: statistics.median(ts) * 1e3 for k, ts in times.items()}
     per_round = len(seqs[7].output_ids) / (len(times[7]) + 1)
     cells = " | ".join(f"{ms[k]:.2f} | {ms[k] / ms[0]:.2f}" for k in KS)
-    print(f"| {fmt} ({engines[0].precision}) | {ms[0]:.2f} | {cells} | {per_round:.2f} |")
+    print(f"| {fmt} ({engines[0].precision}; KV {engines[0].runner.kv_dtype}) | {ms[0]:.2f} | {cells} | {per_round:.2f} |")

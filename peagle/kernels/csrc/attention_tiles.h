@@ -1,5 +1,5 @@
 // Attention over the paged cache for every ISA, over vector traits V (see linear_tiles.h; here also
-// set1, add, sub, mul, exp, exp1, store_n, mask_n, scale, weighted_sum, max_of (the largest of n floats)
+// set1, add, sub, mul, exp, exp1, store_n, mask_n, scale, weighted_sum, load_h (L halves), max_of (the largest of n floats)
 // and hsum_many: lane i the hsum of vector i); the scalar reference instantiates it with scalar traits of the same lane order and the same
 // operations, so the two give the same bits.
 #pragma once
@@ -125,15 +125,38 @@ static inline void weighted_sum_simd(float (*acc)[MAX_HEAD_DIM], const float (*p
 // range add exact zeros: a row's bits do not depend on the tile it shares. A key block that reaches a
 // tree row's remapped keys is computed row by row instead (each row its own keys, the same steps in the
 // same order), which gives every row the same bits again.
+// Rows src[0 .. n) of d elements as float32 rows: float32 pools' rows where they lie; half pools' (the 16-bit KV
+// cache) converted into buf once for every query of the tile, exactly, so a row's bits are the float32 kernel's
+// over the converted pools.
 template <class V>
-static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
+static inline void as_float(const float* const* src, int64_t n, int64_t, float*, const float** out) {
+  std::copy(src, src + n, out);
+}
+template <class V>
+static inline void as_float(const uint16_t* const* src, int64_t n, int64_t d, float* buf, const float** out) {
+  constexpr int L = V::LANES;
+  const int64_t dl = d - d % L;
+  for (int64_t j = 0; j < n; ++j) {
+    float* row = buf + j * d;
+    for (int64_t e = 0; e < dl; e += L) V::store_n(row + e, V::load_h(src[j] + e), L);
+    for (int64_t e = dl; e < d; ++e) row[e] = half_to_float(src[j][e]);
+    out[j] = row;
+  }
+}
+
+template <class V, class E>
+static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
   constexpr int L = V::LANES;
   const int64_t g = a.H / a.Hkv, d = a.d, bs = a.block_size;
+  const E *K = static_cast<const E*>(a.k), *Vp = static_cast<const E*>(a.v);
   alignas(64) float s[MAX_QUERIES][KEY_BLOCK];
   float m[MAX_QUERIES], l[MAX_QUERIES];
   alignas(64) float acc[MAX_QUERIES][MAX_HEAD_DIM];
+  const E* vsrc[KEY_BLOCK];
+  const E* ksrc[KEY_BLOCK];
   const float* vrow[KEY_BLOCK];
   const float* krow[KEY_BLOCK];
+  alignas(64) static thread_local float kbuf[KEY_BLOCK * MAX_HEAD_DIM], vbuf[KEY_BLOCK * MAX_HEAD_DIM];
   // query qi's online-softmax step over its scores s[qi][o .. o+nr) of a block's n (nr > 0): the weights
   // e^(s - mb) in place, zeros around them, their sum in L lanes from its first key (zero-padded)
   auto softmax_step = [&](int64_t qi, int64_t o, int64_t nr, int64_t n) {
@@ -185,9 +208,11 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
           for (int64_t j = 0; j < nr; ++j) {
             const int64_t key = jb + j < base[r] ? jb + j : map[jb + j - base[r]];
             const int64_t slot = (blocks[key / bs] * bs + key % bs) * a.Hkv + h;
-            vrow[j] = a.v + slot * d;
-            krow[j] = a.k + slot * d;
+            vsrc[j] = Vp + slot * d;
+            ksrc[j] = K + slot * d;
           }
+          as_float<V>(ksrc, nr, d, kbuf, krow);
+          as_float<V>(vsrc, nr, d, vbuf, vrow);
           for (int64_t gi = 0; gi < g; ++gi) scores<V>(q + gi * d, krow, nr, d, a.scale, s[r * g + gi]);
           for (int64_t gi = 0; gi < g; ++gi) softmax_step(r * g + gi, 0, nr, nr);
           V::weighted_sum(acc + r * g, s + r * g, vrow, nr, g, d);
@@ -203,18 +228,19 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
       for (int64_t j = 0; j < n; ++j, ++off) {
         if (off == bs) ++blk, off = 0;
         const int64_t slot = (blocks[blk] * bs + off) * a.Hkv + h;
-        krow[j] = a.k + slot * d;
-        vrow[j] = a.v + slot * d;
-        for (int64_t e = 0; e < d; e += 64 / sizeof(float)) {
-          __builtin_prefetch(vrow[j] + e, 0, 3);
-          if (first) __builtin_prefetch(krow[j] + e, 0, 3);
+        ksrc[j] = K + slot * d;
+        vsrc[j] = Vp + slot * d;
+        for (int64_t e = 0; e < d; e += 64 / sizeof(E)) {
+          __builtin_prefetch(vsrc[j] + e, 0, 3);
+          if (first) __builtin_prefetch(ksrc[j] + e, 0, 3);
         }
       }
       for (int64_t j = 0, m = std::min(j0 + 2 * KEY_BLOCK, HI) - (j0 + KEY_BLOCK); j < m; ++j, ++off) {
         if (off == bs) ++blk, off = 0;
-        const float* next = a.k + ((blocks[blk] * bs + off) * a.Hkv + h) * d;
-        for (int64_t e = 0; e < d; e += 64 / sizeof(float)) __builtin_prefetch(next + e, 0, 2);
+        const E* next = K + ((blocks[blk] * bs + off) * a.Hkv + h) * d;
+        for (int64_t e = 0; e < d; e += 64 / sizeof(E)) __builtin_prefetch(next + e, 0, 2);
       }
+      as_float<V>(ksrc, n, d, kbuf, krow);
       for (int64_t r = 0; r < R; ++r) {
         const float* q = a.q + rows[r] * a.q_stride + h * g * d;
         for (int64_t gi = 0; gi < g; ++gi) scores<V>(q + gi * d, krow, n, d, a.scale, s[r * g + gi]);
@@ -228,6 +254,7 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
             std::fill(s[r * g + gi], s[r * g + gi] + n, 0.f);
         }
       }
+      as_float<V>(vsrc, n, d, vbuf, vrow);
       V::weighted_sum(acc, s, vrow, n, Q, d);
     }
     for (int64_t r = 0; r < R; ++r)
@@ -236,6 +263,14 @@ static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
         for (int64_t e = 0; e < d; ++e) out[e] = acc[r * g + gi][e] / l[r * g + gi];
       }
   }
+}
+
+template <class V>
+static void attention_items(const AttnArgs& a, int64_t i0, int64_t i1) {
+  if (a.kv_half)
+    attend_tiles<V, uint16_t>(a, i0, i1);
+  else
+    attend_tiles<V, float>(a, i0, i1);
 }
 
 }  // namespace peagle

@@ -27,6 +27,7 @@ struct Avx2 {
     std::memcpy(buf, p, n * 4);
     return _mm256_load_ps(buf);
   }
+  static vec load_h(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   template <WType T>
   static vec load_w(const uint8_t* row, int64_t k) {
     if constexpr (T == WType::f32) {

@@ -19,6 +19,7 @@ struct Avx512 {
   static vec zero() { return _mm512_setzero_ps(); }
   static vec load_x(const float* p) { return _mm512_loadu_ps(p); }
   static vec load_x_tail(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p); }
+  static vec load_h(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   template <WType T>
   static vec load_w(const uint8_t* row, int64_t k) {
     if constexpr (T == WType::f32) {

@@ -308,8 +308,9 @@ constexpr int64_t MAX_TREE_NODES = MAX_SPAN_ROWS - 1;  // a token tree's nodes, 
 struct AttnArgs {
   const float* q;          // [*, H, d]: row r at q + r * q_stride
   int64_t q_stride;
-  const float* k;          // the pools [slots, Hkv, d]
-  const float* v;
+  const void* k;           // the pools [slots, Hkv, d]: float32, or IEEE half where kv_half
+  const void* v;
+  bool kv_half;
   const int64_t* table;    // [B, table_stride] block ids
   int64_t table_stride;
   const int64_t* rows;     // the rows to compute [R] (into q, out, seq, pos)

@@ -87,7 +87,7 @@ at::Tensor silu_mul(const at::Tensor& gu) {
 
 // qkv [rows, H + 2 Hkv, d]: RoPE (HF's rotate-half: x * cos + rotate_half(x) * sin, as three rounded
 // operations like torch's eager ops) on the H query and Hkv key heads in place, then keys and values
-// into the pools [slots, Hkv, d] at ``slots[row]``.
+// into the pools [slots, Hkv, d] at ``slots[row]`` (float32, or float16 rounded to nearest even).
 void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H,
                        const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots) {
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 3 && qkv.is_contiguous(), "peagle::rope_write: qkv must be contiguous float32 [rows, heads, d]");
@@ -95,12 +95,13 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   TORCH_CHECK(H + 2 * Hkv == heads && d % 2 == 0, "peagle::rope_write: heads do not split into H + 2 Hkv");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * d && sin.numel() == T * d &&
               cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "peagle::rope_write: cos/sin must be float32 [rows, d]");
-  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.scalar_type() == at::kFloat &&
-              k_pool.size(1) == Hkv && k_pool.size(2) == d, "peagle::rope_write: pools must be contiguous float32 [slots, Hkv, d]");
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && (k_pool.scalar_type() == at::kFloat || k_pool.scalar_type() == at::kHalf) &&
+              v_pool.scalar_type() == k_pool.scalar_type() && k_pool.size(1) == Hkv && k_pool.size(2) == d,
+              "peagle::rope_write: pools must be contiguous [slots, Hkv, d], both float32 or both float16");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == T, "peagle::rope_write: one int64 slot per row");
   float* x = qkv.data_ptr<float>();
   const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
-  float *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
+  const bool half_pools = k_pool.scalar_type() == at::kHalf;
   const int64_t* sl = slots.data_ptr<int64_t>();
   const int64_t nslots = k_pool.size(0);
   at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
@@ -117,8 +118,14 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
       }
       const int64_t slot = sl[t];
       TORCH_CHECK(slot >= 0 && slot < nslots, "peagle::rope_write: slot out of the pool");
-      std::copy(x + (t * heads + H) * d, x + (t * heads + H + Hkv) * d, kp + slot * Hkv * d);
-      std::copy(x + (t * heads + H + Hkv) * d, x + (t * heads + heads) * d, vp + slot * Hkv * d);
+      const float *kx = x + (t * heads + H) * d, *vx = kx + Hkv * d;
+      if (half_pools) {  // rounded to nearest even, as torch's .to(float16)
+        c10::Half *kp = k_pool.data_ptr<c10::Half>() + slot * Hkv * d, *vp = v_pool.data_ptr<c10::Half>() + slot * Hkv * d;
+        for (int64_t i = 0; i < Hkv * d; ++i) kp[i] = c10::Half(kx[i]), vp[i] = c10::Half(vx[i]);
+      } else {
+        std::copy(kx, kx + Hkv * d, k_pool.data_ptr<float>() + slot * Hkv * d);
+        std::copy(vx, vx + Hkv * d, v_pool.data_ptr<float>() + slot * Hkv * d);
+      }
     }
   });
 }

@@ -142,8 +142,9 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
                                 int64_t block_size, int64_t window, double scale,
                                 const c10::optional<at::Tensor>& sinks, const c10::optional<at::Tensor>& tree_base,
                                 const c10::optional<at::Tensor>& tree_map, const AttnKernel& kernel) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "peagle::attention: q and the KV pools must be float32");
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "peagle::attention: q must be float32");
+  TORCH_CHECK((k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf) && v.scalar_type() == k.scalar_type(),
+              "peagle::attention: the KV pools must be both float32 or both float16");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2), "peagle::attention: q must be [T, H, d], rows strided");
   TORCH_CHECK(k.dim() == 3 && k.is_contiguous() && v.is_contiguous() && k.sizes() == v.sizes(),
               "peagle::attention: the KV pools must be contiguous [slots, Hkv, d]");
@@ -190,7 +191,7 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
     if (tile_rows == 1 || int64_t(tiles.size() - 1) * Hkv >= 2 * at::get_num_threads()) break;
   }
   if (rows.numel() == 0) return out;
-  AttnArgs a{q.data_ptr<float>(), q.stride(0), k.data_ptr<float>(), v.data_ptr<float>(), table.data_ptr<int64_t>(),
+  AttnArgs a{q.data_ptr<float>(), q.stride(0), k.data_ptr(), v.data_ptr(), k.scalar_type() == at::kHalf, table.data_ptr<int64_t>(),
              table.size(1), rp, tiles.data(), sp, pos.data_ptr<int64_t>(),
              tree ? tree_base->data_ptr<int64_t>() : nullptr, tree ? tree_map->data_ptr<int64_t>() : nullptr, W,
              sk.defined() ? sk.data_ptr<float>() : nullptr, out.data_ptr<float>(), H, Hkv, d, block_size, window,

@@ -52,6 +52,11 @@ struct Lanes {
     std::memcpy(r.v, p, n * 4);
     return r;
   }
+  static vec load_h(const uint16_t* p) {
+    vec r;
+    for (int i = 0; i < L; ++i) r.v[i] = half_to_float(p[i]);
+    return r;
+  }
   static vec fma(vec a, vec b, vec c) {
     for (int i = 0; i < L; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
     return c;
@@ -298,6 +303,9 @@ static void attend_row(const AttnArgs& a, int64_t row, int64_t h, int64_t gi, in
   const int64_t base = a.tree_base != nullptr ? a.tree_base[row] : hi;
   const int64_t* blocks = a.table + a.seq[row] * a.table_stride;
   const float* q = a.q + row * a.q_stride + qh * d;
+  auto at = [&](const void* pool, int64_t row, int64_t e) {  // a pool's element as float32 (half: converted)
+    return a.kv_half ? half_to_float(static_cast<const uint16_t*>(pool)[row * d + e]) : static_cast<const float*>(pool)[row * d + e];
+  };
   auto slot = [&](int64_t j) {  // logical key j's row in the pools
     const int64_t key = j < base ? j : a.tree_map[row * a.tree_stride + j - base];
     return (blocks[key / a.block_size] * a.block_size + key % a.block_size) * a.Hkv + h;
@@ -308,9 +316,9 @@ static void attend_row(const AttnArgs& a, int64_t row, int64_t h, int64_t gi, in
     const int64_t jb = std::max(j0, lo), n = std::min(j0 + KEY_BLOCK, hi) - jb;
     float mb = m;
     for (int64_t j = 0; j < n; ++j) {
-      const float* k = a.k + slot(jb + j) * d;
+      const int64_t k = slot(jb + j);
       float lane[16] = {0};
-      for (int64_t e = 0; e < d; ++e) lane[e % lanes] = std::fmaf(q[e], k[e], lane[e % lanes]);
+      for (int64_t e = 0; e < d; ++e) lane[e % lanes] = std::fmaf(q[e], at(a.k, k, e), lane[e % lanes]);
       if (lanes == 16)
         for (int i = 0; i < 8; ++i) lane[i] += lane[i + 8];
       s[j] = (((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]))) * a.scale;
@@ -327,8 +335,8 @@ static void attend_row(const AttnArgs& a, int64_t row, int64_t h, int64_t gi, in
     l = l * corr + (((sum[0] + sum[4]) + (sum[2] + sum[6])) + ((sum[1] + sum[5]) + (sum[3] + sum[7])));
     for (int64_t e = 0; e < d; ++e) acc[e] *= corr;
     for (int64_t j = 0; j < n; ++j) {
-      const float* v = a.v + slot(jb + j) * d;
-      for (int64_t e = 0; e < d; ++e) acc[e] = std::fmaf(s[j], v[e], acc[e]);
+      const int64_t v = slot(jb + j);
+      for (int64_t e = 0; e < d; ++e) acc[e] = std::fmaf(s[j], at(a.v, v, e), acc[e]);
     }
     m = mb;
   }
