@@ -8,7 +8,7 @@ from peagle import kernels
 from peagle.engine.tree import Tree
 
 METHODS = ("parallel", "eagle3", "none")
-KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32")
+KV_CACHE_DTYPES = ("auto", "float16", "float32")
 AUTO_RANKS = 8   # candidates a position the engine weighs for a tree of its own choosing
 
 
