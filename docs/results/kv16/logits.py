@@ -4,7 +4,7 @@ ones' keys and values from the pools, as decoding does), `--compute fast` with f
 against `--compute exact` with float32 pools (the de-quantized model's arithmetic). Top-1 agreement, the largest
 and the mean absolute logit difference (logits span about +-35).
 
-    python docs/results/kv16/logits.py [PROMPTS]
+    python docs/results/kv16/logits.py [PROMPTS] [TARGET]      # TARGET: the default model, or e.g. gemma3
 """
 import sys
 
@@ -15,9 +15,10 @@ from peagle.models.loader import load_target, load_tokenizer
 from peagle.prompts import dataset_path, encode, read_prompt_file
 
 n_prompts = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+target = sys.argv[2] if len(sys.argv) > 2 else None
 CHUNK, BS = 48, 16
-fast, path = load_target(None, "float32", compute="fast")
-exact, _ = load_target(None, "float32", compute="exact")
+fast, path = load_target(target, "float32", compute="fast")
+exact, _ = load_target(target, "float32", compute="exact")
 tok = load_tokenizer(path)
 prompts = read_prompt_file(dataset_path("mt-bench", None), "mt-bench")[:n_prompts]
 ids = [encode(tok, [{"role": "user", "content": p.text}], True) for p in prompts]
@@ -46,8 +47,8 @@ for x in ids:
         s["n"] += len(x)
         s["max"] = max(s["max"], float((got - ref).abs().max()))
         s["sum"] += float((got - ref).abs().mean()) * len(x)
-print(f"{len(ids)} MT-Bench prompts, {stats[next(iter(runs))]['n']} positions, against `--compute exact` with "
-      "float32 KV\n")
+print(f"{target or 'the default model'}: {len(ids)} MT-Bench prompts, {stats[next(iter(runs))]['n']} positions, "
+      "against `--compute exact` with float32 KV\n")
 print("| peagle | top-1 agreement | max abs difference | mean abs difference |\n|---|---|---|---|")
 for name, s in stats.items():
     print(f"| {name} | {100 * s['agree'] / s['n']:.1f}% | {s['max']:.2f} | {s['sum'] / s['n']:.3f} |")
