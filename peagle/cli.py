@@ -32,7 +32,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
                                        device=args.device, quantization=args.quantization, compute=args.compute, max_num_seqs=1,
                                        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
-                                       kv_cache_dtype=args.kv_cache_dtype, speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
+                                       kv_cache_dtype=args.kv_cache_dtype,
+                                       speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
                                        else "chain", speculative_tree_budget=args.speculative_tree_budget)
     ids = engine.encode_prompt(args.prompt, chat=args.chat)
     t0 = time.perf_counter()

@@ -119,12 +119,6 @@ static inline void weighted_sum_simd(float (*acc)[MAX_HEAD_DIM], const float (*p
   weighted_sum_scalar(acc, p, vrow, n, g, e, d);
 }
 
-// One work item: a tile of rows of one sequence (its verification or drafting rows: the same keys) and one
-// KV head. Every key is loaded once for the tile's R*g queries; each row still sees exactly the keys it
-// would alone, in the same blocks and lanes (its own range within each block), and the keys outside its
-// range add exact zeros: a row's bits do not depend on the tile it shares. A key block that reaches a
-// tree row's remapped keys is computed row by row instead (each row its own keys, the same steps in the
-// same order), which gives every row the same bits again.
 // Rows src[0 .. n) of d elements as float32 rows: float32 pools' rows where they lie; half pools' (the 16-bit KV
 // cache) converted into buf once for every query of the tile, exactly, so a row's bits are the float32 kernel's
 // over the converted pools.
@@ -144,6 +138,12 @@ static inline void as_float(const uint16_t* const* src, int64_t n, int64_t d, fl
   }
 }
 
+// One work item: a tile of rows of one sequence (its verification or drafting rows: the same keys) and one
+// KV head. Every key is loaded once for the tile's R*g queries; each row still sees exactly the keys it
+// would alone, in the same blocks and lanes (its own range within each block), and the keys outside its
+// range add exact zeros: a row's bits do not depend on the tile it shares. A key block that reaches a
+// tree row's remapped keys is computed row by row instead (each row its own keys, the same steps in the
+// same order), which gives every row the same bits again.
 template <class V, class E>
 static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
   constexpr int L = V::LANES;
