@@ -142,6 +142,31 @@ def test_resuming_pays_for_the_drafters_catch_up():
     assert len(auto.choose(16, missed_rows=16 * 64)) > 0
 
 
+def test_a_long_prompts_catch_up_is_priced_at_the_measured_prefill_rate():
+    """Past the row counts timed at start-up the drafter's curve (decode-sized passes) prices a 2,000-row
+    catch-up at what its weights cost; with the target's measured prefill seconds per row it is the drafter's
+    share of that: resuming for a marginal gain is then declined."""
+    auto = AutoK(4, True, TARGET, DRAFTER, prior=1e-6, margin=0.0)
+    per_row = TARGET(256) / 256 * 4   # a prefill row four times a batched decode row's price (attention)
+    assert auto.catch_up_seconds(2000) == DRAFTER(2000)
+    assert auto.catch_up_seconds(2000, per_row) == pytest.approx(2000 * per_row * DRAFTER(256) / TARGET(256))
+    assert auto.catch_up_seconds(64, per_row) == DRAFTER(64)   # within the measured rows: the curve
+    set_counts(auto, [50.0, 0, 0, 0], [100.0, 0, 0, 0])
+    assert len(auto.choose(1, missed_rows=2000)) > 0 and len(auto.choose(1, missed_rows=2000, prefill_row_s=per_row)) == 0
+
+
+def test_a_probe_that_could_not_win_back_its_catch_up_is_skipped():
+    """When nothing pays, a probe drafts two positions anyway, and first the drafter reads every row it
+    missed; a catch-up over a tenth (the margin) of the time the batch's requests have left is not spent."""
+    auto = AutoK(4, True, TARGET, DRAFTER, prior=1e-6, probe_every=1)
+    set_counts(auto, [1.0, 0, 0, 0], [100.0, 0, 0, 0])   # nothing pays: only probes draft
+    step, catch = auto.corrected_seconds(0, 0, 1), auto.catch_up_seconds(500)
+    left = int(catch / (auto.margin * step))
+    for steps_left, probes in ((None, True), (2 * left, True), (left // 2, False)):  # unknown, time enough, too late
+        auto.next_probe = auto.steps + 1   # the next step is a probe's
+        assert len(auto.choose(1, missed_rows=500, steps_left=steps_left)) == (2 if probes else 0), steps_left
+
+
 def test_measured_step_times_correct_the_cost_model():
     """The start-up curves say one draft pays at 30% acceptance; steps at K=1 measured at 1.5x the
     modelled time (what bare passes leave out) say it does not, and K drops to 0."""

@@ -13,11 +13,14 @@ dearer and the tree shrinks. An empty tree is plain decoding: the drafter is ski
 missed are read in its next pass when drafting resumes (the engine keeps their target taps), so its
 KV has no holes. That catch-up pass is a cost of resuming: spread over a probe interval, it is added
 to every non-empty tree while rows are missed, so drafting resumes only for a gain that pays it back
-(near break-even the choice would otherwise flip every few steps and pay it each time). Every probe
+(near break-even the choice would otherwise flip every few steps and pay it each time); a long one (a
+prompt prefilled without drafts) is priced at the target's measured prefill rate, not the decode-sized
+passes' curve, which leaves out a prompt's attention over itself. Every probe
 interval a step drafts two positions deeper than pays now, so acceptance there stays measured (a
 deeper position seldom tried leans on the one before it) and the tree can grow again; while probes
 find that nothing pays, the interval doubles (up to ``probe_max`` steps), so a useless head costs
-next to nothing. And drafting starts only for a modelled gain beyond ``margin`` (10%): near
+next to nothing; a probe whose catch-up the batch's remaining steps could not win back at the margin is
+skipped. And drafting starts only for a modelled gain beyond ``margin`` (10%): near
 break-even the model's own error decides, and on the quantized default model, where a round costs 3x
 a step, it drafted at 0.88x plain decoding. The engine's first ``warmup`` steps are plain, so the plain
 step's real time (the bare passes timed at start-up leave out the host's work) is known before the
@@ -126,10 +129,24 @@ class AutoK:
         near = min(self.scale, key=lambda j: (abs(j - nodes), j), default=None)
         return self.step_seconds(nodes, depth, batch) * (self.scale[near] if near is not None else 1.0)
 
-    def choose(self, batch: int, missed_rows: int = 0) -> Tree:
+    def catch_up_seconds(self, rows: int, prefill_row_s: float | None = None) -> float:
+        """The drafter's pass over ``rows`` missed rows. Past the row counts timed at start-up the curve (a few
+        decode-sized passes, their weights' reads) misses what a long catch-up costs, a prompt's attention over
+        its own keys (a 1,936-token prompt: 120 ms, where the curve said a few): there it is priced as the
+        target's measured prefill per row (``prefill_row_s``) times the drafter's share of a pass at the most
+        rows timed."""
+        seconds, top = self.drafter(rows), self.drafter.rows[-1]
+        if prefill_row_s is not None and rows > top:
+            seconds = max(seconds, rows * prefill_row_s * self.drafter(top) / self.target(top))
+        return seconds
+
+    def choose(self, batch: int, missed_rows: int = 0, prefill_row_s: float | None = None,
+               steps_left: int | None = None) -> Tree:
         """The tree drafted now (verified next step; a chain when ``ranks`` is 1, empty for no drafting),
-        with ``missed_rows`` rows the drafter must catch up on before it drafts (steps without drafts);
-        decays the acceptance counts."""
+        with ``missed_rows`` rows the drafter must catch up on before it drafts (steps without drafts, a
+        prompt prefilled without them; ``prefill_row_s``: the target's measured prefill seconds per row, for
+        :meth:`catch_up_seconds`) and ``steps_left`` steps at most before the batch's requests end (None:
+        unknown); decays the acceptance counts."""
         self.steps += 1
         self.accepted = [[a * self.decay for a in acc] for acc in self.accepted]
         self.tried = [t * self.decay for t in self.tried]
@@ -137,9 +154,9 @@ class AutoK:
             return Tree(())
         nodes, expected = self.plan()
         depths = list(accumulate((len(p) for p in nodes), max, initial=0))
-        catch_up = self.drafter(missed_rows) / self.probe_every if missed_rows else 0.0
-        rate = [batch * expected[n] / (self.corrected_seconds(n, depths[n], batch) + (catch_up if n else 0.0))
-                for n in range(len(expected))]
+        catch_up = self.catch_up_seconds(missed_rows, prefill_row_s) if missed_rows else 0.0
+        rate = [batch * expected[n] / (self.corrected_seconds(n, depths[n], batch) +
+                                       (catch_up / self.probe_every if n else 0.0)) for n in range(len(expected))]
         best = max(range(len(rate)), key=rate.__getitem__)
         if rate[best] < rate[0] * (1 + self.margin):
             best = 0   # a gain inside the cost model's error is no gain
@@ -147,6 +164,10 @@ class AutoK:
         if self.steps >= self.next_probe:   # look two positions deeper than pays now
             self.interval = min(2 * self.interval, self.probe_max) if best == 0 else self.probe_every
             self.next_probe = self.steps + self.interval
-            deepest = max(chosen, key=len, default=())
-            chosen = chosen + [deepest + (0,) * i for i in (1, 2) if len(deepest) + i <= self.k_max]
+            # unless the drafter must first read more than the batch's remaining steps could win back at the
+            # margin (a long prompt prefilled without drafts, near the end of its output): skipped, as no probe
+            # pays then (a 1,936-token prompt's catch-up is 120 ms, about 17 of its plain steps)
+            if steps_left is None or catch_up <= self.margin * steps_left * self.corrected_seconds(0, 0, batch):
+                deepest = max(chosen, key=len, default=())
+                chosen = chosen + [deepest + (0,) * i for i in (1, 2) if len(deepest) + i <= self.k_max]
         return Tree(tuple(chosen))

@@ -163,7 +163,8 @@ class Scheduler:
     def next_tree(self, work: Work) -> Tree:
         """What this step drafts: the tree ``auto`` chooses, the explicit one, or the chain of K."""
         if self.auto:
-            return self.auto.choose(len(work), sum(seq.draft_lag_rows for seq, _ in work))
+            return self.auto.choose(len(work), sum(seq.draft_lag_rows for seq, _ in work), self.prefill_token_s,
+                                    max(seq.params.max_tokens - len(seq.output_ids) for seq, _ in work))
         tree = self.bounds.token_tree
         return tree if isinstance(tree, Tree) else Tree.chain(self.bounds.k_max)
 

@@ -15,7 +15,7 @@ trap 'cp "$old/new.so" "$so"; git -C "$root" worktree remove --force "$old/tree"
 for i in $(seq "$n"); do
   for which in "$commit" HEAD; do
     if [ "$which" = HEAD ]; then cp "$old/new.so" "$so"; else cp "$old/tree/peagle/kernels/build/peagle_kernels.so" "$so"; fi
-    echo "# kernels of $which ($(git -C "$root" rev-parse --short "$which")), round $i"
+    if [ "$which" = HEAD ]; then echo "# kernels of this tree, round $i"; else echo "# kernels of $commit ($(git -C "$root" rev-parse --short "$commit")), round $i"; fi
     "$@"
   done
 done
