@@ -19,7 +19,7 @@ passes' curve, which leaves out a prompt's attention over itself. Every probe
 interval a step drafts two positions deeper than pays now, so acceptance there stays measured (a
 deeper position seldom tried leans on the one before it) and the tree can grow again; while probes
 find that nothing pays, the interval doubles (up to ``probe_max`` steps), so a useless head costs
-next to nothing; a probe whose catch-up the batch's remaining steps could not win back at the margin is
+next to nothing; a probe whose long catch-up (past the rows timed) the batch's remaining steps could not win back at the margin is
 skipped. And drafting starts only for a modelled gain beyond ``margin`` (10%): near
 break-even the model's own error decides, and on the quantized default model, where a round costs 3x
 a step, it drafted at 0.88x plain decoding. The engine's first ``warmup`` steps are plain, so the plain
@@ -164,10 +164,12 @@ class AutoK:
         if self.steps >= self.next_probe:   # look two positions deeper than pays now
             self.interval = min(2 * self.interval, self.probe_max) if best == 0 else self.probe_every
             self.next_probe = self.steps + self.interval
-            # unless the drafter must first read more than the batch's remaining steps could win back at the
-            # margin (a long prompt prefilled without drafts, near the end of its output): skipped, as no probe
-            # pays then (a 1,936-token prompt's catch-up is 120 ms, about 17 of its plain steps)
-            if steps_left is None or catch_up <= self.margin * steps_left * self.corrected_seconds(0, 0, batch):
+            # unless the drafter must first read a long catch-up (past the rows timed: a prompt prefilled without
+            # drafts) that the batch's remaining steps could not win back at the margin: no probe pays then (a
+            # 1,936-token prompt's is 120 ms, about 17 of its plain steps). Short ones are always read: a
+            # sequence with missed rows runs its steps outside CUDA graphs until the drafter has read them.
+            long = missed_rows > self.drafter.rows[-1]
+            if not long or steps_left is None or catch_up <= self.margin * steps_left * self.corrected_seconds(0, 0, batch):
                 deepest = max(chosen, key=len, default=())
                 chosen = chosen + [deepest + (0,) * i for i in (1, 2) if len(deepest) + i <= self.k_max]
         return Tree(tuple(chosen))
