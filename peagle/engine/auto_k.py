@@ -19,8 +19,8 @@ passes' curve, which leaves out a prompt's attention over itself. Every probe
 interval a step drafts two positions deeper than pays now, so acceptance there stays measured (a
 deeper position seldom tried leans on the one before it) and the tree can grow again; while probes
 find that nothing pays, the interval doubles (up to ``probe_max`` steps), so a useless head costs
-next to nothing; a probe whose long catch-up (past the rows timed) the batch's remaining steps could not win back at the margin is
-skipped. And drafting starts only for a modelled gain beyond ``margin`` (10%): near
+next to nothing; a probe whose long catch-up (past the rows timed) the batch's remaining steps could not
+win back at the margin is skipped. And drafting starts only for a modelled gain beyond ``margin`` (10%): near
 break-even the model's own error decides, and on the quantized default model, where a round costs 3x
 a step, it drafted at 0.88x plain decoding. The engine's first ``warmup`` steps are plain, so the plain
 step's real time (the bare passes timed at start-up leave out the host's work) is known before the
@@ -136,9 +136,13 @@ class AutoK:
         target's measured prefill per row (``prefill_row_s``) times the drafter's share of a pass at the most
         rows timed."""
         seconds, top = self.drafter(rows), self.drafter.rows[-1]
-        if prefill_row_s is not None and rows > top:
+        if prefill_row_s is not None and self.long_catch_up(rows):
             seconds = max(seconds, rows * prefill_row_s * self.drafter(top) / self.target(top))
         return seconds
+
+    def long_catch_up(self, rows: int) -> bool:
+        """More missed rows than the drafter's start-up curve was timed on (a prompt prefilled without drafts)."""
+        return rows > self.drafter.rows[-1]
 
     def choose(self, batch: int, missed_rows: int = 0, prefill_row_s: float | None = None,
                steps_left: int | None = None) -> Tree:
@@ -168,8 +172,8 @@ class AutoK:
             # drafts) that the batch's remaining steps could not win back at the margin: no probe pays then (a
             # 1,936-token prompt's is 120 ms, about 17 of its plain steps). Short ones are always read: a
             # sequence with missed rows runs its steps outside CUDA graphs until the drafter has read them.
-            long = missed_rows > self.drafter.rows[-1]
-            if not long or steps_left is None or catch_up <= self.margin * steps_left * self.corrected_seconds(0, 0, batch):
+            if (not self.long_catch_up(missed_rows) or steps_left is None
+                    or catch_up <= self.margin * steps_left * self.corrected_seconds(0, 0, batch)):
                 deepest = max(chosen, key=len, default=())
                 chosen = chosen + [deepest + (0,) * i for i in (1, 2) if len(deepest) + i <= self.k_max]
         return Tree(tuple(chosen))

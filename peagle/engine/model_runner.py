@@ -41,11 +41,10 @@ def kv_cache_dtype(name: str, target: LlamaModel) -> torch.dtype:
     products: ``--compute exact`` keeps float32), else the model's dtype."""
     if name != "auto":
         return getattr(torch, name)
-    c, dev = target.cfg, target.lm_weight.device
-    if kernels.native(dev) and (integer_path(target) or bf16_dots(target)):
-        lim = kernels.limits()
-        if c.head_dim <= lim.head_dim and c.num_heads // c.num_kv_heads <= lim.group:
-            return torch.float16
+    c = target.cfg
+    if kernels.native(target.lm_weight.device, c.head_dim, c.num_heads // c.num_kv_heads) and (
+            integer_path(target) or bf16_dots(target)):
+        return torch.float16
     return target.dtype
 
 

@@ -164,7 +164,7 @@ class Scheduler:
         """What this step drafts: the tree ``auto`` chooses, the explicit one, or the chain of K."""
         if self.auto:
             return self.auto.choose(len(work), sum(seq.draft_lag_rows for seq, _ in work), self.prefill_token_s,
-                                    max(seq.params.max_tokens - len(seq.output_ids) for seq, _ in work))
+                                    max(seq.tokens_left for seq, _ in work))
         tree = self.bounds.token_tree
         return tree if isinstance(tree, Tree) else Tree.chain(self.bounds.k_max)
 
@@ -215,7 +215,7 @@ class Scheduler:
         """K, less where the request is about to hit max_tokens or max_model_len; 0 where it asked for none."""
         if not seq.params.speculative:
             return 0
-        left = seq.params.max_tokens - len(seq.output_ids)
+        left = seq.tokens_left
         return max(0, min(k, left - 1, self.bounds.max_model_len - seq.num_tokens))
 
     def _append(self, seq: Sequence, tokens: list[int]) -> None:

@@ -122,6 +122,11 @@ class Sequence:
         return lag
 
     @property
+    def tokens_left(self) -> int:
+        """Output tokens this request may still produce (its ``max_tokens`` less its output)."""
+        return self.params.max_tokens - len(self.output_ids)
+
+    @property
     def output_ids(self) -> list[int]:
         return self.tokens[len(self.prompt_ids):]
 

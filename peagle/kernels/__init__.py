@@ -101,8 +101,9 @@ def native(x: torch.Tensor | torch.device, head_dim: int | None = None, group: i
     the CPU with the kernels loaded; for activations ``x``, also float32 with no gradient wanted (the kernels
     have no backward); for attention, heads within :func:`limits`."""
     if isinstance(x, torch.device):
-        return x.type == "cpu" and available()
-    if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled() or not available():
+        if x.type != "cpu" or not available():
+            return False
+    elif x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled() or not available():
         return False
     lim = limits()
     return (head_dim is None or head_dim <= lim.head_dim) and (group is None or group <= lim.group)
