@@ -186,7 +186,7 @@ def attention_f64(q, k, v, table, seq, pos, bs, window=0, sinks=None):
 
 
 @each_isa()
-@pytest.mark.parametrize("d", [64, 24])  # 24: a tail in every lane width
+@pytest.mark.parametrize("d", [64, 24, 80])  # 24: a tail in every lane width; 80: four chunks and one more
 @pytest.mark.parametrize("window", [0, 50])
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_attention_matches_its_reference_and_float64(d, window, with_sinks, isa):

@@ -1,5 +1,5 @@
 // Attention over the paged cache for every ISA, over vector traits V (see linear_tiles.h; here also
-// set1, add, sub, mul, exp, exp1, store_n, mask_n, scale, weighted_sum, load_h (L halves), max_of (the largest of n floats)
+// set1, add, sub, mul, exp, exp1, store_n, store_lanes (lanes first .. first+c to p), mask_n, scale, weighted_sum, load_h (L halves), max_of (the largest of n floats)
 // and hsum_many: lane i the hsum of vector i); the scalar reference instantiates it with scalar traits of the same lane order and the same
 // operations, so the two give the same bits.
 #pragma once
@@ -13,28 +13,50 @@
 
 namespace peagle {
 
-// out[j] = (q . k_j) * scale for the n keys k_j: each dot product over d in V's lane order (zero-padded
-// tail), as linear_tiles.h accumulates; L keys at a time, their lanes reduced together (hsum_many).
-template <class V>
-static inline void scores(const float* q, const float* const* k, int64_t n, int64_t d, float scale, float* out) {
-  constexpr int L = V::LANES;
+// out[qi][j] = (q_qi . k_j) * scale for NQ queries and the n keys k_j: each dot product over d in V's lane
+// order (zero-padded tail), as linear_tiles.h accumulates, and its lanes reduced by hsum_many, which adds every
+// vector's lanes in the same pairs: L / NQ keys of each query share a reduction, so one key load serves NQ
+// queries and a score's bits do not depend on NQ (the reference reduces a key alone). out rows hold KEY_BLOCK
+// floats: the last group writes up to L / NQ of them past n, scores of zero keys that no one reads.
+template <class V, int NQ>
+static inline void scores(const float* const* q, const float* const* k, int64_t n, int64_t d, float scale,
+                          float* const* out) {
+  constexpr int L = V::LANES, KJ = L / NQ;
+  static_assert(L % NQ == 0 && KEY_BLOCK % KJ == 0);
   static const float none[MAX_HEAD_DIM] = {};  // the keys past n: every lane a whole vector (in registers)
   const int64_t dl = d - d % L;
-  for (int64_t j = 0; j < n; j += L) {
-    const int64_t c = std::min<int64_t>(L, n - j);
-    const float* kj[L];
-    for (int i = 0; i < L; ++i) kj[i] = i < c ? k[j + i] : none;
+  for (int64_t j = 0; j < n; j += KJ) {
+    const float* kj[KJ];
+    for (int i = 0; i < KJ; ++i) kj[i] = j + i < n ? k[j + i] : none;
     typename V::vec acc[L];
     for (int i = 0; i < L; ++i) acc[i] = V::zero();
     for (int64_t e = 0; e < dl; e += L) {
-      const typename V::vec qv = V::load_x(q + e);
-      for (int i = 0; i < L; ++i) acc[i] = V::fma(qv, V::load_x(kj[i] + e), acc[i]);
+      typename V::vec qv[NQ];
+      for (int qi = 0; qi < NQ; ++qi) qv[qi] = V::load_x(q[qi] + e);
+      for (int i = 0; i < KJ; ++i) {
+        const typename V::vec kv = V::load_x(kj[i] + e);
+        for (int qi = 0; qi < NQ; ++qi) acc[qi * KJ + i] = V::fma(qv[qi], kv, acc[qi * KJ + i]);
+      }
     }
     if (dl < d) {
-      const typename V::vec qv = V::load_x_tail(q + dl, d - dl);
-      for (int i = 0; i < L; ++i) acc[i] = V::fma(qv, V::load_x_tail(kj[i] + dl, d - dl), acc[i]);
+      for (int i = 0; i < KJ; ++i) {
+        const typename V::vec kv = V::load_x_tail(kj[i] + dl, d - dl);
+        for (int qi = 0; qi < NQ; ++qi) acc[qi * KJ + i] = V::fma(V::load_x_tail(q[qi] + dl, d - dl), kv, acc[qi * KJ + i]);
+      }
     }
-    V::store_n(out + j, V::mul(V::hsum_many(acc), V::set1(scale)), c);
+    const typename V::vec sums = V::mul(V::hsum_many(acc), V::set1(scale));
+    for (int qi = 0; qi < NQ; ++qi) V::store_lanes(out[qi] + j, sums, qi * KJ, KJ);
+  }
+}
+
+// The scores of Q queries, as many at a time as V's registers hold (4 with 16 lanes, 2 with 8), then fewer.
+template <class V, int NQ = (V::LANES >= 16 ? 4 : 2)>
+static inline void scores_of(const float* const* q, int64_t Q, const float* const* k, int64_t n, int64_t d,
+                             float scale, float* const* out) {
+  int64_t qi = 0;
+  for (; qi + NQ <= Q; qi += NQ) scores<V, NQ>(q + qi, k, n, d, scale, out + qi);
+  if constexpr (NQ > 1) {
+    if (qi < Q) scores_of<V, NQ / 2>(q + qi, Q - qi, k, n, d, scale, out + qi);
   }
 }
 
@@ -86,36 +108,47 @@ static inline void weighted_sum_scalar(float (*acc)[MAX_HEAD_DIM], const float (
       for (int64_t e = e0; e < d; ++e) acc[gi][e] = std::fma(p[gi][j], vrow[j][e], acc[gi][e]);
 }
 
-// The same in vectors: a d-chunk of NQ queries' accumulators in registers across the keys.
-template <class V, int NQ>
+// The same in vectors: C d-chunks of NQ queries' accumulators in registers across the keys, each value
+// vector loaded once for the NQ queries (each accumulator still takes its keys' products in key order).
+template <class V, int NQ, int C>
 static inline void weighted_chunk(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
                                   int64_t n, int64_t e) {
-  typename V::vec a[NQ];
-  for (int i = 0; i < NQ; ++i) a[i] = V::load_x(acc[i] + e);
+  constexpr int L = V::LANES;
+  typename V::vec a[NQ][C];
+  for (int i = 0; i < NQ; ++i)
+    for (int c = 0; c < C; ++c) a[i][c] = V::load_x(acc[i] + e + c * L);
   for (int64_t j = 0; j < n; ++j) {
-    const typename V::vec vj = V::load_x(vrow[j] + e);
-    for (int i = 0; i < NQ; ++i) a[i] = V::fma(V::set1(p[i][j]), vj, a[i]);
+    typename V::vec vj[C];
+    for (int c = 0; c < C; ++c) vj[c] = V::load_x(vrow[j] + e + c * L);
+    for (int i = 0; i < NQ; ++i) {
+      const typename V::vec pj = V::set1(p[i][j]);
+      for (int c = 0; c < C; ++c) a[i][c] = V::fma(pj, vj[c], a[i][c]);
+    }
   }
-  for (int i = 0; i < NQ; ++i) V::store_n(acc[i] + e, a[i], V::LANES);
+  for (int i = 0; i < NQ; ++i)
+    for (int c = 0; c < C; ++c) V::store_n(acc[i] + e + c * L, a[i][c], L);
 }
 
-// The g queries of one d-chunk, NQ at a time (the last chunk narrower).
-template <class V, int NQ>
+// The g queries of C d-chunks from e, NQ at a time (the last ones fewer).
+template <class V, int NQ, int C>
 static inline void weighted_queries(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
                                     int64_t n, int64_t g, int64_t e) {
   int64_t gi = 0;
-  for (; gi + NQ <= g; gi += NQ) weighted_chunk<V, NQ>(acc + gi, p + gi, vrow, n, e);
+  for (; gi + NQ <= g; gi += NQ) weighted_chunk<V, NQ, C>(acc + gi, p + gi, vrow, n, e);
   if constexpr (NQ > 1) {
-    if (gi < g) weighted_queries<V, NQ - 1>(acc + gi, p + gi, vrow, n, g - gi, e);
+    if (gi < g) weighted_queries<V, NQ - 1, C>(acc + gi, p + gi, vrow, n, g - gi, e);
   }
 }
 
-// weighted_sum for the SIMD traits: 8 queries' accumulators (and a value vector) in registers at a time.
+// weighted_sum for the SIMD traits: four d-chunks of LANES / 4 queries in registers at a time (16 or 8
+// accumulators, four value vectors), the chunks left over one at a time for 8 queries, the tail in scalars.
 template <class V>
 static inline void weighted_sum_simd(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
                                      int64_t n, int64_t g, int64_t d) {
+  constexpr int L = V::LANES;
   int64_t e = 0;
-  for (; e + V::LANES <= d; e += V::LANES) weighted_queries<V, 8>(acc, p, vrow, n, g, e);
+  for (; e + 4 * L <= d; e += 4 * L) weighted_queries<V, L / 4, 4>(acc, p, vrow, n, g, e);
+  for (; e + L <= d; e += L) weighted_queries<V, 8, 1>(acc, p, vrow, n, g, e);
   weighted_sum_scalar(acc, p, vrow, n, g, e, d);
 }
 
@@ -190,6 +223,9 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
       LO = std::min(LO, lo[r]);
       HI = std::max(HI, hi[r]);
     }
+    const float* qs[MAX_QUERIES];  // query qi = r * g + gi, and its scores' row
+    float* srow[MAX_QUERIES];
+    for (int64_t qi = 0; qi < Q; ++qi) qs[qi] = a.q + rows[qi / g] * a.q_stride + (h * g + qi % g) * d, srow[qi] = s[qi];
     for (int64_t qi = 0; qi < Q; ++qi) {
       const bool sink = a.sinks != nullptr;
       m[qi] = sink ? a.sinks[h * g + qi % g] : -std::numeric_limits<float>::infinity();
@@ -204,7 +240,6 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
           const int64_t jb = std::max(j0, lo[r]), nr = std::min(j0 + KEY_BLOCK, hi[r]) - jb;
           if (nr <= 0) continue;  // as a block of zero weights leaves the row's state
           const int64_t* map = a.tree_map + rows[r] * a.tree_stride;
-          const float* q = a.q + rows[r] * a.q_stride + h * g * d;
           for (int64_t j = 0; j < nr; ++j) {
             const int64_t key = jb + j < base[r] ? jb + j : map[jb + j - base[r]];
             const int64_t slot = (blocks[key / bs] * bs + key % bs) * a.Hkv + h;
@@ -213,7 +248,7 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
           }
           as_float<V>(ksrc, nr, d, kbuf, krow);
           as_float<V>(vsrc, nr, d, vbuf, vrow);
-          for (int64_t gi = 0; gi < g; ++gi) scores<V>(q + gi * d, krow, nr, d, a.scale, s[r * g + gi]);
+          scores_of<V>(qs + r * g, g, krow, nr, d, a.scale, srow + r * g);
           for (int64_t gi = 0; gi < g; ++gi) softmax_step(r * g + gi, 0, nr, nr);
           V::weighted_sum(acc + r * g, s + r * g, vrow, nr, g, d);
         }
@@ -241,10 +276,7 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
         for (int64_t e = 0; e < d; e += 64 / sizeof(E)) __builtin_prefetch(next + e, 0, 2);
       }
       as_float<V>(ksrc, n, d, kbuf, krow);
-      for (int64_t r = 0; r < R; ++r) {
-        const float* q = a.q + rows[r] * a.q_stride + h * g * d;
-        for (int64_t gi = 0; gi < g; ++gi) scores<V>(q + gi * d, krow, n, d, a.scale, s[r * g + gi]);
-      }
+      scores_of<V>(qs, Q, krow, n, d, a.scale, srow);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t jb = std::max(j0, lo[r]), nr = std::min(j0 + KEY_BLOCK, hi[r]) - jb;
         for (int64_t gi = 0; gi < g; ++gi) {

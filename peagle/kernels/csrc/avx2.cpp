@@ -114,6 +114,13 @@ struct Avx2 {
     std::fill(buf + c, buf + 8, 0.f);
     return _mm256_load_ps(buf);
   }
+  // lanes [first, first + c) to p[0 .. c): a masked store whose masked-off lanes touch no memory
+  static void store_lanes(float* p, vec x, int first, int c) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(first - 1)),
+                                        _mm256_cmpgt_epi32(_mm256_set1_epi32(first + c), lane));
+    _mm256_maskstore_ps(reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(p) - 4 * first), in, x);
+  }
   static void store_n(float* p, vec x, int64_t c) {
     if (c == LANES) return _mm256_storeu_ps(p, x);
     alignas(32) float buf[8];

@@ -96,6 +96,11 @@ struct Avx512 {
   }
   static vec mask_n(vec x, int64_t c) { return _mm512_maskz_mov_ps(__mmask16((1u << c) - 1), x); }
   static void store_n(float* p, vec x, int64_t c) { _mm512_mask_storeu_ps(p, __mmask16((1u << c) - 1), x); }
+  // lanes [first, first + c) to p[0 .. c): a masked store whose masked-off lanes touch no memory
+  static void store_lanes(float* p, vec x, int first, int c) {
+    _mm512_mask_storeu_ps(reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(p) - 4 * first),
+                          __mmask16(((1u << c) - 1) << first), x);
+  }
   static float exp1(float x) { return exp_scalar(x); }
   static vec exp(vec x) {  // exp_scalar in every lane
     const __mmask16 zero = _mm512_cmp_ps_mask(x, set1(EXP_LO), _CMP_LT_OQ);

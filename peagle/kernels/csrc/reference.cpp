@@ -102,6 +102,7 @@ struct Lanes {
     return x;
   }
   static void store_n(float* p, vec x, int64_t c) { std::memcpy(p, x.v, c * 4); }
+  static void store_lanes(float* p, vec x, int first, int c) { std::memcpy(p, x.v + first, c * 4); }
   static float exp1(float x) { return exp_scalar(x); }
   static vec exp(vec x) {
     for (int i = 0; i < L; ++i) x.v[i] = exp_scalar(x.v[i]);
