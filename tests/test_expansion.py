@@ -1,5 +1,5 @@
 """The drafter-batch expansion: the worked example of PEAGLE.md §3, and torch against the fused
-Triton kernel (run by Triton's interpreter on CPU) on random ragged batches."""
+Triton kernel (run by Triton's interpreter on CPU) and peagle's CPU kernel on random ragged batches."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,9 +8,11 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from peagle.engine.expansion import DraftBatch, expand_torch, expand_triton
+from peagle import kernels
+from peagle.engine.expansion import DraftBatch, expand, expand_native, expand_torch, expand_triton
 
 M = 999
+native = pytest.mark.skipif(not kernels.available(), reason="native kernels not built")
 
 
 def run(fn, *args) -> DraftBatch:
@@ -20,8 +22,10 @@ def run(fn, *args) -> DraftBatch:
     return DraftBatch(*(getattr(out, f.name).cpu() for f in dataclasses.fields(out)))
 
 
-@pytest.mark.parametrize("fn", [expand_torch, expand_triton])
+@pytest.mark.parametrize("fn", [expand_torch, expand_triton, pytest.param(expand_native, marks=native)])
 def test_worked_example(fn):
+    if fn is expand_native and torch.device(DEVICE).type != "cpu":
+        pytest.skip("peagle's kernels are CPU kernels")
     # K = 3: tokens [10, 11, 12, 13] at positions 5..8, 13 rejected (two accepted), bonus 100
     b = run(fn, torch.tensor([10, 11, 12, 13]), torch.arange(5, 9), torch.tensor([0, 4]), torch.tensor([3]),
            torch.tensor([100]), 2, M)
@@ -34,7 +38,10 @@ def test_worked_example(fn):
 
 
 @pytest.mark.parametrize("num_masks", [0, 1, 6, 9, 17])
-def test_triton_equals_torch_on_random_ragged_batches(num_masks):
+@pytest.mark.parametrize("fused", [expand_triton, pytest.param(expand_native, marks=native)])
+def test_fused_kernels_equal_torch_on_random_ragged_batches(num_masks, fused):
+    if fused is expand_native and torch.device(DEVICE).type != "cpu":
+        pytest.skip("peagle's kernels are CPU kernels")
     g = torch.Generator().manual_seed(num_masks)
     for _ in range(5):
         B = int(torch.randint(1, 9, (1,), generator=g))
@@ -46,11 +53,28 @@ def test_triton_equals_torch_on_random_ragged_batches(num_masks):
         positions = torch.cat([s + torch.arange(int(k)) for s, k in zip(starts, n)])
         bonus = torch.randint(0, 500, (B,), generator=g)
         a = run(expand_torch, ids, positions, cu, valid, bonus, num_masks, M)
-        b = run(expand_triton, ids, positions, cu, valid, bonus, num_masks, M)
+        b = run(fused, ids, positions, cu, valid, bonus, num_masks, M)
         for field in ("input_ids", "positions", "is_rejected", "is_masked", "hidden_map", "sample_idx"):
-            assert torch.equal(getattr(a, field), getattr(b, field)), field
+            assert getattr(a, field).dtype == getattr(b, field).dtype and torch.equal(getattr(a, field), getattr(b, field)), field
         # the drafts are read at the bonus row and then the mask rows of each request
         for i in range(B):
             rows = a.sample_idx[i]
             assert a.input_ids[rows[0]] == bonus[i] and not a.is_rejected[rows].any()
             assert a.is_masked[rows[1:]].all()
+
+
+@native
+def test_the_cpu_takes_peagles_kernel_and_it_refuses_bad_input():
+    if torch.device(DEVICE).type != "cpu":
+        pytest.skip("peagle's kernels are CPU kernels")
+    calls = []
+    real = torch.ops.peagle.expand
+    try:
+        torch.ops.peagle.expand = lambda *a: calls.append(1) or real(*a)
+        expand(torch.tensor([10, 11]), torch.arange(2), torch.tensor([0, 2]), torch.tensor([1]), torch.tensor([7]), 1, M)
+    finally:
+        torch.ops.peagle.expand = real
+    assert calls == [1]
+    with pytest.raises(RuntimeError, match="keeps 3 of 2 rows"):
+        expand_native(torch.tensor([10, 11]), torch.arange(2), torch.tensor([0, 2]), torch.tensor([3]),
+                      torch.tensor([7]), 1, M)

@@ -8,7 +8,8 @@ after the bonus. ``sample_idx[i]`` lists the ``num_masks + 1`` rows whose output
 Example (K = 3): tokens [10, 11, 12, 13] at positions 5..8, two accepted, bonus 100 -> ids
 [11, 12, 100, rej, M, M], positions [5, 6, 7, 8, 8, 9], drafts read at rows 2, 4, 5.
 
-Two implementations with one interface: plain torch (CPU, fallback) and one fused Triton kernel
+Three implementations with one interface: plain torch (the fallback), peagle's CPU kernel (one pass
+over the requests: a decode step's few rows cost ~30 torch ops in plain torch) and one fused Triton kernel
 (one program per request; used on CUDA, testable on CPU with ``TRITON_INTERPRET=1``; its own module,
 :mod:`peagle.engine.expansion_triton`, imported on first use).
 """
@@ -18,6 +19,8 @@ import importlib.util
 from dataclasses import dataclass
 
 import torch
+
+from peagle import kernels
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None  # found, not imported: CPU runs never need it
 
@@ -69,7 +72,15 @@ def expand_triton(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: tor
     return fused(ids, positions, cu_num_tokens, num_valid, bonus, num_masks, mask_id)
 
 
+def expand_native(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torch.Tensor,
+                  num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int, mask_id: int) -> DraftBatch:
+    """peagle's CPU kernel (``peagle::expand``)."""
+    return DraftBatch(*torch.ops.peagle.expand(ids.long(), positions.long(), cu_num_tokens.long(), num_valid.long(),
+                                               bonus.long(), num_masks, mask_id))
+
+
 def expand(ids, positions, cu_num_tokens, num_valid, bonus, num_masks: int, mask_id: int) -> DraftBatch:
-    """The fused kernel on CUDA when Triton is there, torch otherwise."""
-    fn = expand_triton if ids.is_cuda and HAVE_TRITON else expand_torch
+    """The fused kernel on CUDA when Triton is there, peagle's kernel on the CPU when built, torch otherwise."""
+    fn = expand_triton if ids.is_cuda and HAVE_TRITON else expand_native if kernels.native(ids.device) \
+        else expand_torch
     return fn(ids, positions, cu_num_tokens, num_valid, bonus, num_masks, mask_id)
