@@ -335,6 +335,60 @@ def test_the_native_stack_gives_the_bits_of_the_layer_by_layer_path(family, monk
 
 
 @native
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_the_drafters_native_stack_gives_the_bits_of_its_layer_by_layer_path(layers, norm_before_residual, monkeypatch):
+    """The drafter's layers in one ``peagle::decoder_layers`` call (layer 0 reading [normed embedding, normed
+    hidden] handed in) against its layers' own forwards: the same normed and pre-norm outputs bit for bit over
+    a prompt with rejected rows (no KV written), one-row passes and a 6-row pass of two sequences, and the same
+    KV caches after."""
+    import dataclasses
+
+    from conftest import native_from_hf, tiny_hf
+
+    from peagle.models.attention import AttnMeta, Span
+    from peagle.models.drafter import Drafter
+    from peagle.models.layers import set_precision
+    from peagle.models.loader import init_drafter
+
+    target = native_from_hf(tiny_hf("llama"))
+    cfg = dataclasses.replace(init_drafter(target, layers, 3).cfg, norm_before_residual=norm_before_residual)
+    head = Drafter(cfg)
+    head.init_weights(1, std=0.2)  # large enough that a wrong key, mask or position moves the outputs
+    set_precision(head, torch.bfloat16, torch.float32)
+    head.eval()
+    gen = torch.Generator().manual_seed(0)
+    H = cfg.hidden_size
+    passes = [([Span(20, 20, list(range(64)), 0)], 20, torch.arange(20), torch.arange(20) >= 18),
+              ([Span(1, 21, list(range(64)), 20), Span(9, 9, list(range(64, 128)), 0)], 10,
+               torch.cat([torch.tensor([20]), torch.arange(9)]), None),
+              ([Span(4, 25, list(range(64)), 21), Span(2, 11, list(range(64, 128)), 9)], 6,
+               torch.cat([torch.arange(21, 25), torch.arange(9, 11)]), torch.tensor([0, 0, 1, 0, 0, 0]).bool())]
+    inputs = [(torch.randint(0, cfg.vocab_size, (n,), generator=gen), torch.randn(n, H, generator=gen))
+              for _, n, _, _ in passes]
+    calls = []
+    stack = Drafter.native_stack
+    monkeypatch.setattr(Drafter, "native_stack", lambda *args: calls.append(1) or stack(*args))
+
+    def run(stacked: bool):
+        monkeypatch.setattr(Drafter, "stacks", Drafter.stacks if stacked else lambda *_: False)
+        caches, outs = head.make_caches(128), []
+        with torch.inference_mode():
+            for (spans, _, positions, no_write), (ids, hidden) in zip(passes, inputs):
+                outs += head(ids, hidden, positions, caches, AttnMeta(spans, 1, no_write=no_write))
+        return outs, caches
+
+    stacked, stacked_caches = run(True)
+    assert len(calls) == len(passes)
+    plain, plain_caches = run(False)
+    assert len(calls) == len(passes)
+    for got, want in zip(stacked, plain):
+        assert torch.equal(got, want)
+    for got, want in zip(stacked_caches, plain_caches):
+        assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
+
+
+@native
 def test_the_kernels_publish_the_limits_the_python_side_reads():
     """``peagle::limits`` (kernels.h) is what :func:`kernels.limits` returns, and its fallback where the
     kernels are not loaded holds the same values; :func:`kernels.native` refuses heads past them."""

@@ -15,10 +15,12 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from peagle import kernels
 from peagle.models.attention import Attention, AttnMeta, ChainMask, DenseKV, KVCache
 from peagle.models.checkpoint import check_checkpoint, fuse_checkpoint, read_safetensors, split_checkpoint
 from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_precision
-from peagle.models.llama import CheckpointError, DecoderLayer, ModelConfig
+from peagle.models.llama import (CheckpointError, DecoderLayer, ModelConfig, native_layers, stack_key, stack_weights,
+                                 stackable)
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ACCEPTED_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
@@ -153,10 +155,13 @@ class FirstLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(H, c.rms_norm_eps)
         self.norm_before_residual = c.norm_before_residual
 
-    def forward(self, emb, hidden, rope, cache, meta):
+    def inputs(self, emb: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the attention's input [normed embedding, normed hidden], the residual)."""
         normed = self.hidden_norm(hidden)
-        residual = normed if self.norm_before_residual else hidden
-        x = torch.cat([self.input_layernorm(emb), normed], dim=-1)
+        return torch.cat([self.input_layernorm(emb), normed], dim=-1), normed if self.norm_before_residual else hidden
+
+    def forward(self, emb, hidden, rope, cache, meta):
+        x, residual = self.inputs(emb, hidden)
         h = residual + self.self_attn(x, rope, cache, meta)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -204,9 +209,39 @@ class Drafter(nn.Module):
         if isinstance(meta, AttnMeta):
             meta.prepare(positions, caches[0].num_slots)
         rope = self.rotary.table(positions, hidden.dtype)
+        if self.stacks(hidden, caches, meta):
+            return self.native_stack(ids, hidden, rope, caches, meta)
         x = self.midlayer(self.embed(ids), hidden, rope, caches[0], meta)
         for i in range(1, self.cfg.num_layers):
             x = self.layers[str(i)](x, rope, caches[i], meta)
+        return self.norm(x), x
+
+    def stacks(self, hidden: torch.Tensor, caches: list, meta) -> bool:
+        """Whether :meth:`native_stack` runs this pass (as the target's ``stacks``: peagle's CPU kernels, rows
+        the attention kernel takes whole)."""
+        c = self.cfg
+        return (isinstance(meta, AttnMeta) and meta.kernel_ok and not meta.long_groups
+                and isinstance(caches[0], KVCache) and hidden.dim() == 2
+                and kernels.native(hidden, c.head_dim, c.num_heads // c.num_kv_heads) and self._stack() is not None)
+
+    def _stack(self) -> list | None:
+        """The layers' weights as ``peagle::decoder_layers`` takes them, None where they do not stack; listed
+        again when the weights are replaced (loaded, cast)."""
+        layers = [self.midlayer, *self.layers.values()]
+        if getattr(self, "_stack_key", None) != stack_key(layers):
+            self._stack_weights = stack_weights(layers) if stackable(layers) else None
+            self._stack_key = stack_key(layers)
+        return self._stack_weights
+
+    def native_stack(self, ids: torch.Tensor, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                     caches: list[KVCache], meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layers in one call (:func:`native_layers`), layer 0's input made as :class:`FirstLayer` makes
+        it: the same kernels in the same order as :meth:`forward`'s layers, without a drafting pass's ~15
+        Python and dispatcher round trips a layer."""
+        c = self.cfg
+        first, residual = self.midlayer.inputs(self.embed(ids), hidden)
+        x, _ = native_layers(residual, self._stack(), rope, caches, meta, [0] * c.num_layers, c.num_heads,
+                             c.head_dim, self.midlayer.self_attn.scale, c.rms_norm_eps, [], first)
         return self.norm(x), x
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

@@ -212,6 +212,44 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(normed)
 
 
+def stackable(layers) -> bool:
+    """Whether ``peagle::decoder_layers`` computes these layers: plain Llama-style ones (dense SwiGLU, no
+    q/k norms, no sinks) whose weights peagle's linear reads as they are (GGUF blocks, or ``[out, in]`` in
+    memory order)."""
+    return all(type(layer.mlp) is MLP and layer.mlp.act == "silu" and layer.self_attn.q_norm is None
+               and layer.self_attn.sinks is None for layer in layers) and all(
+        w.is_contiguous() and not w.is_mkldnn for w in stack_weights(layers) if w is not None)
+
+
+def stack_key(layers) -> tuple:
+    """Changes when the layers' weights are replaced (loaded, cast), so their list is made again."""
+    return (id(layers[0].self_attn.qkv_proj.weight), id(layers[-1].mlp.down_proj.weight),
+            id(layers[0].input_layernorm.weight))
+
+
+def stack_weights(layers) -> list[torch.Tensor | None]:
+    """Each layer's ten tensors in ``peagle::decoder_layers``' order (a GGUF matrix as its blocks: the operator
+    takes them as they are, no per-step unwrapping)."""
+    return [t.blocks if isinstance(t, QuantTensor) else t for layer in layers for t in (
+        layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias,
+        layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias, layer.post_attention_layernorm.weight,
+        layer.mlp.gate_up_proj.weight, layer.mlp.gate_up_proj.bias, layer.mlp.down_proj.weight,
+        layer.mlp.down_proj.bias)]
+
+
+def native_layers(x: torch.Tensor, weights: list, rope: tuple[torch.Tensor, torch.Tensor], caches: list[KVCache],
+                  meta: AttnMeta, windows: list[int], heads: int, head_dim: int, scale: float, eps: float,
+                  taps: list[int], first_normed: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Every layer in one call to ``peagle::decoder_layers``: the same kernels in the same order as the layers'
+    own forwards (the same bits), without ~10 Python and dispatcher round trips a layer. Returns the last
+    layer's output and the inputs of the layers in ``taps``."""
+    cos, sin = rope
+    return torch.ops.peagle.decoder_layers(
+        x.contiguous(), weights, cos, sin, [k.k for k in caches], [k.v for k in caches], meta.slot_mapping, meta.table,
+        meta.seq_of_row, meta.positions, meta.short_rows, meta.block_size, windows, heads, head_dim, scale, eps, taps,
+        **meta.tree_args, first_normed=first_normed)
+
+
 class LlamaModel(nn.Module):
     """The target. State-dict names are HF's (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``).
     Other families subclass it and change what differs: ``make_layer``, ``make_mlp``, ``attention_sinks``,
@@ -374,8 +412,7 @@ class LlamaModel(nn.Module):
         (plain Llama-style layers; rows the attention kernel takes whole, as in decoding and verification)."""
         if getattr(self, "_stackable", None) is None:
             self._stackable = self.local_rotary is None and all(
-                type(layer) is DecoderLayer and type(layer.mlp) is MLP and layer.mlp.act == "silu"
-                and layer.self_attn.q_norm is None and layer.self_attn.sinks is None for layer in self.model.layers)
+                type(layer) is DecoderLayer for layer in self.model.layers) and stackable(self.model.layers)
         c = self.cfg
         return (self._stackable and kernels.native(x, c.head_dim, c.num_heads // c.num_kv_heads) and x.dim() == 2
                 and meta.kernel_ok
@@ -383,28 +420,15 @@ class LlamaModel(nn.Module):
 
     def native_stack(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], caches: list[KVCache],
                      meta: AttnMeta) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Every layer in one call to ``peagle::decoder_layers``: the same kernels in the same order as
-        the layers' own forwards (the same bits), without a step's ~300 Python and dispatcher round
-        trips. Returns the last layer's output and the aux layers' inputs."""
+        """Every layer in one call (:func:`native_layers`; a step's ~300 Python and dispatcher round trips
+        saved). Returns the last layer's output and the aux layers' inputs."""
         layers = self.model.layers
-        key = (id(layers[0].self_attn.qkv_proj.weight), id(layers[-1].mlp.down_proj.weight),
-               id(layers[0].input_layernorm.weight))
-        if getattr(self, "_stack_key", None) != key:  # the weights were replaced (loaded, cast): list them again
-            # (a GGUF matrix as its blocks: the operator takes them as they are, no per-step unwrapping)
-            self._stack_weights = [t.blocks if isinstance(t, QuantTensor) else t for layer in layers for t in (
-                layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias,
-                layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias, layer.post_attention_layernorm.weight,
-                layer.mlp.gate_up_proj.weight, layer.mlp.gate_up_proj.bias, layer.mlp.down_proj.weight,
-                layer.mlp.down_proj.bias)]
+        if getattr(self, "_stack_key", None) != stack_key(layers):  # the weights were replaced (loaded, cast)
+            self._stack_weights, self._stack_key = stack_weights(layers), stack_key(layers)
             self._stack_windows = [layer.self_attn.sliding_window or 0 for layer in layers]
-            self._stack_key = key
         c = self.cfg
-        cos, sin = rope
-        return torch.ops.peagle.decoder_layers(
-            x.contiguous(), self._stack_weights, cos, sin, [k.k for k in caches], [k.v for k in caches],
-            meta.slot_mapping, meta.table, meta.seq_of_row, meta.positions, meta.short_rows, meta.block_size,
-            self._stack_windows, c.num_heads, c.head_dim, c.attn_scale, c.rms_norm_eps,
-            list(self.aux_layers), **meta.tree_args)
+        return native_layers(x, self._stack_weights, rope, caches, meta, self._stack_windows, c.num_heads, c.head_dim,
+                             c.attn_scale, c.rms_norm_eps, list(self.aux_layers))
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows entering the first layer."""

@@ -1,7 +1,9 @@
 // decoder_layers: a stack of Llama-style layers (pre-norm attention, SwiGLU MLP) in one call, for the
 // steps whose rows the attention kernel takes whole (decoding, verification, short prompts). It runs the
 // same operators in the same order as the layer-by-layer path, so every row gets the same bits; what it
-// saves is the ~10 Python and dispatcher round trips a layer costs (about a third of a one-row step).
+// saves is the ~10 Python and dispatcher round trips a layer costs (about a third of a one-row step). The
+// drafter's stack (EAGLE-3's first layer reads [normed embedding, normed hidden], width 2H) hands that
+// input in as ``first_normed``: layer 0 then attends it instead of rms_norm(x), x still its residual.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
 #include <torch/library.h>
@@ -18,17 +20,20 @@ static constexpr int64_t PER_LAYER = 10;  // see decoder_layers
 // Weights per layer (PER_LAYER): input norm, qkv weight, qkv bias?, o weight, o bias?, post-attention norm,
 // gate_up weight, gate_up bias?, down weight, down bias? (the biases None where the model has none).
 // Returns the last layer's output (before the final norm) and the input of each layer in ``taps`` (the
-// layer count for the last output).
+// layer count for the last output). ``first_normed``: layer 0's attention input, if not rms_norm(x).
 static std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
     const at::Tensor& x0, const c10::List<c10::optional<at::Tensor>>& weights, const at::Tensor& cos,
     const at::Tensor& sin, at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots,
     const at::Tensor& table, const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows,
     int64_t block_size, at::IntArrayRef windows, int64_t heads, int64_t head_dim, double scale, double eps,
-    at::IntArrayRef taps, const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map) {
+    at::IntArrayRef taps, const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map,
+    const c10::optional<at::Tensor>& first_normed) {
   const int64_t L = int64_t(k_pools.size()), T = x0.size(0);
   TORCH_CHECK(int64_t(weights.size()) == L * PER_LAYER && int64_t(v_pools.size()) == L && int64_t(windows.size()) == L,
               "peagle::decoder_layers: ", PER_LAYER, " weights, one K pool, V pool and window per layer");
   TORCH_CHECK(x0.dim() == 2 && x0.is_contiguous(), "peagle::decoder_layers: x must be contiguous [rows, hidden]");
+  TORCH_CHECK(!first_normed || (first_normed->dim() == 2 && first_normed->size(0) == T),
+              "peagle::decoder_layers: first_normed must be [rows, width]");
   const at::Tensor c = cos.reshape({T, -1}), s = sin.reshape({T, -1});
   auto w = [&](int64_t l, int64_t i) -> c10::optional<at::Tensor> { return weights.get(l * PER_LAYER + i); };
   std::vector<at::Tensor> tapped(taps.size());
@@ -39,7 +44,7 @@ static std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
   at::Tensor x = x0, normed, mlp_out;
   for (int64_t l = 0; l < L; ++l) {
     if (l == 0) {
-      normed = rms_norm(x, *w(l, 0), eps);
+      normed = first_normed ? first_normed->contiguous() : rms_norm(x, *w(l, 0), eps);
     } else {  // the last layer's residual add, fused into this layer's norm
       std::tie(normed, x) = add_rms_norm(mlp_out, x, *w(l, 0), eps);
     }
@@ -63,7 +68,8 @@ static std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
 TORCH_LIBRARY_FRAGMENT(peagle, m) {
   m.def("decoder_layers(Tensor x, Tensor?[] weights, Tensor cos, Tensor sin, Tensor(a!)[] k, Tensor(b!)[] v, "
         "Tensor slots, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, int[] windows, int heads, "
-        "int head_dim, float scale, float eps, int[] taps, Tensor? tree_base=None, Tensor? tree_map=None) "
+        "int head_dim, float scale, float eps, int[] taps, Tensor? tree_base=None, Tensor? tree_map=None, "
+        "Tensor? first_normed=None) "
         "-> (Tensor, Tensor[])");
   m.impl("decoder_layers", c10::DispatchKey::CPU, TORCH_FN(decoder_layers));
 }
