@@ -181,13 +181,18 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
     }
   }
   at::Tensor out = at::empty({q.size(0), H * d}, q.options());
-  // tiles: runs of rows of one sequence (a sequence's verification rows share every key load), halved
-  // while there are fewer than two work items a thread (one sequence's verify rows: both threads busy)
+  // tiles: runs of rows of one sequence (a sequence's verification rows share every key load), each run cut
+  // into as few tiles of at most tile_rows as it takes, of equal heights (8 rows: 4 + 4, not 5 + 3: the
+  // threads' shares of one sequence's items are equal), tile_rows halved while there are fewer than two work
+  // items a thread (one sequence's verify rows: both threads busy)
   std::vector<int64_t> tiles;
   for (int64_t tile_rows = std::max<int64_t>(1, MAX_QUERIES / (H / Hkv));; tile_rows = (tile_rows + 1) / 2) {
     tiles.assign(1, 0);
-    for (int64_t i = 1; i <= rows.numel(); ++i)
-      if (i == rows.numel() || sp[rp[i]] != sp[rp[i - 1]] || i - tiles.back() == tile_rows) tiles.push_back(i);
+    for (int64_t i = 1; i <= rows.numel(); ++i) {
+      if (i < rows.numel() && sp[rp[i]] == sp[rp[i - 1]]) continue;
+      const int64_t start = tiles.back(), run = i - start, parts = (run + tile_rows - 1) / tile_rows;
+      for (int64_t p = 1; p <= parts; ++p) tiles.push_back(start + run * p / parts);
+    }
     if (tile_rows == 1 || int64_t(tiles.size() - 1) * Hkv >= 2 * at::get_num_threads()) break;
   }
   if (rows.numel() == 0) return out;
