@@ -260,6 +260,35 @@ def test_rope_write_rounds_into_half_pools_as_torch_does():
         torch.ops.peagle.rope_write(qkv.clone(), cos, sin, H, k16, v32, slots)
 
 
+@each_isa()
+def test_norms_and_half_writes_give_the_scalar_bits_on_every_isa(isa):
+    """rms_norm's rows (alone and after the residual add) and rope_write's float16 writes run a SIMD twin
+    beside each scalar reference (norm_row, half_row): the same bits on every path, tails past every vector
+    width and half's edges (subnormals, overflow, ties) included."""
+    g = torch.Generator().manual_seed(6)
+    x, r = torch.randn(5, 579, generator=g), torch.randn(5, 579, generator=g)  # 579: a tail of 3 past 8 lanes
+    w = torch.randn(579, generator=g)
+    T, H, Hkv, d = 3, 2, 1, 44                                                   # 44 floats: a tail of 4
+    qkv = torch.randn(T, H + 2 * Hkv, d, generator=g) * 30
+    qkv[0, H + Hkv, :6] = torch.tensor([1e-6, 7e4, -7e5, 2049.0, 2051.0, 6e-8])  # half's subnormals, overflow, ties
+    cos, sin = torch.randn(T, d, generator=g), torch.randn(T, d, generator=g)
+
+    def run():
+        k, v = torch.zeros(4, Hkv, d, dtype=torch.float16), torch.zeros(4, Hkv, d, dtype=torch.float16)
+        torch.ops.peagle.rope_write(qkv.clone(), cos, sin, H, k, v, torch.tensor([2, 0, 3]))
+        return [torch.ops.peagle.rms_norm(x, w, 1e-5), *torch.ops.peagle.add_rms_norm(x, r, w, 1e-5), k, v]
+
+    with kernels.use_isa("scalar"):
+        want = run()
+    with kernels.use_isa(isa):
+        got = run()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), isa
+    k32, v32 = torch.zeros(4, Hkv, d), torch.zeros(4, Hkv, d)
+    torch.ops.peagle.rope_write(qkv.clone(), cos, sin, H, k32, v32, torch.tensor([2, 0, 3]))
+    assert torch.equal(got[3], k32.half()) and torch.equal(got[4], v32.half())
+
+
 @native
 def test_layer_ops_match_torch():
     """rms_norm (alone and fused with the residual add), silu_mul and rope_write against torch's ops."""

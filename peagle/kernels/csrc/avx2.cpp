@@ -315,6 +315,32 @@ void argmax_row_avx2(const float* r, int64_t n, float* value, int64_t* index) {
   *index = at;
 }
 
+// norm_row_ref's operations: eight lanes a vector (lane i % 8 takes x[i]^2 in order), the same tree after.
+void norm_row_avx2(const float* x, const float* w, float eps, int64_t n, float* y) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+  }
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, acc);
+  for (; i < n; ++i) lane[i % 8] += x[i] * x[i];
+  const float ss = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  const float r = 1.f / std::sqrt(ss / float(n) + eps);
+  const __m256 rv = _mm256_set1_ps(r);
+  for (i = 0; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), rv), _mm256_loadu_ps(w + i)));
+  for (; i < n; ++i) y[i] = (x[i] * r) * w[i];
+}
+
+void half_row_avx2(const float* x, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) out[i] = uint16_t(_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT));
+}
+
 void silu_mul_avx2(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1) {
   silu_mul_rows<Avx2>(gu, out, n, t0, t1);
 }

@@ -349,4 +349,17 @@ void argmax_row_avx2(const float* r, int64_t n, float* value, int64_t* index);
 void argmax_row_avx512(const float* r, int64_t n, float* value, int64_t* index);
 ArgmaxRow argmax_row();
 
+// rms_norm's row: y = x / sqrt(mean(x^2) + eps) * w, the squares summed in eight fixed lanes (lane i % 8, then
+// a fixed tree), every product and sum rounded on its own: the same bits on every path.
+using NormRow = void (*)(const float* x, const float* w, float eps, int64_t n, float* y);
+void norm_row_ref(const float* x, const float* w, float eps, int64_t n, float* y);
+void norm_row_avx2(const float* x, const float* w, float eps, int64_t n, float* y);  // AVX-512 CPUs too
+NormRow norm_row();
+
+// n floats to IEEE half rounded to nearest even (torch's .to(float16)): the 16-bit KV cache's writes.
+using HalfRow = void (*)(const float* x, uint16_t* out, int64_t n);
+void half_row_ref(const float* x, uint16_t* out, int64_t n);
+void half_row_avx2(const float* x, uint16_t* out, int64_t n);  // F16C, AVX-512 CPUs too
+HalfRow half_row();
+
 }  // namespace peagle

@@ -1,7 +1,7 @@
 // The small operations of a decoder layer, one pass over the data each instead of torch's five to ten
 // eager ops: rms_norm (optionally fused with the residual add), silu_mul (SwiGLU), rope_write (RoPE on q
 // and k in place, k and v into the paged cache), move_rows (KV rows between slots of every layer). Elementwise arithmetic is the same IEEE operations on
-// every CPU; rms_norm's sum of squares goes in eight fixed lanes. Each row on its own: batch-invariant.
+// every CPU; rms_norm's sum of squares goes in eight fixed lanes (norm_row, kernels.h). Each row on its own: batch-invariant.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -26,15 +26,6 @@ static void check_rows(const at::Tensor& x, const char* op) {
               "peagle::", op, ": expects a contiguous float32 [rows, n] tensor on the CPU");
 }
 
-// One row: y = x / sqrt(mean(x^2) + eps) * w, the sum of squares in eight fixed lanes.
-static void norm_row(const float* x, const float* w, float eps, int64_t n, float* y) {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t i = 0; i < n; ++i) lane[i % 8] += x[i] * x[i];
-  const float ss = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-  const float r = 1.f / std::sqrt(ss / float(n) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * r) * w[i];
-}
-
 static void check_weight(const at::Tensor& w, int64_t n) {
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == n, "peagle::rms_norm: weight must be float32 [n]");
 }
@@ -46,6 +37,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   at::Tensor y = at::empty_like(x);
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  const NormRow norm_row = peagle::norm_row();
   at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) norm_row(xp + t * n, wp, float(eps), n, yp + t * n);
   });
@@ -63,6 +55,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   at::Tensor y = at::empty_like(x), h = at::empty_like(x);
   const float *xp = x.data_ptr<float>(), *rp = residual.data_ptr<float>(), *wp = w.data_ptr<float>();
   float *yp = y.data_ptr<float>(), *hp = h.data_ptr<float>();
+  const NormRow norm_row = peagle::norm_row();
   at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t i = 0; i < n; ++i) hp[t * n + i] = rp[t * n + i] + xp[t * n + i];
@@ -104,6 +97,7 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   const bool half_pools = k_pool.scalar_type() == at::kHalf;
   const int64_t* sl = slots.data_ptr<int64_t>();
   const int64_t nslots = k_pool.size(0);
+  const HalfRow to_half = half_row();
   at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
     float tmp[512];
     for (int64_t t = t0; t < t1; ++t) {
@@ -120,8 +114,8 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
       TORCH_CHECK(slot >= 0 && slot < nslots, "peagle::rope_write: slot out of the pool");
       const float *kx = x + (t * heads + H) * d, *vx = kx + Hkv * d;
       if (half_pools) {  // rounded to nearest even, as torch's .to(float16)
-        c10::Half *kp = k_pool.data_ptr<c10::Half>() + slot * Hkv * d, *vp = v_pool.data_ptr<c10::Half>() + slot * Hkv * d;
-        for (int64_t i = 0; i < Hkv * d; ++i) kp[i] = c10::Half(kx[i]), vp[i] = c10::Half(vx[i]);
+        to_half(kx, reinterpret_cast<uint16_t*>(k_pool.data_ptr<c10::Half>()) + slot * Hkv * d, Hkv * d);
+        to_half(vx, reinterpret_cast<uint16_t*>(v_pool.data_ptr<c10::Half>()) + slot * Hkv * d, Hkv * d);
       } else {
         std::copy(kx, kx + Hkv * d, k_pool.data_ptr<float>() + slot * Hkv * d);
         std::copy(vx, vx + Hkv * d, v_pool.data_ptr<float>() + slot * Hkv * d);

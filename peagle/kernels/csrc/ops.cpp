@@ -62,7 +62,7 @@ static bool has_level(int level) {
 }
 static std::atomic<int> isa_cap{AVX512};
 static int cap() { return isa_cap.load(std::memory_order_relaxed); }
-// The float path's level: 2 avx512, 1 avx2, 0 scalar (the index of silu_rows' and argmax_row's tables).
+// The float path's level: 2 avx512, 1 avx2, 0 scalar (the index of the row ops' tables: silu_rows, argmax_row ...).
 static int float_level() { return cap() >= AVX512 && has_level(AVX512) ? 2 : cap() >= AVX2 && has_level(AVX2) ? 1 : 0; }
 static std::string best_isa() { return std::array<const char*, 3>{"scalar", "avx2", "avx512"}[float_level()]; }
 
@@ -114,6 +114,16 @@ SiluRows silu_rows() {
 
 ArgmaxRow argmax_row() {
   static const ArgmaxRow rows[3] = {argmax_row_ref, argmax_row_avx2, argmax_row_avx512};
+  return rows[float_level()];
+}
+
+NormRow norm_row() {
+  static const NormRow rows[3] = {norm_row_ref, norm_row_avx2, norm_row_avx2};
+  return rows[float_level()];
+}
+
+HalfRow half_row() {
+  static const HalfRow rows[3] = {half_row_ref, half_row_avx2, half_row_avx2};
   return rows[float_level()];
 }
 

@@ -7,6 +7,8 @@
 #include <limits>
 #include <type_traits>
 
+#include <c10/util/Half.h>
+
 #include "attention_tiles.h"
 #include "kernels.h"
 #include "linear_tiles.h"
@@ -283,6 +285,18 @@ void argmax_row_ref(const float* r, int64_t n, float* value, int64_t* index) {
   }
   *value = zero == 0.f ? m : std::numeric_limits<float>::quiet_NaN();
   *index = at;
+}
+
+void norm_row_ref(const float* x, const float* w, float eps, int64_t n, float* y) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < n; ++i) lane[i % 8] += x[i] * x[i];
+  const float ss = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+  const float r = 1.f / std::sqrt(ss / float(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * r) * w[i];
+}
+
+void half_row_ref(const float* x, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = c10::Half(x[i]).x;
 }
 
 void silu_mul_ref(const float* gu, float* out, int64_t n, int64_t t0, int64_t t1) {
