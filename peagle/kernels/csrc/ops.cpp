@@ -194,7 +194,10 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
   // tiles: runs of rows of one sequence (a sequence's verification rows share every key load), each run cut
   // into as few tiles of at most tile_rows as it takes, of equal heights (8 rows: 4 + 4, not 5 + 3: the
   // threads' shares of one sequence's items are equal), tile_rows halved while there are fewer than two work
-  // items a thread (one sequence's verify rows: both threads busy)
+  // items a thread (one sequence's verify rows: both threads busy), down to SPLIT_ROWS: tiles of three rows
+  // or fewer wait on memory, and cut in two they read their keys twice for nothing (2 threads, 2 rows of a
+  // sequence: 0.49-0.54 ms split against 0.44-0.50 whole, 30 layers at 220 positions; BENCHMARKS.md §33)
+  constexpr int64_t SPLIT_ROWS = 3;
   std::vector<int64_t> tiles;
   for (int64_t tile_rows = std::max<int64_t>(1, MAX_QUERIES / (H / Hkv));; tile_rows = (tile_rows + 1) / 2) {
     tiles.assign(1, 0);
@@ -203,7 +206,7 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
       const int64_t start = tiles.back(), run = i - start, parts = (run + tile_rows - 1) / tile_rows;
       for (int64_t p = 1; p <= parts; ++p) tiles.push_back(start + run * p / parts);
     }
-    if (tile_rows == 1 || int64_t(tiles.size() - 1) * Hkv >= 2 * at::get_num_threads()) break;
+    if (tile_rows <= SPLIT_ROWS || int64_t(tiles.size() - 1) * Hkv >= 2 * at::get_num_threads()) break;
   }
   if (rows.numel() == 0) return out;
   AttnArgs a{q.data_ptr<float>(), q.stride(0), k.data_ptr(), v.data_ptr(), k.scalar_type() == at::kHalf, table.data_ptr<int64_t>(),
