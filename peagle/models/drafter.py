@@ -225,11 +225,14 @@ class Drafter(nn.Module):
                 and kernels.native(hidden, c.head_dim, c.num_heads // c.num_kv_heads) and self._stack() is not None)
 
     def _stack(self) -> list | None:
-        """The layers' weights as ``peagle::decoder_layers`` takes them, None where they do not stack; listed
-        again when the weights are replaced (loaded, cast)."""
+        """The layers' weights as ``peagle::decoder_layers`` takes them, None where they do not stack (or
+        where a weight is not in the memory order peagle's linear reads); listed again when the weights are
+        replaced (loaded, cast)."""
         layers = [self.midlayer, *self.layers.values()]
         if getattr(self, "_stack_key", None) != stack_key(layers):
-            self._stack_weights = stack_weights(layers) if stackable(layers) else None
+            weights = stack_weights(layers)
+            plain = all(w.is_contiguous() and not w.is_mkldnn for w in weights if w is not None)
+            self._stack_weights = weights if stackable(layers) and plain else None
             self._stack_key = stack_key(layers)
         return self._stack_weights
 

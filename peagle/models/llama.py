@@ -214,11 +214,9 @@ class DecoderLayer(nn.Module):
 
 def stackable(layers) -> bool:
     """Whether ``peagle::decoder_layers`` computes these layers: plain Llama-style ones (dense SwiGLU, no
-    q/k norms, no sinks) whose weights peagle's linear reads as they are (GGUF blocks, or ``[out, in]`` in
-    memory order)."""
+    q/k norms, no sinks)."""
     return all(type(layer.mlp) is MLP and layer.mlp.act == "silu" and layer.self_attn.q_norm is None
-               and layer.self_attn.sinks is None for layer in layers) and all(
-        w.is_contiguous() and not w.is_mkldnn for w in stack_weights(layers) if w is not None)
+               and layer.self_attn.sinks is None for layer in layers)
 
 
 def stack_key(layers) -> tuple:
