@@ -222,6 +222,24 @@ def test_an_attention_rows_result_does_not_depend_on_the_pass(window, isa):
 
 
 @each_isa()
+def test_a_lone_sequences_rows_cut_for_two_threads_keep_their_bits(isa):
+    """With fewer work items than two a thread, a sequence's rows are cut into tiles of equal heights (8 rows:
+    4 + 4; 5: 3 + 2; three or fewer stay whole). The suite runs one thread, where nothing is cut: here two,
+    and every row gives the reference's bits, as it does alone."""
+    q, k, v, table, seq, pos, bs = paged_case()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for rows in (range(3, 11), range(3, 8), range(3, 6), range(3, 5)):
+            rows = torch.tensor(list(rows))
+            got = torch.ops.peagle.attention(q, k, v, table, seq, pos, rows, bs, 0, 0.125, None, isa)
+            ref = torch.ops.peagle.attention_ref(q, k, v, table, seq, pos, rows, bs, 0, 0.125, None, LANES[isa])
+            assert torch.equal(got[rows], ref[rows]), (isa, rows.tolist())
+    finally:
+        torch.set_num_threads(threads)
+
+
+@each_isa()
 @pytest.mark.parametrize("d", [64, 24])
 @pytest.mark.parametrize("window", [0, 50])
 def test_half_pools_give_the_bits_of_float32_pools_holding_the_same_values(d, window, isa):
