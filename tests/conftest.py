@@ -1,6 +1,8 @@
 """Tiny random models of every supported family, and helpers to run them without the engine."""
 from __future__ import annotations
 
+import contextlib
+
 import os
 import shutil
 
@@ -23,6 +25,18 @@ from peagle.runtime import configure_cpu
 # Tiny models run as fast on one thread, and the other core stays free (the engine reads this).
 os.environ.setdefault("PEAGLE_TORCH_THREADS", "1")
 configure_cpu()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """The block on ``n`` torch threads: the suite runs one, where the kernels' splits of a pass between
+    threads (column ranges, attention tiles) never happen."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=2, bos_token_id=1)

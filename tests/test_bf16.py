@@ -73,6 +73,21 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 @native
 @has_bf16
+def test_columns_split_between_two_threads_give_the_references_bits():
+    """The suite runs one torch thread; with two, each takes a range of column groups (odd counts here)."""
+    from conftest import torch_threads
+
+    with torch_threads(2):
+        for n in (80, 112):
+            x, w, b = case(9, 576, n, seed=3)
+            packed = pack_bf16(w)
+            for m in (1, 2, 4, 8, 9):
+                ref = torch.ops.peagle.bf16linear_ref(x[:m], w, b)
+                assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b), ref), (n, m)
+
+
+@native
+@has_bf16
 @pytest.mark.parametrize("k,n", [(2, 16), (64, 48), (576, 96), (1536, 32)])
 def test_the_bf16_path_gives_the_bits_of_the_reference(k, n):
     x, w, b = case(70, k, n)  # 70 rows: every tile height, leftover rows, a second row chunk

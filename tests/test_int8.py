@@ -151,17 +151,15 @@ def test_each_integer_path_gives_the_bits_of_the_reference(fmt, k, n, isa):
 def test_columns_split_between_two_threads_give_the_references_bits(fmt, isa):
     """The suite runs one torch thread; with two, each thread takes a range of column groups (odd counts here,
     so ranges end inside a tile's width): every row of every pass height still gives the reference's bits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    from conftest import torch_threads
+
+    with torch_threads(2):
         for n in (80, 112):
             x, blocks, b = case(fmt, 9, 576, n, seed=3)
             packed = pack(blocks)
             for m in (1, 2, 4, 8, 9):
                 ref = torch.ops.peagle.qlinear_ref(x[:m], blocks, b)
                 assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b, isa), ref), (isa, fmt, n, m)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @native

@@ -63,6 +63,21 @@ def test_each_isa_gives_the_bits_of_its_reference(wtype, k, n, isa):
 
 @each_isa()
 @pytest.mark.parametrize("wtype", WTYPES)
+def test_columns_split_between_two_threads_give_the_references_bits(wtype, isa):
+    """The suite runs one torch thread; with two, each takes a range of columns (at least 64: odd widths past
+    128 here)."""
+    from conftest import torch_threads
+
+    with torch_threads(2):
+        for n in (200, 333):
+            x, w, b = case(9, 576, n, wtype, seed=3)
+            for m in (1, 2, 4, 8, 9):
+                got = torch.ops.peagle.linear(x[:m], w, b, isa)
+                assert torch.equal(got, torch.ops.peagle.linear_ref(x[:m], w, b, LANES[isa])), (isa, wtype, n, m)
+
+
+@each_isa()
+@pytest.mark.parametrize("wtype", WTYPES)
 def test_a_rows_result_does_not_depend_on_the_pass(wtype, isa):
     """Each row alone, and in passes of every height from 1 to 70 rows, gives the same bits."""
     x, w, b = case(70, 576, 72, wtype, seed=1)
@@ -226,17 +241,15 @@ def test_a_lone_sequences_rows_cut_for_two_threads_keep_their_bits(isa):
     """With fewer work items than two a thread, a sequence's rows are cut into tiles of equal heights (8 rows:
     4 + 4; 5: 3 + 2; three or fewer stay whole). The suite runs one thread, where nothing is cut: here two,
     and every row gives the reference's bits, as it does alone."""
+    from conftest import torch_threads
+
     q, k, v, table, seq, pos, bs = paged_case()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         for rows in (range(3, 11), range(3, 8), range(3, 6), range(3, 5)):
             rows = torch.tensor(list(rows))
             got = torch.ops.peagle.attention(q, k, v, table, seq, pos, rows, bs, 0, 0.125, None, isa)
             ref = torch.ops.peagle.attention_ref(q, k, v, table, seq, pos, rows, bs, 0, 0.125, None, LANES[isa])
             assert torch.equal(got[rows], ref[rows]), (isa, rows.tolist())
-    finally:
-        torch.set_num_threads(threads)
 
 
 @each_isa()
