@@ -321,6 +321,39 @@ def test_norms_and_half_writes_give_the_scalar_bits_on_every_isa(isa):
 
 
 @native
+def test_row_ops_split_between_two_threads_give_one_threads_bits():
+    """rms_norm (alone and after the residual add), silu_mul, rope_write, argmax and the integer path's row
+    quantization split their rows between threads (in chunks of up to 16): 40 rows on two threads give the
+    bits of one."""
+    from conftest import torch_threads
+    from test_quant import random_blocks
+
+    from peagle.models.quant import blocks_of, pack
+
+    g = torch.Generator().manual_seed(8)
+    x, r = torch.randn(40, 576, generator=g), torch.randn(40, 576, generator=g)
+    w, gu = torch.randn(576, generator=g), torch.randn(40, 2 * 96, generator=g)
+    T, H, Hkv, d = 40, 2, 1, 16
+    qkv = torch.randn(T, H + 2 * Hkv, d, generator=g)
+    cos, sin = torch.randn(T, d, generator=g), torch.randn(T, d, generator=g)
+    blocks = pack(blocks_of(random_blocks("q8_0", 64, 576), "q8_0"))
+
+    def run():
+        k, v = torch.zeros(T, Hkv, d, dtype=torch.float16), torch.zeros(T, Hkv, d, dtype=torch.float16)
+        q = qkv.clone()
+        torch.ops.peagle.rope_write(q, cos, sin, H, k, v, torch.arange(T).flip(0))
+        return [torch.ops.peagle.rms_norm(x, w, 1e-5), *torch.ops.peagle.add_rms_norm(x, r, w, 1e-5),
+                torch.ops.peagle.silu_mul(gu), q, k, v, *torch.ops.peagle.argmax(x),
+                torch.ops.peagle.linear(x, blocks, None)]
+
+    one = run()
+    with torch_threads(2):
+        two = run()
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)
+
+
+@native
 def test_layer_ops_match_torch():
     """rms_norm (alone and fused with the residual add), silu_mul and rope_write against torch's ops."""
     import torch.nn.functional as F
