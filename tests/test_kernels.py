@@ -383,6 +383,32 @@ def test_layer_ops_match_torch():
         torch.ops.peagle.rope_write(qkv, cos.view(T, d), sin.view(T, d), H, k, v, torch.tensor([3, 9, 0, 10]))
 
 
+def assert_stack_gives_layer_by_layer_bits(monkeypatch, model, passes, run_pass, tag=None):
+    """``model``'s passes (``run_pass(p, caches)`` each: outputs to compare) with its ``native_stack`` and with
+    its layers' own forwards (``stacks`` patched off): ``native_stack`` runs every pass where allowed, and both
+    give the same outputs bit for bit and the same KV caches after."""
+    cls, calls = type(model), []
+    stack = cls.native_stack
+    monkeypatch.setattr(cls, "native_stack", lambda *args: calls.append(1) or stack(*args))
+
+    def run(stacked: bool):
+        monkeypatch.setattr(cls, "stacks", cls.stacks if stacked else lambda *_: False)
+        caches, outs = model.make_caches(128), []
+        with torch.inference_mode():
+            for p in passes:
+                outs += run_pass(p, caches)
+        return outs, caches
+
+    stacked, stacked_caches = run(True)
+    assert len(calls) == len(passes)
+    plain, plain_caches = run(False)
+    assert len(calls) == len(passes)
+    for got, want in zip(stacked, plain):
+        assert torch.equal(got, want), tag
+    for got, want in zip(stacked_caches, plain_caches):
+        assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v), tag
+
+
 @native
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "llama3"])  # plain, a window, biases, scaled RoPE
 def test_the_native_stack_gives_the_bits_of_the_layer_by_layer_path(family, monkeypatch):
@@ -405,26 +431,9 @@ def test_the_native_stack_gives_the_bits_of_the_layer_by_layer_path(family, monk
                 [a[p:p + 1], b[p - 18:p - 17]], [torch.tensor([p]), torch.tensor([p - 18])]) for p in range(30, 32)]
     passes += [([Span(8, 40, list(range(64)), 32), Span(3, 17, list(range(64, 128)), 14)],
                 [a[32:40], b[14:17]], [torch.arange(32, 40), torch.arange(14, 17)])]
-    calls = []
-    stack = LlamaModel.native_stack
-    monkeypatch.setattr(LlamaModel, "native_stack", lambda *args: calls.append(1) or stack(*args))
-
-    def run(stacked: bool):
-        monkeypatch.setattr(LlamaModel, "stacks", LlamaModel.stacks if stacked else lambda *_: False)
-        caches, outs = target.make_caches(128), []
-        with torch.inference_mode():
-            for spans, tokens, positions in passes:
-                outs += target(torch.cat(tokens), torch.cat(positions), caches, AttnMeta(spans, 1))
-        return outs, caches
-
-    stacked, stacked_caches = run(True)
-    assert len(calls) == len(passes)
-    plain, plain_caches = run(False)
-    assert len(calls) == len(passes)
-    for got, want in zip(stacked, plain):
-        assert torch.equal(got, want), family
-    for got, want in zip(stacked_caches, plain_caches):
-        assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v), family
+    assert_stack_gives_layer_by_layer_bits(
+        monkeypatch, target, passes, lambda p, caches: target(torch.cat(p[1]), torch.cat(p[2]), caches,
+                                                              AttnMeta(p[0], 1)), family)
 
 
 @native
@@ -457,28 +466,10 @@ def test_the_drafters_native_stack_gives_the_bits_of_its_layer_by_layer_path(lay
                torch.cat([torch.tensor([20]), torch.arange(9)]), None),
               ([Span(4, 25, list(range(64)), 21), Span(2, 11, list(range(64, 128)), 9)], 6,
                torch.cat([torch.arange(21, 25), torch.arange(9, 11)]), torch.tensor([0, 0, 1, 0, 0, 0]).bool())]
-    inputs = [(torch.randint(0, cfg.vocab_size, (n,), generator=gen), torch.randn(n, H, generator=gen))
-              for _, n, _, _ in passes]
-    calls = []
-    stack = Drafter.native_stack
-    monkeypatch.setattr(Drafter, "native_stack", lambda *args: calls.append(1) or stack(*args))
-
-    def run(stacked: bool):
-        monkeypatch.setattr(Drafter, "stacks", Drafter.stacks if stacked else lambda *_: False)
-        caches, outs = head.make_caches(128), []
-        with torch.inference_mode():
-            for (spans, _, positions, no_write), (ids, hidden) in zip(passes, inputs):
-                outs += head(ids, hidden, positions, caches, AttnMeta(spans, 1, no_write=no_write))
-        return outs, caches
-
-    stacked, stacked_caches = run(True)
-    assert len(calls) == len(passes)
-    plain, plain_caches = run(False)
-    assert len(calls) == len(passes)
-    for got, want in zip(stacked, plain):
-        assert torch.equal(got, want)
-    for got, want in zip(stacked_caches, plain_caches):
-        assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
+    passes = [(*p, torch.randint(0, cfg.vocab_size, (p[1],), generator=gen), torch.randn(p[1], H, generator=gen))
+              for p in passes]
+    assert_stack_gives_layer_by_layer_bits(
+        monkeypatch, head, passes, lambda p, caches: head(p[4], p[5], p[2], caches, AttnMeta(p[0], 1, no_write=p[3])))
 
 
 @native

@@ -238,12 +238,12 @@ class Drafter(nn.Module):
 
     def native_stack(self, ids: torch.Tensor, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                      caches: list[KVCache], meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layers in one call (:func:`native_layers`), layer 0's input made as :class:`FirstLayer` makes
-        it: the same kernels in the same order as :meth:`forward`'s layers, without a drafting pass's ~15
-        Python and dispatcher round trips a layer."""
+        """The layers in one call (:func:`native_layers`, the weights :meth:`stacks` just listed), layer 0's
+        input made as :class:`FirstLayer` makes it: the same kernels in the same order as :meth:`forward`'s
+        layers, without a drafting pass's ~15 Python and dispatcher round trips a layer."""
         c = self.cfg
         first, residual = self.midlayer.inputs(self.embed(ids), hidden)
-        x, _ = native_layers(residual, self._stack(), rope, caches, meta, [0] * c.num_layers, c.num_heads,
+        x, _ = native_layers(residual, self._stack_weights, rope, caches, meta, [0] * c.num_layers, c.num_heads,
                              c.head_dim, self.midlayer.self_attn.scale, c.rms_norm_eps, [], first)
         return self.norm(x), x
 

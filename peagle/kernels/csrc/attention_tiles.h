@@ -39,9 +39,11 @@ static inline void scores(const float* const* q, const float* const* k, int64_t 
       }
     }
     if (dl < d) {
+      typename V::vec qv[NQ];
+      for (int qi = 0; qi < NQ; ++qi) qv[qi] = V::load_x_tail(q[qi] + dl, d - dl);
       for (int i = 0; i < KJ; ++i) {
         const typename V::vec kv = V::load_x_tail(kj[i] + dl, d - dl);
-        for (int qi = 0; qi < NQ; ++qi) acc[qi * KJ + i] = V::fma(V::load_x_tail(q[qi] + dl, d - dl), kv, acc[qi * KJ + i]);
+        for (int qi = 0; qi < NQ; ++qi) acc[qi * KJ + i] = V::fma(qv[qi], kv, acc[qi * KJ + i]);
       }
     }
     const typename V::vec sums = V::mul(V::hsum_many(acc), V::set1(scale));
