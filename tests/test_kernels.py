@@ -410,12 +410,13 @@ def assert_stack_gives_layer_by_layer_bits(monkeypatch, model, passes, run_pass,
 
 
 @native
+@pytest.mark.parametrize("threads", [1, 2])   # two: the layers run in one team (team.h), each op's ranges split
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "llama3"])  # plain, a window, biases, scaled RoPE
-def test_the_native_stack_gives_the_bits_of_the_layer_by_layer_path(family, monkeypatch):
+def test_the_native_stack_gives_the_bits_of_the_layer_by_layer_path(family, threads, monkeypatch):
     """``peagle::decoder_layers`` (every layer in one call, decoding and verification) against the layers'
     own forwards: the same logits and taps bit for bit over a prompt, one-row steps and an 8-row
     verification pass of two sequences side by side, and the same KV cache after."""
-    from conftest import native_from_hf, tiny_hf
+    from conftest import native_from_hf, tiny_hf, torch_threads
 
     from peagle.models.attention import AttnMeta, Span
     from peagle.models.layers import set_precision
@@ -431,15 +432,18 @@ def test_the_native_stack_gives_the_bits_of_the_layer_by_layer_path(family, monk
                 [a[p:p + 1], b[p - 18:p - 17]], [torch.tensor([p]), torch.tensor([p - 18])]) for p in range(30, 32)]
     passes += [([Span(8, 40, list(range(64)), 32), Span(3, 17, list(range(64, 128)), 14)],
                 [a[32:40], b[14:17]], [torch.arange(32, 40), torch.arange(14, 17)])]
-    assert_stack_gives_layer_by_layer_bits(
-        monkeypatch, target, passes, lambda p, caches: target(torch.cat(p[1]), torch.cat(p[2]), caches,
-                                                              AttnMeta(p[0], 1)), family)
+    with torch_threads(threads):
+        assert_stack_gives_layer_by_layer_bits(
+            monkeypatch, target, passes, lambda p, caches: target(torch.cat(p[1]), torch.cat(p[2]), caches,
+                                                                  AttnMeta(p[0], 1)), family)
 
 
 @native
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("norm_before_residual", [False, True])
-def test_the_drafters_native_stack_gives_the_bits_of_its_layer_by_layer_path(layers, norm_before_residual, monkeypatch):
+def test_the_drafters_native_stack_gives_the_bits_of_its_layer_by_layer_path(layers, norm_before_residual, threads,
+                                                                              monkeypatch):
     """The drafter's layers in one ``peagle::decoder_layers`` call (layer 0 reading [normed embedding, normed
     hidden] handed in) against its layers' own forwards: the same normed and pre-norm outputs bit for bit over
     a prompt with rejected rows (no KV written), one-row passes and a 6-row pass of two sequences, and the same
@@ -468,8 +472,39 @@ def test_the_drafters_native_stack_gives_the_bits_of_its_layer_by_layer_path(lay
                torch.cat([torch.arange(21, 25), torch.arange(9, 11)]), torch.tensor([0, 0, 1, 0, 0, 0]).bool())]
     passes = [(*p, torch.randint(0, cfg.vocab_size, (p[1],), generator=gen), torch.randn(p[1], H, generator=gen))
               for p in passes]
-    assert_stack_gives_layer_by_layer_bits(
-        monkeypatch, head, passes, lambda p, caches: head(p[4], p[5], p[2], caches, AttnMeta(p[0], 1, no_write=p[3])))
+    from conftest import torch_threads
+
+    with torch_threads(threads):
+        assert_stack_gives_layer_by_layer_bits(
+            monkeypatch, head, passes, lambda p, caches: head(p[4], p[5], p[2], caches, AttnMeta(p[0], 1, no_write=p[3])))
+
+
+@native
+def test_an_error_in_a_teams_chunk_reaches_the_caller_and_the_next_pass_runs(monkeypatch):
+    """With two threads ``decoder_layers`` runs its layers in one team (team.h): a row whose KV slot lies past
+    the pool, in the other thread's chunk of the rows, raises the operator's error in the caller (not a
+    crash, not a hang), and the team is free after: the next pass gives the one-thread bits."""
+    from conftest import native_from_hf, tiny_hf, torch_threads
+
+    from peagle.models.attention import AttnMeta, Span
+    from peagle.models.llama import LlamaModel
+
+    target = native_from_hf(tiny_hf("llama"))
+    ids = torch.randint(0, target.cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    calls, stack = [], LlamaModel.native_stack
+    monkeypatch.setattr(LlamaModel, "native_stack", lambda *args: calls.append(1) or stack(*args))
+
+    def run(slots: int):
+        with torch.inference_mode():
+            return target(ids, torch.arange(40), target.make_caches(slots), AttnMeta([Span(40, 40, list(range(64)), 0)], 1))
+
+    want = run(64)
+    with torch_threads(2):
+        with pytest.raises(RuntimeError, match="slot out of the pool"):
+            run(32)   # rows 0-19 one thread's, 20-39 the other's: slots 32-39 past the pool
+        got = run(64)
+    assert len(calls) == 3
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
 @native

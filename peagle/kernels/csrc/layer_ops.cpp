@@ -16,6 +16,7 @@
 
 #include "kernels.h"
 #include "ops.h"
+#include "team.h"
 
 namespace peagle {
 
@@ -38,7 +39,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const NormRow norm_row = peagle::norm_row();
-  at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
+  parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) norm_row(xp + t * n, wp, float(eps), n, yp + t * n);
   });
   return y;
@@ -56,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   const float *xp = x.data_ptr<float>(), *rp = residual.data_ptr<float>(), *wp = w.data_ptr<float>();
   float *yp = y.data_ptr<float>(), *hp = h.data_ptr<float>();
   const NormRow norm_row = peagle::norm_row();
-  at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
+  parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t i = 0; i < n; ++i) hp[t * n + i] = rp[t * n + i] + xp[t * n + i];
       norm_row(hp + t * n, wp, float(eps), n, yp + t * n);
@@ -74,7 +75,7 @@ at::Tensor silu_mul(const at::Tensor& gu) {
   float* o = out.data_ptr<float>();
   const SiluRows rows = silu_rows();
   // a row a task: a verify pass's few rows share out
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) { rows(g, o, n, t0, t1); });
+  parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) { rows(g, o, n, t0, t1); });
   return out;
 }
 
@@ -98,7 +99,7 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   const int64_t* sl = slots.data_ptr<int64_t>();
   const int64_t nslots = k_pool.size(0);
   const HalfRow to_half = half_row();
-  at::parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
+  parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
     float tmp[512];
     for (int64_t t = t0; t < t1; ++t) {
       const float *ct = c + t * d, *st = s + t * d;
@@ -136,7 +137,7 @@ static std::tuple<at::Tensor, at::Tensor> argmax_rows(const at::Tensor& x) {
   float* vp = values.data_ptr<float>();
   int64_t* ip = indices.data_ptr<int64_t>();
   const ArgmaxRow row = argmax_row();
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+  parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) row(p + t * n, n, vp + t, ip + t);
   });
   return {values, indices};

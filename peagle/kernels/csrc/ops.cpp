@@ -21,6 +21,7 @@
 
 #include "kernels.h"
 #include "ops.h"
+#include "team.h"
 
 namespace peagle {
 
@@ -206,7 +207,7 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
       const int64_t start = tiles.back(), run = i - start, parts = (run + tile_rows - 1) / tile_rows;
       for (int64_t p = 1; p <= parts; ++p) tiles.push_back(start + run * p / parts);
     }
-    if (tile_rows <= SPLIT_ROWS || int64_t(tiles.size() - 1) * Hkv >= 2 * at::get_num_threads()) break;
+    if (tile_rows <= SPLIT_ROWS || int64_t(tiles.size() - 1) * Hkv >= 2 * split_threads()) break;
   }
   if (rows.numel() == 0) return out;
   AttnArgs a{q.data_ptr<float>(), q.stride(0), k.data_ptr(), v.data_ptr(), k.scalar_type() == at::kHalf, table.data_ptr<int64_t>(),
@@ -215,7 +216,7 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
              sk.defined() ? sk.data_ptr<float>() : nullptr, out.data_ptr<float>(), H, Hkv, d, block_size, window,
              float(scale)};
   const int64_t items = int64_t(tiles.size() - 1) * Hkv;
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { kernel(a, i0, i1); });
+  parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { kernel(a, i0, i1); });
   return out;
 }
 
@@ -331,7 +332,7 @@ static at::Tensor pack(const at::Tensor& blocks) {
   at::Tensor out = at::zeros({w.N / QGROUP, blocks.size(1), packed_bytes(t)}, blocks.options());
   const uint8_t* in = static_cast<const uint8_t*>(w.w);
   uint8_t* o = out.data_ptr<uint8_t>();
-  at::parallel_for(0, w.N / QGROUP, 1, [&](int64_t g0, int64_t g1) {
+  parallel_for(0, w.N / QGROUP, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t b = 0; b < nb; ++b)
         for (int64_t c = 0; c < QGROUP; ++c) {
@@ -371,7 +372,7 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
   const uint8_t* base = static_cast<const uint8_t*>(w.w);
   float* o = out.data_ptr<float>();
   if (w.wtype == WType::bf16) {  // kernels.h's layout: column c of group g, pair p at (g * K / 2 + p) * 64 + 4c
-    at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
+    parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i)
         for (int64_t k = 0; k < w.K; ++k)
           o[i * w.K + k] = weight_at(base + ((ip[i] / QGROUP * w.K + k) / 2 * BF16_PAIR_BYTES + 4 * (ip[i] % QGROUP)),
@@ -380,7 +381,7 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
     return out;
   }
   const int64_t PC = packed_chunk(w.wtype);
-  at::parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
+  parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       for (int64_t b = 0; b < nb; ++b) {
         float* dst = o + i * w.K + b * QBLOCK;
@@ -399,7 +400,7 @@ static at::Tensor run(const at::Tensor& x, const WeightView& w, const c10::optio
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_CHUNK) {
     LinearArgs a{c.x.data_ptr<float>() + m0 * K, w.w, c.b(), c.y.data_ptr<float>() + m0 * N,
                  std::min(ROW_CHUNK, c.M - m0), N, K, K, N, w.wtype};
-    at::parallel_for(0, N, COL_GRAIN, [&](int64_t n0, int64_t n1) { kernel(a, n0, n1); });
+    parallel_for(0, N, COL_GRAIN, [&](int64_t n0, int64_t n1) { kernel(a, n0, n1); });
   }
   return c.y.view(c.shape);
 }
@@ -442,13 +443,13 @@ static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::opti
                 reinterpret_cast<int32_t*>(base + M * K + 12 * M * nb)};
   const float* xp = c.x.data_ptr<float>();
   const int32_t offset = k.offset(w.wtype);
-  at::parallel_for(0, M, ROW_GRAIN, [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
+  parallel_for(0, M, ROW_GRAIN, [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
   const int64_t units = w.packed ? N / QGROUP : N;
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
     const QRows qc{q.q + m0 * K, q.d + m0 * nb, q.sd + m0 * nb, q.c + m0 * nb, q.c16 + m0 * nb};
     QLinearArgs a{qc, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
                   std::min(ROW_CHUNK, M - m0), N, K, N, w.wtype};
-    at::parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
+    parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
   }
   return c.y.view(c.shape);
 }
@@ -473,12 +474,12 @@ static at::Tensor brun(const at::Tensor& x, const WeightView& w, const c10::opti
   const int64_t N = w.N, K = w.K, M = c.M;
   at::Tensor xb = at::empty({M, K}, x.options().dtype(at::kShort));
   uint16_t* xp = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
-  at::parallel_for(0, M, ROW_GRAIN, [&](int64_t m0, int64_t m1) { k.rows(c.x.data_ptr<float>(), K, K, xp, m0, m1); });
+  parallel_for(0, M, ROW_GRAIN, [&](int64_t m0, int64_t m1) { k.rows(c.x.data_ptr<float>(), K, K, xp, m0, m1); });
   const int64_t units = w.packed ? N / QGROUP : N;
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
     BLinearArgs a{xp + m0 * K, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
                   std::min(ROW_CHUNK, M - m0), N, K, N};
-    at::parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
+    parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
   }
   return c.y.view(c.shape);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops.h"
+#include "team.h"
 
 namespace peagle {
 
@@ -42,24 +43,26 @@ static std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
       if (taps[i] == l) tapped[i] = x;
   };
   at::Tensor x = x0, normed, mlp_out;
-  for (int64_t l = 0; l < L; ++l) {
-    if (l == 0) {
-      normed = first_normed ? first_normed->contiguous() : rms_norm(x, *w(l, 0), eps);
-    } else {  // the last layer's residual add, fused into this layer's norm
-      std::tie(normed, x) = add_rms_norm(mlp_out, x, *w(l, 0), eps);
+  run_team([&] {
+    for (int64_t l = 0; l < L; ++l) {
+      if (l == 0) {
+        normed = first_normed ? first_normed->contiguous() : rms_norm(x, *w(l, 0), eps);
+      } else {  // the last layer's residual add, fused into this layer's norm
+        std::tie(normed, x) = add_rms_norm(mlp_out, x, *w(l, 0), eps);
+      }
+      tap(l, x);
+      at::Tensor qkv = linear(normed, *w(l, 1), w(l, 2), "");
+      qkv = qkv.view({T, -1, head_dim});
+      rope_write(qkv, c, s, heads, k_pools[l], v_pools[l], slots);
+      at::Tensor att = attention(qkv.narrow(1, 0, heads), k_pools[l], v_pools[l], table, seq, pos, rows, block_size,
+                                 windows[l], scale, c10::nullopt, "", tree_base, tree_map);
+      at::Tensor o = linear(att, *w(l, 3), w(l, 4), "");
+      at::Tensor h;
+      std::tie(normed, h) = add_rms_norm(o, x, *w(l, 5), eps);
+      mlp_out = linear(silu_mul(linear(normed, *w(l, 6), w(l, 7), "")), *w(l, 8), w(l, 9), "");
+      x = h;
     }
-    tap(l, x);
-    at::Tensor qkv = linear(normed, *w(l, 1), w(l, 2), "");
-    qkv = qkv.view({T, -1, head_dim});
-    rope_write(qkv, c, s, heads, k_pools[l], v_pools[l], slots);
-    at::Tensor att = attention(qkv.narrow(1, 0, heads), k_pools[l], v_pools[l], table, seq, pos, rows, block_size,
-                               windows[l], scale, c10::nullopt, "", tree_base, tree_map);
-    at::Tensor o = linear(att, *w(l, 3), w(l, 4), "");
-    at::Tensor h;
-    std::tie(normed, h) = add_rms_norm(o, x, *w(l, 5), eps);
-    mlp_out = linear(silu_mul(linear(normed, *w(l, 6), w(l, 7), "")), *w(l, 8), w(l, 9), "");
-    x = h;
-  }
+  });
   x = at::add(x, mlp_out);
   tap(L, x);
   return {x, tapped};

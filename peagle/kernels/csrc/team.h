@@ -1,0 +1,40 @@
+// Work split over torch's threads. An operator called on its own forks an OpenMP region per range (as
+// at::parallel_for). decoder_layers runs its layers inside one region, a team: the calling thread runs the
+// operators, and the other threads wait on a job board for their chunk of each range it posts, instead of
+// a region being forked and joined per operator (~150 a decoding step; BENCHMARKS.md §34). The chunks
+// are at::parallel_for's, so each thread's share is what it was; a range that makes one chunk runs on
+// the calling thread without waking anyone. A chunk's exception reaches the caller, as at::parallel_for's.
+#pragma once
+#include <ATen/Parallel.h>
+#include <c10/util/FunctionRef.h>
+
+#include <algorithm>
+#include <functional>
+
+namespace peagle {
+
+using RangeFn = c10::function_ref<void(int64_t, int64_t)>;
+
+// The size of the team the calling thread leads, or 0.
+int64_t team_size();
+void team_split(int64_t begin, int64_t end, int64_t chunks, RangeFn f);
+
+// The threads a range is split over: the team's, else torch's.
+inline int64_t split_threads() { return team_size() ? team_size() : at::get_num_threads(); }
+
+// at::parallel_for's split of [begin, end) into at most one chunk a thread, at least ``grain`` long.
+template <class F>
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  if (begin >= end) return;
+  const int64_t team = team_size(), range = end - begin, threads = split_threads();
+  const int64_t chunks = std::min<int64_t>(threads, grain > 0 ? (range + grain - 1) / grain : threads);
+  if (chunks <= 1 || (!team && at::in_parallel_region())) return f(begin, end);
+  if (team) return team_split(begin, end, chunks, f);
+  at::parallel_for(begin, end, grain, f);
+}
+
+// ``body`` on the calling thread with torch's other threads as its team (on the calling thread alone where
+// there is one thread, or inside another parallel region or team).
+void run_team(const std::function<void()>& body);
+
+}  // namespace peagle
