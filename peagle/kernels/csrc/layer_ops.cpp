@@ -31,29 +31,49 @@ static void check_weight(const at::Tensor& w, int64_t n) {
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == n, "peagle::rms_norm: weight must be float32 [n]");
 }
 
+// An output the caller holds: (re)made where it is not yet a contiguous float32 tensor of ``shape``.
+static void fit(at::Tensor& out, at::IntArrayRef shape, const at::Tensor& like) {
+  if (!out.defined() || out.sizes() != shape || !out.is_contiguous() || out.scalar_type() != at::kFloat)
+    out = at::empty(shape, like.options());
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  at::Tensor y;
+  rms_norm_into(x, w, eps, y);
+  return y;
+}
+
+void rms_norm_into(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& y) {
   check_rows(x, "rms_norm");
   const int64_t T = x.size(0), n = x.size(1);
   check_weight(w, n);
-  at::Tensor y = at::empty_like(x);
+  fit(y, x.sizes(), x);
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const NormRow norm_row = peagle::norm_row();
   parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) norm_row(xp + t * n, wp, float(eps), n, yp + t * n);
   });
-  return y;
 }
 
 // h = x + residual, and rms_norm(h): the residual add before a layer's second norm, fused.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                        const at::Tensor& w, double eps) {
+  at::Tensor y, h;
+  add_rms_norm_into(x, residual, w, eps, y, h);
+  return {y, h};
+}
+
+// (h may be residual itself: each element is read before it is written)
+void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w, double eps,
+                       at::Tensor& y, at::Tensor& h) {
   check_rows(x, "add_rms_norm");
   check_rows(residual, "add_rms_norm");
   const int64_t T = x.size(0), n = x.size(1);
   TORCH_CHECK(residual.sizes() == x.sizes(), "peagle::add_rms_norm: x and residual differ in shape");
   check_weight(w, n);
-  at::Tensor y = at::empty_like(x), h = at::empty_like(x);
+  fit(y, x.sizes(), x);
+  fit(h, x.sizes(), x);
   const float *xp = x.data_ptr<float>(), *rp = residual.data_ptr<float>(), *wp = w.data_ptr<float>();
   float *yp = y.data_ptr<float>(), *hp = h.data_ptr<float>();
   const NormRow norm_row = peagle::norm_row();
@@ -63,20 +83,24 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
       norm_row(hp + t * n, wp, float(eps), n, yp + t * n);
     }
   });
-  return {y, h};
 }
 
 // [rows, 2n] (gate | up) -> [rows, n]: silu(gate) * up.
 at::Tensor silu_mul(const at::Tensor& gu) {
+  at::Tensor out;
+  silu_mul_into(gu, out);
+  return out;
+}
+
+void silu_mul_into(const at::Tensor& gu, at::Tensor& out) {
   check_rows(gu, "silu_mul");
   const int64_t T = gu.size(0), n = gu.size(1) / 2;
-  at::Tensor out = at::empty({T, n}, gu.options());
+  fit(out, {T, n}, gu);
   const float* g = gu.data_ptr<float>();
   float* o = out.data_ptr<float>();
   const SiluRows rows = silu_rows();
   // a row a task: a verify pass's few rows share out
   parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) { rows(g, o, n, t0, t1); });
-  return out;
 }
 
 // qkv [rows, H + 2 Hkv, d]: RoPE (HF's rotate-half: x * cos + rotate_half(x) * sin, as three rounded

@@ -152,7 +152,8 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
                                 const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows,
                                 int64_t block_size, int64_t window, double scale,
                                 const c10::optional<at::Tensor>& sinks, const c10::optional<at::Tensor>& tree_base,
-                                const c10::optional<at::Tensor>& tree_map, const AttnKernel& kernel) {
+                                const c10::optional<at::Tensor>& tree_map, const AttnKernel& kernel,
+                                const at::Tensor* into = nullptr) {
   TORCH_CHECK(q.scalar_type() == at::kFloat, "peagle::attention: q must be float32");
   TORCH_CHECK((k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf) && v.scalar_type() == k.scalar_type(),
               "peagle::attention: the KV pools must be both float32 or both float16");
@@ -191,7 +192,9 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
                     mp[r * W + c], ", outside its block table");
     }
   }
-  at::Tensor out = at::empty({q.size(0), H * d}, q.options());
+  at::Tensor out = into ? *into : at::empty({q.size(0), H * d}, q.options());
+  TORCH_CHECK(!into || (out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == q.size(0) * H * d),
+              "peagle::attention: the output must be contiguous float32 [rows, heads * head_dim]");
   // tiles: runs of rows of one sequence (a sequence's verification rows share every key load), each run cut
   // into as few tiles of at most tile_rows as it takes, of equal heights (8 rows: 4 + 4, not 5 + 3: the
   // threads' shares of one sequence's items are equal), tile_rows halved while there are fewer than two work
@@ -218,6 +221,15 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
   const int64_t items = int64_t(tiles.size() - 1) * Hkv;
   parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { kernel(a, i0, i1); });
   return out;
+}
+
+void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                    const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows, int64_t block_size,
+                    int64_t window, double scale, const c10::optional<at::Tensor>& tree_base,
+                    const c10::optional<at::Tensor>& tree_map, at::Tensor& out) {
+  const bool fits = out.defined() && out.numel() == q.size(0) * q.size(1) * q.size(2);
+  out = run_attention(q, k, v, table, seq, pos, rows, block_size, window, scale, c10::nullopt, tree_base, tree_map,
+                      attn_kernel_for(best_isa()), fits ? &out : nullptr);
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
@@ -270,7 +282,7 @@ struct Call {
   const float* b() const { return bias.defined() ? bias.data_ptr<float>() : nullptr; }
 };
 
-static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias) {
+static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias, const at::Tensor* out) {
   TORCH_CHECK(x.device().is_cpu(), "peagle::linear runs on the CPU");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "peagle::linear: x must be float32, got ", x.scalar_type());
   TORCH_CHECK(x.size(-1) == w.K, "peagle::linear: x has ", x.size(-1), " features, the weight ", w.K);
@@ -283,7 +295,13 @@ static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optiona
   c.M = c.x.size(0);
   c.shape.assign(x.sizes().begin(), x.sizes().end());
   c.shape.back() = w.N;
-  c.y = at::empty({c.M, w.N}, x.options());
+  if (out) {
+    TORCH_CHECK(out->scalar_type() == at::kFloat && out->is_contiguous() && out->numel() == c.M * w.N,
+                "peagle::linear: the output must be contiguous float32 with ", c.M * w.N, " entries");
+    c.y = out->view({c.M, w.N});
+  } else {
+    c.y = at::empty({c.M, w.N}, x.options());
+  }
   return c;
 }
 
@@ -393,9 +411,9 @@ static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& id
 }
 
 static at::Tensor run(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias,
-                      const Kernel& kernel) {
+                      const Kernel& kernel, const at::Tensor* out = nullptr) {
   TORCH_CHECK(!w.packed, "peagle::linear: packed weights run on the integer or bf16 dot-product path only");
-  const Call c = prepare(x, w, bias);
+  const Call c = prepare(x, w, bias, out);
   const int64_t N = w.N, K = w.K;
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_CHUNK) {
     LinearArgs a{c.x.data_ptr<float>() + m0 * K, w.w, c.b(), c.y.data_ptr<float>() + m0 * N,
@@ -432,12 +450,14 @@ static QKernel qkernel_for(const std::string& isa) {
 }
 
 static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias,
-                       const QKernel& k) {
-  const Call c = prepare(x, w, bias);
+                       const QKernel& k, const at::Tensor* out = nullptr) {
+  const Call c = prepare(x, w, bias, out);
   const int64_t N = w.N, K = w.K, M = c.M, nb = K / QBLOCK;
-  // x's quants, then each block's d, d * s, c and c16 (4 bytes each: aligned, K being a multiple of 32)
-  at::Tensor buf = at::empty({M * (K + 16 * nb)}, x.options().dtype(at::kByte));
-  uint8_t* base = buf.data_ptr<uint8_t>();
+  // x's quants, then each block's d, d * s, c and c16 (4 bytes each: aligned, K being a multiple of 32), in
+  // the calling thread's scratch (kept between calls: a decoding step makes ~120 of these)
+  static thread_local std::vector<int32_t> scratch;
+  scratch.resize(size_t((M * (K + 16 * nb) + 3) / 4));
+  uint8_t* base = reinterpret_cast<uint8_t*>(scratch.data());
   const QRows q{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + M * K),
                 reinterpret_cast<float*>(base + M * K + 4 * M * nb), reinterpret_cast<int32_t*>(base + M * K + 8 * M * nb),
                 reinterpret_cast<int32_t*>(base + M * K + 12 * M * nb)};
@@ -469,11 +489,12 @@ static BKernel bkernel_for(const std::string& isa) {
 }
 
 static at::Tensor brun(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias,
-                       const BKernel& k) {
-  const Call c = prepare(x, w, bias);
+                       const BKernel& k, const at::Tensor* out = nullptr) {
+  const Call c = prepare(x, w, bias, out);
   const int64_t N = w.N, K = w.K, M = c.M;
-  at::Tensor xb = at::empty({M, K}, x.options().dtype(at::kShort));
-  uint16_t* xp = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
+  static thread_local std::vector<uint16_t> scratch;  // x in bf16, kept between calls as qrun's
+  scratch.resize(size_t(M * K));
+  uint16_t* xp = scratch.data();
   parallel_for(0, M, ROW_GRAIN, [&](int64_t m0, int64_t m1) { k.rows(c.x.data_ptr<float>(), K, K, xp, m0, m1); });
   const int64_t units = w.packed ? N / QGROUP : N;
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
@@ -484,14 +505,24 @@ static at::Tensor brun(const at::Tensor& x, const WeightView& w, const c10::opti
   return c.y.view(c.shape);
 }
 
+static at::Tensor linear_to(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                            c10::string_view isa, const at::Tensor* out) {
+  const WeightView v = weight_view(w);
+  if (v.packed && v.wtype == WType::bf16)
+    return brun(x, v, bias, bkernel_for(isa.empty() ? best_bf16_isa() : std::string(isa)), out);
+  if (v.packed) return qrun(x, v, bias, qkernel_for(isa.empty() ? best_int_isa() : std::string(isa)), out);
+  return run(x, v, bias, kernel_for(isa.empty() ? best_isa() : std::string(isa)), out);
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                          c10::string_view isa) {
-  const WeightView v = weight_view(w);
-  if (v.packed && v.wtype == WType::bf16) return brun(x, v, bias, bkernel_for(isa.empty() ? best_bf16_isa() : std::string(isa)));
-  if (v.packed) {
-    return qrun(x, v, bias, qkernel_for(isa.empty() ? best_int_isa() : std::string(isa)));
-  }
-  return run(x, v, bias, kernel_for(isa.empty() ? best_isa() : std::string(isa)));
+  return linear_to(x, w, bias, isa, nullptr);
+}
+
+void linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
+  const int64_t n = weight_view(w).N, m = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  if (!y.defined() || y.numel() != m * n) return void(y = linear_to(x, w, bias, "", nullptr).view({m, n}));
+  linear_to(x, w, bias, "", &y);
 }
 
 static at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,

@@ -16,6 +16,17 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      int64_t window, double scale, const c10::optional<at::Tensor>& sinks, c10::string_view isa,
                      const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
+// The same into outputs the caller holds (decoder_layers' buffers, made by the first layer and filled again by
+// the next: a step's ~400 allocations saved), each (re)made where it is undefined or of another shape. The same bits.
+void linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, at::Tensor& y);
+void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                    const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows, int64_t block_size,
+                    int64_t window, double scale, const c10::optional<at::Tensor>& tree_base,
+                    const c10::optional<at::Tensor>& tree_map, at::Tensor& out);
+void rms_norm_into(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& y);
+void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w, double eps,
+                       at::Tensor& y, at::Tensor& h);
+void silu_mul_into(const at::Tensor& gu, at::Tensor& out);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
                                                 double eps);
 at::Tensor silu_mul(const at::Tensor& gu);

@@ -38,33 +38,37 @@ static std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
   const at::Tensor c = cos.reshape({T, -1}), s = sin.reshape({T, -1});
   auto w = [&](int64_t l, int64_t i) -> c10::optional<at::Tensor> { return weights.get(l * PER_LAYER + i); };
   std::vector<at::Tensor> tapped(taps.size());
-  auto tap = [&](int64_t l, const at::Tensor& x) {
+  auto tap = [&](int64_t l, const at::Tensor& x, bool copy) {
     for (size_t i = 0; i < taps.size(); ++i)
-      if (taps[i] == l) tapped[i] = x;
+      if (taps[i] == l) tapped[i] = copy ? x.clone() : x;
   };
-  at::Tensor x = x0, normed, mlp_out;
+  // every layer's outputs land in the buffers the first one made (the residual stream's in place: a tapped
+  // layer's input is copied out), so the layers after it allocate nothing
+  at::Tensor x = x0, normed, residual, qkv, att, o, gate_up, act, mlp_out;
   run_team([&] {
     for (int64_t l = 0; l < L; ++l) {
       if (l == 0) {
         normed = first_normed ? first_normed->contiguous() : rms_norm(x, *w(l, 0), eps);
       } else {  // the last layer's residual add, fused into this layer's norm
-        std::tie(normed, x) = add_rms_norm(mlp_out, x, *w(l, 0), eps);
+        add_rms_norm_into(mlp_out, residual, *w(l, 0), eps, normed, residual);
+        x = residual;
       }
-      tap(l, x);
-      at::Tensor qkv = linear(normed, *w(l, 1), w(l, 2), "");
-      qkv = qkv.view({T, -1, head_dim});
-      rope_write(qkv, c, s, heads, k_pools[l], v_pools[l], slots);
-      at::Tensor att = attention(qkv.narrow(1, 0, heads), k_pools[l], v_pools[l], table, seq, pos, rows, block_size,
-                                 windows[l], scale, c10::nullopt, "", tree_base, tree_map);
-      at::Tensor o = linear(att, *w(l, 3), w(l, 4), "");
-      at::Tensor h;
-      std::tie(normed, h) = add_rms_norm(o, x, *w(l, 5), eps);
-      mlp_out = linear(silu_mul(linear(normed, *w(l, 6), w(l, 7), "")), *w(l, 8), w(l, 9), "");
-      x = h;
+      tap(l, x, l > 0);
+      linear_into(normed, *w(l, 1), w(l, 2), qkv);
+      const at::Tensor heads_view = qkv.view({T, -1, head_dim});
+      rope_write(heads_view, c, s, heads, k_pools[l], v_pools[l], slots);
+      attention_into(heads_view.narrow(1, 0, heads), k_pools[l], v_pools[l], table, seq, pos, rows, block_size,
+                     windows[l], scale, tree_base, tree_map, att);
+      linear_into(att, *w(l, 3), w(l, 4), o);
+      if (l == 0 && first_normed) normed = at::Tensor();  // (the caller's: layer 0's MLP input is ours)
+      add_rms_norm_into(o, x, *w(l, 5), eps, normed, residual);
+      linear_into(normed, *w(l, 6), w(l, 7), gate_up);
+      silu_mul_into(gate_up, act);
+      linear_into(act, *w(l, 8), w(l, 9), mlp_out);
     }
   });
-  x = at::add(x, mlp_out);
-  tap(L, x);
+  x = at::add(residual, mlp_out);
+  tap(L, x, false);
   return {x, tapped};
 }
 
