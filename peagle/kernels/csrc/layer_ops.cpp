@@ -20,7 +20,6 @@
 
 namespace peagle {
 
-static constexpr int64_t ROW_GRAIN = 16;
 
 static void check_rows(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
@@ -51,7 +50,7 @@ void rms_norm_into(const at::Tensor& x, const at::Tensor& w, double eps, at::Ten
   const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const NormRow norm_row = peagle::norm_row();
-  parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
+  parallel_for(0, T, row_grain(), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) norm_row(xp + t * n, wp, float(eps), n, yp + t * n);
   });
 }
@@ -77,7 +76,7 @@ void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at
   const float *xp = x.data_ptr<float>(), *rp = residual.data_ptr<float>(), *wp = w.data_ptr<float>();
   float *yp = y.data_ptr<float>(), *hp = h.data_ptr<float>();
   const NormRow norm_row = peagle::norm_row();
-  parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
+  parallel_for(0, T, row_grain(), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t i = 0; i < n; ++i) hp[t * n + i] = rp[t * n + i] + xp[t * n + i];
       norm_row(hp + t * n, wp, float(eps), n, yp + t * n);
@@ -123,7 +122,7 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   const int64_t* sl = slots.data_ptr<int64_t>();
   const int64_t nslots = k_pool.size(0);
   const HalfRow to_half = half_row();
-  parallel_for(0, T, ROW_GRAIN, [&](int64_t t0, int64_t t1) {
+  parallel_for(0, T, row_grain(), [&](int64_t t0, int64_t t1) {
     float tmp[512];
     for (int64_t t = t0; t < t1; ++t) {
       const float *ct = c + t * d, *st = s + t * d;

@@ -27,7 +27,6 @@ namespace peagle {
 
 static constexpr int64_t ROW_CHUNK = 64;  // rows whose activations (<= 64 x 1536 floats) stay in L2
 static constexpr int64_t COL_GRAIN = 64;  // columns per thread task at least
-static constexpr int64_t ROW_GRAIN = 16;  // rows per thread task quantizing activations
 
 using Kernel = std::function<void(const LinearArgs&, int64_t, int64_t)>;
 using AttnKernel = std::function<void(const AttnArgs&, int64_t, int64_t)>;
@@ -463,7 +462,7 @@ static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::opti
                 reinterpret_cast<int32_t*>(base + M * K + 12 * M * nb)};
   const float* xp = c.x.data_ptr<float>();
   const int32_t offset = k.offset(w.wtype);
-  parallel_for(0, M, ROW_GRAIN, [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
+  parallel_for(0, M, row_grain(), [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
   const int64_t units = w.packed ? N / QGROUP : N;
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
     const QRows qc{q.q + m0 * K, q.d + m0 * nb, q.sd + m0 * nb, q.c + m0 * nb, q.c16 + m0 * nb};
@@ -495,7 +494,7 @@ static at::Tensor brun(const at::Tensor& x, const WeightView& w, const c10::opti
   static thread_local std::vector<uint16_t> scratch;  // x in bf16, kept between calls as qrun's
   scratch.resize(size_t(M * K));
   uint16_t* xp = scratch.data();
-  parallel_for(0, M, ROW_GRAIN, [&](int64_t m0, int64_t m1) { k.rows(c.x.data_ptr<float>(), K, K, xp, m0, m1); });
+  parallel_for(0, M, row_grain(), [&](int64_t m0, int64_t m1) { k.rows(c.x.data_ptr<float>(), K, K, xp, m0, m1); });
   const int64_t units = w.packed ? N / QGROUP : N;
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
     BLinearArgs a{xp + m0 * K, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
