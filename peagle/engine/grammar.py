@@ -89,6 +89,7 @@ class Grammars:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int], cache_size: int = 64):
         import xgrammar as xgr
         self._xgr = xgr
+        self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         stop = sorted(stop_token_ids)
         base = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
@@ -135,6 +136,13 @@ class Grammars:
     def new_mask(self, rows: int) -> torch.Tensor:
         return new_mask(rows, self.vocab_size)
 
+    def writable(self, text: str) -> bool:
+        """Whether the model's tokens can spell ``text``: its tokenizer's encoding decodes back to it. Not so
+        for characters whose UTF-8 bytes some token tables lack (SmolLM2's has no token for the byte 0xF1:
+        U+40000-U+4FFFF): a choice holding one is a dead end the mask would allow no token past."""
+        tok = self._tokenizer
+        return tok.decode(tok.encode(text, add_special_tokens=False), clean_up_tokenization_spaces=False) == text
+
     def _compile(self, so: StructuredOutput) -> "xgrammar.CompiledGrammar":
         c = self._compiler
         what = {"json": "JSON", "json_schema": "JSON schema", "regex": "regex", "grammar": "grammar",
@@ -153,21 +161,27 @@ class Grammars:
                 return c.compile_regex(so.spec)
             if so.kind == "grammar":
                 return c.compile_grammar(so.spec)
-            return c.compile_grammar(_choice_grammar(so.spec))
+            return c.compile_grammar(_choice_grammar(so.spec, self.writable))
         except GrammarError:
             raise
         except (RuntimeError, ValueError, TypeError) as e:
             raise GrammarError(f"invalid {what}: {_message(e)}") from None
 
 
-def _choice_grammar(spec: str) -> str:
-    """EBNF for exactly one of a JSON list of strings (JSON's string escapes are EBNF's)."""
+def _choice_grammar(spec: str, writable) -> str:
+    """EBNF for exactly one of a JSON list of strings (JSON's string escapes are EBNF's), each of them one the
+    model's tokens can spell (``writable``)."""
     try:
         choices = json.loads(spec)
     except ValueError as e:
         raise GrammarError(f"the choices are not valid JSON: {e}") from None
     if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
         raise GrammarError("the choices must be a non-empty JSON list of non-empty strings")
+    for i, c in enumerate(choices):
+        if not writable(c):
+            bad = next((ch for ch in c if not writable(ch)), None)
+            what = f"U+{ord(bad):04X}" if bad is not None else "a sequence of characters"
+            raise GrammarError(f"choice {i} holds {what}, which this model's tokenizer cannot write")
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
