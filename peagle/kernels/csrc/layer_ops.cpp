@@ -30,10 +30,9 @@ static void check_weight(const at::Tensor& w, int64_t n) {
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == n, "peagle::rms_norm: weight must be float32 [n]");
 }
 
-// An output the caller holds: (re)made where it is not yet a contiguous float32 tensor of ``shape``.
+// An output the caller holds, (re)made where it does not fit ``shape``.
 static void fit(at::Tensor& out, at::IntArrayRef shape, const at::Tensor& like) {
-  if (!out.defined() || out.sizes() != shape || !out.is_contiguous() || out.scalar_type() != at::kFloat)
-    out = at::empty(shape, like.options());
+  if (!fits(out, c10::multiply_integers(shape)) || out.sizes() != shape) out = at::empty(shape, like.options());
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {

@@ -191,9 +191,7 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
                     mp[r * W + c], ", outside its block table");
     }
   }
-  at::Tensor out = into ? *into : at::empty({q.size(0), H * d}, q.options());
-  TORCH_CHECK(!into || (out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == q.size(0) * H * d),
-              "peagle::attention: the output must be contiguous float32 [rows, heads * head_dim]");
+  at::Tensor out = into ? *into : at::empty({q.size(0), H * d}, q.options());  // (attention_into: one that fits)
   // tiles: runs of rows of one sequence (a sequence's verification rows share every key load), each run cut
   // into as few tiles of at most tile_rows as it takes, of equal heights (8 rows: 4 + 4, not 5 + 3: the
   // threads' shares of one sequence's items are equal), tile_rows halved while there are fewer than two work
@@ -226,9 +224,9 @@ void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                     const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows, int64_t block_size,
                     int64_t window, double scale, const c10::optional<at::Tensor>& tree_base,
                     const c10::optional<at::Tensor>& tree_map, at::Tensor& out) {
-  const bool fits = out.defined() && out.numel() == q.size(0) * q.size(1) * q.size(2);
+  const bool reuse = fits(out, q.size(0) * q.size(1) * q.size(2));
   out = run_attention(q, k, v, table, seq, pos, rows, block_size, window, scale, c10::nullopt, tree_base, tree_map,
-                      attn_kernel_for(best_isa()), fits ? &out : nullptr);
+                      attn_kernel_for(best_isa()), reuse ? &out : nullptr);
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
@@ -294,13 +292,7 @@ static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optiona
   c.M = c.x.size(0);
   c.shape.assign(x.sizes().begin(), x.sizes().end());
   c.shape.back() = w.N;
-  if (out) {
-    TORCH_CHECK(out->scalar_type() == at::kFloat && out->is_contiguous() && out->numel() == c.M * w.N,
-                "peagle::linear: the output must be contiguous float32 with ", c.M * w.N, " entries");
-    c.y = out->view({c.M, w.N});
-  } else {
-    c.y = at::empty({c.M, w.N}, x.options());
-  }
+  c.y = out ? out->view({c.M, w.N}) : at::empty({c.M, w.N}, x.options());  // (linear_into: one that fits)
   return c;
 }
 
@@ -504,9 +496,8 @@ static at::Tensor brun(const at::Tensor& x, const WeightView& w, const c10::opti
   return c.y.view(c.shape);
 }
 
-static at::Tensor linear_to(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+static at::Tensor linear_to(const at::Tensor& x, const WeightView& v, const c10::optional<at::Tensor>& bias,
                             c10::string_view isa, const at::Tensor* out) {
-  const WeightView v = weight_view(w);
   if (v.packed && v.wtype == WType::bf16)
     return brun(x, v, bias, bkernel_for(isa.empty() ? best_bf16_isa() : std::string(isa)), out);
   if (v.packed) return qrun(x, v, bias, qkernel_for(isa.empty() ? best_int_isa() : std::string(isa)), out);
@@ -515,13 +506,14 @@ static at::Tensor linear_to(const at::Tensor& x, const at::Tensor& w, const c10:
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                          c10::string_view isa) {
-  return linear_to(x, w, bias, isa, nullptr);
+  return linear_to(x, weight_view(w), bias, isa, nullptr);
 }
 
 void linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
-  const int64_t n = weight_view(w).N, m = x.numel() / std::max<int64_t>(x.size(-1), 1);
-  if (!y.defined() || y.numel() != m * n) return void(y = linear_to(x, w, bias, "", nullptr).view({m, n}));
-  linear_to(x, w, bias, "", &y);
+  const WeightView v = weight_view(w);
+  const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  if (fits(y, m * v.N)) linear_to(x, v, bias, "", &y);
+  else y = linear_to(x, v, bias, "", nullptr).view({m, v.N});
 }
 
 static at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,

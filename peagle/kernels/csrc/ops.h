@@ -17,7 +17,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 // The same into outputs the caller holds (decoder_layers' buffers, made by the first layer and filled again by
-// the next: a step's ~400 allocations saved), each (re)made where it is undefined or of another shape. The same bits.
+// the next: a step's ~400 allocations saved), each (re)made where it does not fit. The same bits.
+inline bool fits(const at::Tensor& out, int64_t numel) {
+  return out.defined() && out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == numel;
+}
 void linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, at::Tensor& y);
 void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                     const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows, int64_t block_size,
