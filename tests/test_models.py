@@ -173,6 +173,27 @@ def test_config_eos_list_and_rope_formats():
     assert q.sliding_window is None and q.qkv_bias
 
 
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 32}])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_table_rows_are_the_bits_computed_per_call(scaling, dtype):
+    """The CPU table's cached rows (grown past its first 256 positions, read in any order) are RoPE's cos
+    and sin computed for those positions alone, bit for bit."""
+    from peagle.models.layers import Rotary
+
+    r = Rotary(16, 5e5, scaling)
+    g = torch.Generator().manual_seed(0)
+    for n, top in [(1, 10), (8, 200), (3, 3000), (40, 9000), (1, 5)]:  # 3000 and 9000 grow the table
+        pos = torch.randint(0, top, (n,), generator=g)
+        f = pos.to(torch.float32)[:, None] * r.inv_freq[None, :]
+        emb = torch.cat([f, f], dim=-1)[:, None, :]
+        want = [(t * r.attention_scaling if r.attention_scaling != 1.0 else t).to(dtype) for t in (emb.cos(), emb.sin())]
+        got = r.table(pos, dtype)
+        assert all(a.shape == (n, 1, 16) and a.dtype == dtype and torch.equal(a, b) for a, b in zip(got, want))
+    assert len(r._rows[dtype][0]) >= 9000
+
+
 # ----------------------------------------------------------------------------- paged cache
 
 BLOCK = 4

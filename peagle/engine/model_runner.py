@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import accumulate
 
 import torch
@@ -283,6 +284,11 @@ class ModelRunner:
         ids, positions, taps = (torch.cat(x) for x in zip(*parts))
         return spans, ids, positions, offsets(spans), num_valid + to_device(lags, self.device), taps
 
+    @cached_property
+    def mask_feature(self) -> torch.Tensor:
+        """The drafter's mask-slot feature, ``fc(mask_hidden)``: its weights are fixed while it serves."""
+        return self.drafter.mask_feature()
+
     def propose(self, spans: list[Span], ids: torch.Tensor, positions: torch.Tensor, cu: list[int],
                 num_valid: torch.Tensor, taps: torch.Tensor, bonus: torch.Tensor, k: int,
                 tables: torch.Tensor | None = None) -> torch.Tensor:
@@ -299,7 +305,7 @@ class ModelRunner:
         b = expand(ids, positions, to_device(cu, dev), num_valid, bonus, num_masks, d.cfg.mask_token_id)
         hidden = d.project(taps)[b.hidden_map.clamp(min=0)]
         if num_masks:
-            hidden = torch.where(b.is_masked[:, None], d.mask_feature(), hidden)
+            hidden = torch.where(b.is_masked[:, None], self.mask_feature, hidden)
         bs = self.cfg.block_size
         if tables is not None:
             normed, prenorm = self.graphs.drafter(b.input_ids, hidden, b.positions, tables, b.is_rejected)

@@ -46,5 +46,5 @@ class Gemma3Model(LlamaModel):
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows scaled by ``sqrt(hidden)`` rounded to their dtype, as HF does."""
-        x = self.model.embed_tokens(ids)
+        x = super().embed(ids)
         return x * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=x.dtype)

@@ -191,8 +191,23 @@ class Rotary(nn.Module):
         with torch.device("cpu" if device.type == "meta" else device):
             inv_freq, self.attention_scaling = rope_frequencies(head_dim, theta, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._rows: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # table's cache (CPU)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of ``positions`` ``[T]``, each ``[T, 1, head_dim]`` in ``dtype``. On a CPU, rows of a
+        table kept for the positions up to the largest seen (grown by doubling): the same bits as
+        :meth:`compute`, in three operators instead of eight, twice a decoding step. Elsewhere computed
+        each call (no host sync; CUDA graphs capture it)."""
+        if positions.device.type != "cpu" or positions.dim() != 1 or not len(positions):
+            return self.compute(positions, dtype)
+        need, have = int(positions.max()) + 1, self._rows.get(dtype)
+        if have is None or len(have[0]) < need:
+            n = max(need, 256 if have is None else 2 * len(have[0]))
+            self._rows[dtype] = self.compute(torch.arange(n, device=positions.device), dtype)
+        cos, sin = self._rows[dtype]
+        return cos.index_select(0, positions), sin.index_select(0, positions)
+
+    def compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [T, 1, head_dim]
         cos, sin = emb.cos(), emb.sin()

@@ -429,8 +429,10 @@ class LlamaModel(nn.Module):
                              c.attn_scale, c.rms_norm_eps, list(self.aux_layers))
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """The rows entering the first layer."""
-        return self.model.embed_tokens(ids)
+        """The rows entering the first layer (a GGUF table's straight from its blocks: the same rows as
+        ``embedding`` gives through :class:`QuantTensor`'s dispatch, without it)."""
+        w = self.model.embed_tokens.weight
+        return w.rows(ids) if isinstance(w, QuantTensor) else self.model.embed_tokens(ids)
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         out = linear(normed, self.head_weight())
