@@ -187,6 +187,8 @@ def _reject_all(engine: LLMEngine) -> None:
     accept = engine.runner.accept
 
     def fault(y, b):   # every node's token is one no target gives: nothing accepted, the target's token emitted
+        if b.tree_batch is None:  # no drafts this step
+            return accept(y, b)
         tb = dataclasses.replace(b.tree_batch, tokens=torch.full_like(b.tree_batch.tokens, -1))
         return accept(y, dataclasses.replace(b, tree_batch=tb))
     engine.runner.accept = fault
@@ -198,6 +200,8 @@ def _keep_rejected(engine: LLMEngine) -> None:
     def fault(y, b):   # a chain's first rejected draft kept too (its token, its KV), the target's token after it
         a, _, path = accept(y, b)
         tb = b.tree_batch
+        if tb is None:  # no drafts this step
+            return a, _, path
         a = torch.where(a < tb.depths.max(1).values, a + 1, a)
         nodes = torch.minimum(torch.arange(path.shape[1], device=a.device)[None], a[:, None])
         return a, y[tb.rows].gather(1, a[:, None])[:, 0], nodes

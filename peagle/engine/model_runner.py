@@ -66,7 +66,7 @@ class Batch:
     cu: list[int]                          # each sequence's first row (padding sequences' too)
     first: list[int]                       # each sequence's first verified (logit) row
     logit_rows: torch.Tensor
-    tree_batch: TreeBatch                  # the verified nodes, as verification reads them
+    tree_batch: TreeBatch | None           # the verified nodes, as verification reads them (None: no drafts)
     tree_rows: TreeRows | None             # where tree nodes keep their KV
     tables: torch.Tensor | None = None     # the padded decode layout (CUDA graphs): block tables ...
     num_pad: int = 0                       # ... and padding sequences
@@ -168,7 +168,8 @@ class ModelRunner:
             self.keep_paths(b, path, meta)
             rows, spans = path_rows(b.layout, path, b.spans, b.cu)
             ids, positions, taps, cu = ids[rows], positions[rows], taps[rows], offsets(spans)
-        out = [finite_rows[b.tree_batch.rows].all(1)[:, None].long(), accepted[:, None], tokens[:, None], path]
+        finite = finite_rows if b.tree_batch is None else finite_rows[b.tree_batch.rows].all(1)
+        out = [finite[:, None].long(), accepted[:, None], tokens[:, None], path]
         k = tree.depth
         if k:  # rows whose KV stays valid: the new tokens and the accepted drafts
             num_valid, bonus = to_device([n for _, n in work], self.device) + accepted, tokens
@@ -216,7 +217,8 @@ class ModelRunner:
         # the verified rows: each sequence's last new token and its drafts
         logit_rows = to_device([c + n - 1 + j for c, (_, n), v in zip(cu, work, verify_rows) for j in range(v)], dev)
         return Batch(work, layout, partial, to_device(ids, dev), to_device(positions, dev), spans, cu, first,
-                     logit_rows, TreeBatch.of([s.tree for s in seqs], [s.drafts for s in seqs], first[:-1], dev),
+                     logit_rows, TreeBatch.of([s.tree for s in seqs], [s.drafts for s in seqs], first[:-1], dev)
+                     if any(s.drafts for s in seqs) else None,
                      tree_rows(layout, spans, positions, dev) if any(layout) else None, tables, num_pad)
 
     def forward(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor, AttnMeta | None]:
@@ -244,7 +246,11 @@ class ModelRunner:
 
     def accept(self, y: torch.Tensor, b: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Verification on the device (:func:`peagle.engine.tree.accept_paths`): accepted drafts ``[B]``, the
-        token emitted after them ``[B]`` and the accepted path's nodes by depth ``[B, D+1]``."""
+        token emitted after them ``[B]`` and the accepted path's nodes by depth ``[B, D+1]``. Without drafts
+        (plain steps, prompt chunks) each sequence's one row is its token: nothing to verify."""
+        if b.tree_batch is None:
+            none = torch.zeros(len(y), 1, dtype=torch.long, device=y.device)
+            return none[:, 0], y, none
         return accept_paths(y[b.tree_batch.rows], b.tree_batch)
 
     def keep_paths(self, b: Batch, path: torch.Tensor, meta: AttnMeta) -> None:
