@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import heapq
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -30,6 +30,26 @@ from peagle.runtime import to_device
 MAX_RANK = 16    # candidates per depth a tree may use
 
 
+@lru_cache(maxsize=1024)
+def _checked(paths: tuple) -> tuple[tuple[int, ...], ...]:
+    """A tree's nodes validated and in breadth-first order (kept: ``auto`` makes a tree every step)."""
+    for p in paths:
+        if not p or any(not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < MAX_RANK for r in p):
+            raise ValueError(f"token tree node {p}: a node is a non-empty tuple of ranks in 0..{MAX_RANK - 1}")
+    most = kernels.limits().tree_nodes
+    if len(paths) > most:
+        raise ValueError(f"a token tree has at most {most} nodes, got {len(paths)}")
+    paths = tuple(sorted(paths, key=_bfs))
+    seen = {()}
+    for p in paths:
+        if p in seen:
+            raise ValueError(f"token tree node {p} appears twice")
+        if p[:-1] not in seen:
+            raise ValueError(f"token tree node {p} has no parent {p[:-1]} in the tree")
+        seen.add(p)
+    return paths
+
+
 @dataclass(frozen=True)
 class Tree:
     """Nodes as rank paths in breadth-first order; the empty tree drafts nothing."""
@@ -37,21 +57,7 @@ class Tree:
     paths: tuple[tuple[int, ...], ...]
 
     def __post_init__(self):
-        for p in self.paths:
-            if not p or any(not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < MAX_RANK for r in p):
-                raise ValueError(f"token tree node {p}: a node is a non-empty tuple of ranks in 0..{MAX_RANK - 1}")
-        most = kernels.limits().tree_nodes
-        if len(self.paths) > most:
-            raise ValueError(f"a token tree has at most {most} nodes, got {len(self.paths)}")
-        paths = tuple(sorted(self.paths, key=_bfs))
-        seen = {()}
-        for p in paths:
-            if p in seen:
-                raise ValueError(f"token tree node {p} appears twice")
-            if p[:-1] not in seen:
-                raise ValueError(f"token tree node {p} has no parent {p[:-1]} in the tree")
-            seen.add(p)
-        object.__setattr__(self, "paths", paths)
+        object.__setattr__(self, "paths", _checked(self.paths))
 
     @classmethod
     def chain(cls, k: int) -> "Tree":
@@ -172,16 +178,25 @@ class TreeBatch:
     @classmethod
     def of(cls, trees: list[Tree], tokens: list[list[int]], first_rows: list[int], device: torch.device) -> "TreeBatch":
         n = 1 + max(len(t) for t in trees)
-        d = 1 + max(t.depth for t in trees)
-        rows, toks, par, dep, lin = [], [], [], [], []
-        for t, tk, f in zip(trees, tokens, first_rows):
-            pad = n - 1 - len(t)
-            rows.append([f + i for i in range(len(t) + 1)] + [f] * pad)
-            toks.append([-1] + list(tk) + [-1] * pad)
-            par.append(t.parents + [0] * pad)
-            dep.append(t.depths + [-1] * pad)
-            lin.append([li + [li[-1]] * (d - len(li)) for li in t.lineage] + [[0] * d] * pad)
-        return cls(*(to_device(x, device) for x in (rows, toks, par, dep, lin)))
+        toks = [[-1] + list(tk) + [-1] * (n - 1 - len(tk)) for tk in tokens]
+        rows, par, dep, lin = _layout(tuple(trees), tuple(first_rows), device)
+        return cls(rows, to_device(toks, device), par, dep, lin)
+
+
+@lru_cache(maxsize=256)
+def _layout(trees: tuple[Tree, ...], first_rows: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A batch of trees' rows, parents, depths and lineage (see :class:`TreeBatch`; read, never written): the
+    same every step while the trees and the rows they start at are (one sequence decoding at a fixed K)."""
+    n = 1 + max(len(t) for t in trees)
+    d = 1 + max(t.depth for t in trees)
+    rows, par, dep, lin = [], [], [], []
+    for t, f in zip(trees, first_rows):
+        pad = n - 1 - len(t)
+        rows.append([f + i for i in range(len(t) + 1)] + [f] * pad)
+        par.append(t.parents + [0] * pad)
+        dep.append(t.depths + [-1] * pad)
+        lin.append([li + [li[-1]] * (d - len(li)) for li in t.lineage] + [[0] * d] * pad)
+    return tuple(to_device(x, device) for x in (rows, par, dep, lin))
 
 
 def accept_paths(y: torch.Tensor, tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
