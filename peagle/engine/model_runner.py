@@ -25,7 +25,7 @@ from peagle.engine.config import Bounds, EngineConfig
 from peagle.engine.expansion import expand
 from peagle.engine.graphs import StepGraphs, bucket
 from peagle.engine.processors import process
-from peagle.engine.sampling import SamplingError, TokenLogprob, greedy, logprobs_of, sample_tokens
+from peagle.engine.sampling import SamplingError, TokenLogprob, argmax, greedy, logprobs_of, sample_tokens
 from peagle.engine.sequence import Sequence
 from peagle.engine.tree import Tree, TreeBatch, accept_paths, path_rows, path_slots, tree_rows
 from peagle.models.attention import AttnMeta, KVCache, Span, TreeRows
@@ -240,7 +240,7 @@ class ModelRunner:
             if partial or (p.greedy and not p.processed):
                 continue
             rows = process(logits[f:f1], seq, self.stop_ids) if p.processed else logits[f:f1]
-            y[f:f1] = greedy(rows)[0] if p.greedy else \
+            y[f:f1] = argmax(rows) if p.greedy else \
                 sample_tokens(rows, p, seq.seed, [len(seq.output_ids) + d for d in seq.tree.depths])
         return y, finite_rows
 
@@ -321,7 +321,7 @@ class ModelRunner:
             normed, prenorm = d(b.input_ids, hidden, b.positions, self.drafter_caches, meta)
         rows = b.sample_idx.flatten()
         logits = d.logits(normed[rows])
-        best = greedy(logits)[0][:, None] if ranks == 1 else logits.topk(ranks, -1).indices
+        best = argmax(logits)[:, None] if ranks == 1 else logits.topk(ranks, -1).indices
         drafts = d.to_target_ids(best).view(len(spans), -1, ranks)
         if parallel:
             return drafts
@@ -333,5 +333,5 @@ class ModelRunner:
             else:
                 meta = AttnMeta([Span(1, s.ctx_len + step, s.block_table) for s in spans], bs)
                 normed, h = d(out[-1], h, pos + step, self.drafter_caches, meta)
-            out.append(d.to_target_ids(greedy(d.logits(normed))[0]))
+            out.append(d.to_target_ids(argmax(d.logits(normed))))
         return torch.stack(out, dim=1)[..., None]

@@ -159,6 +159,13 @@ def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return logits.argmax(-1), logits.isfinite().all(-1)
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """:func:`greedy`'s tokens alone, for the callers that do not check finiteness (drafts, processed rows)."""
+    if kernels.native(logits) and logits.dim() == 2 and logits.is_contiguous():
+        return torch.ops.peagle.argmax(logits)[1]
+    return logits.argmax(-1)
+
+
 def sample_tokens(logits: torch.Tensor, p: SamplingParams, seed: int, positions: list[int]) -> torch.Tensor:
     """``y`` at each row of ``logits``: the inverse-CDF sample of the target's distribution (after
     temperature, top-k and top-p) at ``u(seed, t)``, ``t`` the row's output position; on the device,
