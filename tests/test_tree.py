@@ -15,7 +15,7 @@ from test_engine import assert_has_power, assert_matches
 from peagle import kernels
 from peagle.engine.llm_engine import EngineConfig
 from peagle.engine.sampling import SamplingParams, probs_from_logits, sample_tokens
-from peagle.engine.tree import Tree, TreeBatch, accept_paths, best_first
+from peagle.engine.tree import Tree, TreeBatch, accept_paths, accept_paths_torch, best_first
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +67,14 @@ def random_tree(rng: random.Random, nodes: int, ranks: int, depth: int) -> Tree:
     return Tree(tuple(paths))
 
 
-def test_verification_on_the_device_is_the_walk_over_random_trees():
+@pytest.mark.parametrize("form", ["native", "torch"])
+def test_verification_on_the_device_is_the_walk_over_random_trees(form):
     """Property test over 300 random trees in batches: the accepted count, the emitted token and the path
-    equal a plain walk's, whatever the shapes padded together (y drawn so that deep paths happen)."""
+    equal a plain walk's, whatever the shapes padded together (y drawn so that deep paths happen); peagle's
+    CPU op (``peagle::accept_paths``) and the torch form give the same tensors, the paths' padding included."""
+    if form == "native" and not kernels.native(torch.device("cpu")):
+        pytest.skip("native kernels not built")
+    verify = accept_paths if form == "native" else accept_paths_torch
     rng = random.Random(0)
     for _ in range(60):
         trees = [random_tree(rng, rng.randint(0, 12), rng.randint(1, 4), rng.randint(1, 5)) for _ in range(5)]
@@ -82,7 +87,8 @@ def test_verification_on_the_device_is_the_walk_over_random_trees():
         for f, y in zip(first, ys):
             logits_rows[f:f + len(y)] = torch.tensor(y)
         tb = TreeBatch.of(trees, toks, first, torch.device("cpu"))
-        a, tok, path = accept_paths(logits_rows[tb.rows], tb)
+        a, tok, path = verify(logits_rows[tb.rows], tb)
+        assert all(torch.equal(u, v) for u, v in zip((a, tok, path), accept_paths_torch(logits_rows[tb.rows], tb)))
         for b, (t, tk, y) in enumerate(zip(trees, toks, ys)):
             na, ntok, npath = walk(y, t, tk)
             assert (int(a[b]), int(tok[b]), path[b, :na + 1].tolist()) == (na, ntok, npath)

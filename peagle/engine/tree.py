@@ -204,7 +204,15 @@ def accept_paths(y: torch.Tensor, tb: TreeBatch) -> tuple[torch.Tensor, torch.Te
     each node (its argmax, or its position-keyed sample). A node is accepted when its token is its
     parent's ``y`` and its parent was accepted; siblings hold distinct tokens, so the accepted nodes form
     one path. Returns (accepted drafts ``[B]``, the token emitted after them ``[B]``: ``y`` at the path's
-    end, the path's nodes by depth ``[B, D+1]``)."""
+    end, the path's nodes by depth ``[B, D+1]``). One call on peagle's CPU kernels (``peagle::accept_paths``),
+    else :func:`accept_paths_torch`."""
+    if kernels.native(y.device):
+        return torch.ops.peagle.accept_paths(y.long().contiguous(), tb.tokens, tb.parents, tb.depths, tb.lineage)
+    return accept_paths_torch(y, tb)
+
+
+def accept_paths_torch(y: torch.Tensor, tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`accept_paths` in torch operators (CUDA, and the CPU without peagle's kernels)."""
     match = tb.tokens == y.gather(1, tb.parents)
     match[:, 0] = True
     # accepted: every node of its lineage matched (the lineage pads with the node itself)
