@@ -115,6 +115,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if kernels.native(x):
+            if x.dim() == 2 and x.is_contiguous():  # decoding's rows as they come (three operators fewer)
+                return torch.ops.peagle.rms_norm(x, self.weight, self.eps)
             return torch.ops.peagle.rms_norm(x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.eps).view(x.shape)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
