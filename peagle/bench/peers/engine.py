@@ -10,6 +10,7 @@ from typing import Any
 
 from peagle.bench.peers import PRECISION, Decode, Peer, time_once
 from peagle.engine.sampling import SamplingParams
+from peagle.engine.tree import Tree
 from peagle.runtime import configure_cpu
 
 
@@ -47,8 +48,9 @@ class EnginePeer(Peer):
         e.step()   # prefill: C tokens cached, one emitted
         state = list(seq.tokens)
 
-        def one_step(n: int) -> float:
-            seq.tokens[:], seq.num_cached, seq.drafts = state, c, new_ids[:n - 1]
+        def one_step(n: int) -> float:   # the n-1 drafts as a chain, the tree the step verifies
+            seq.tokens[:], seq.num_cached = state, c
+            seq.set_drafts(Tree.chain(n - 1), [[t] for t in new_ids[:n - 1]])
             return time_once(e.step, e.device)
 
         try:
