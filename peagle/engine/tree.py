@@ -177,9 +177,9 @@ class TreeBatch:
 
     @classmethod
     def of(cls, trees: list[Tree], tokens: list[list[int]], first_rows: list[int], device: torch.device) -> "TreeBatch":
-        n = 1 + max(len(t) for t in trees)
-        toks = [[-1] + list(tk) + [-1] * (n - 1 - len(tk)) for tk in tokens]
         rows, par, dep, lin = _layout(tuple(trees), tuple(first_rows), device)
+        n = rows.shape[1]
+        toks = [[-1] + list(tk) + [-1] * (n - 1 - len(tk)) for tk in tokens]
         return cls(rows, to_device(toks, device), par, dep, lin)
 
 

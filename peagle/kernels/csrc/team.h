@@ -31,7 +31,7 @@ inline int64_t row_grain() { return team_size() ? 1 : 16; }
 template <class F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   if (begin >= end) return;
-  const int64_t team = team_size(), range = end - begin, threads = split_threads();
+  const int64_t team = team_size(), range = end - begin, threads = team ? team : at::get_num_threads();
   const int64_t chunks = std::min<int64_t>(threads, grain > 0 ? (range + grain - 1) / grain : threads);
   if (chunks <= 1 || (!team && at::in_parallel_region())) return f(begin, end);
   if (team) return team_split(begin, end, chunks, f);
