@@ -94,7 +94,7 @@ class OracleDrafter(Drafter):
         normed, prenorm = super().forward(ids, hidden, positions, caches, meta)
         tag = positions.to(normed.dtype)[:, None]  # the row at position p predicts token p + 2
         if isinstance(self.reference, dict):
-            tag = torch.cat([tag, self._sequence_tags(meta, tag.shape[0]).to(normed.dtype)], 1)
+            tag = torch.cat([tag, self._sequence_tags(meta, tag.shape[0]).to(normed.device, normed.dtype)], 1)
         n = tag.shape[1]
         return torch.cat([tag, normed[:, n:]], 1), torch.cat([tag, prenorm[:, n:]], 1)
 
@@ -111,9 +111,9 @@ class OracleDrafter(Drafter):
 
     def logits(self, normed):
         if not hasattr(self, "_draft_id"):  # target id -> draft id (heads with a reduced draft vocabulary)
-            targets = self.to_target_ids(torch.arange(self.cfg.draft_vocab_size)).tolist()
+            targets = self.to_target_ids(torch.arange(self.cfg.draft_vocab_size, device=normed.device)).tolist()
             self._draft_id = {t: d for d, t in enumerate(targets)}
-        out = torch.zeros(normed.shape[0], self.cfg.draft_vocab_size)
+        out = torch.zeros(normed.shape[0], self.cfg.draft_vocab_size, device=normed.device)
         for r, row in enumerate(normed.float()):
             i, tok = self.target_token(row)
             if i % self.wrong_every == 0:
