@@ -45,7 +45,7 @@ def test_training_on_cuda_learns_and_its_head_runs_losslessly(tmp_path):
     held-out accuracy rises, and the head it writes drafts on the GPU with plain decoding's
     tokens and some drafts accepted."""
     from peagle.engine.llm_engine import EngineConfig, LLMEngine
-    from peagle.models.drafter import load_drafter
+    from peagle.models.drafter import load_drafter, save_drafter
     from peagle.train.trainer import Trainer, TrainConfig
 
     hf = tiny_hf("llama")
@@ -69,6 +69,10 @@ def test_training_on_cuda_learns_and_its_head_runs_losslessly(tmp_path):
     assert after["acc"][0] > before["acc"][0] + 0.02 and after["al"] > before["al"] + 0.03, (before, after)
     assert all(p.dtype == torch.float32 for p in trainer.head.trainable())
     head = load_drafter(tmp_path / "head").cuda()
+    embedding = target.model.embed_tokens.weight   # on the GPU: the compact form compares rows against it
+    save_drafter(head, tmp_path / "compact", base_embedding=embedding)
+    again = load_drafter(tmp_path / "compact", base_embedding=embedding.cpu()).state_dict()
+    assert all(torch.equal(again[k], v.cpu()) for k, v in head.state_dict().items())
     engine = LLMEngine(target, head, EngineConfig(method="parallel", num_speculative_tokens=3))
     got = engine.generate(ps[:6], greedy)
     assert [o.token_ids for o in got] == outs[:6] and engine.stats.num_accepted_tokens > 0

@@ -62,8 +62,8 @@ def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synt
     log = [json.loads(line) for line in open(tmp_path / "head" / "train_log.jsonl")]
     assert [r["step"] for r in log if r.get("event") == "eval"] == [3, 4]
     assert vllm_problems(tmp_path / "head", parallel_drafting=method == "peagle") == []
-    target, _ = load_target(str(tiny_chat_dir), "float32")
-    head = load_drafter(tmp_path / "head")
+    target, _ = load_target(str(tiny_chat_dir), "float32")   # on CUDA where there is one
+    head = load_drafter(tmp_path / "head", device=target.lm_weight.device)
     assert head.cfg.draft_vocab_size == 512 and head.cfg.trained_k == K
     engine_method = "parallel" if method == "peagle" else "eagle3"
     ps = [rec.ids[:rec.prompt_len] for rec in load_records(synth_dir, 256)[:4]]

@@ -306,7 +306,7 @@ def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtyp
         tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
     if base_embedding is not None:
         emb = tensors.pop("embed_tokens.weight")
-        rows = (emb != base_embedding.to(dtype)).any(1).nonzero().squeeze(1)
+        rows = (emb != base_embedding.detach().cpu().to(dtype)).any(1).nonzero().squeeze(1)
         tensors[EMBED_ROWS[0]], tensors[EMBED_ROWS[1]] = rows, emb[rows].contiguous()
     cfg = drafter.cfg.to_dict()
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")

