@@ -12,7 +12,7 @@ from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.drafter import Drafter, DrafterConfig
 from peagle.models.attention import AttnMeta
-from peagle.train.data import target_view
+from peagle.train.data import target_view, target_views
 from peagle.train.head import TrainHead
 from peagle.train.objective import Batch, Doc, Objective, chain_mask, evaluate, pieces, sample_elements, segments
 
@@ -30,6 +30,26 @@ def make_doc(target, n: int, prompt_len: int, seed: int) -> Doc:
     ids = torch.randint(3, 150, (n,), generator=g)
     taps, final, argmax = target_view(target, ids.tolist())
     return Doc(ids, prompt_len, taps, final, argmax)
+
+
+def test_documents_sharing_a_prefill_each_get_their_own_view(target):
+    """Online states come from prefills that several documents share (:func:`target_views`), each its own
+    sequence: a document's taps, final states and argmax are those of its prefill alone, whatever shares
+    it (the same bits on peagle's batch-invariant CPU kernels; within rounding on torch's matmul)."""
+    g = torch.Generator().manual_seed(5)
+    docs = [torch.randint(3, 150, (n,), generator=g).tolist() for n in (9, 70, 3, 33, 120)]
+    alone = [target_view(target, d) for d in docs]
+    for budget in (4096, 80, 1):   # all in one prefill; groups of about 80 tokens; one each
+        for a, b in zip(alone, target_views(target, docs, budget=budget)):
+            for x, y in zip(a, b):
+                torch.testing.assert_close(y, x, rtol=0, atol=0) if exact_kernels() else torch.testing.assert_close(y, x)
+
+
+def exact_kernels() -> bool:
+    import os
+
+    from peagle import kernels
+    return kernels.available() and os.environ.get("PEAGLE_NATIVE") != "0"
 
 
 def make_head(target, seed=0, dtype=torch.float32) -> TrainHead:

@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from peagle.models.drafter import save_drafter
 from peagle.runtime import DTYPE_CHOICES, configure_cpu, resolve_device, resolve_dtype
-from peagle.train.data import HiddenSource, Record, draft_vocab, is_eval, load_records
+from peagle.train.data import HiddenSource, Record, budget_groups, draft_vocab, is_eval, load_records
 from peagle.train.head import TrainHead
 from peagle.train.objective import (LABELS, METHODS, Batch, Objective, Piece, auto_segments, evaluate, pieces,
                                     sample_elements)
@@ -114,18 +114,6 @@ def lr_lambda(cfg: TrainConfig, total_steps: int):
 def doc_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     """Position sampling for one document in one epoch: the same whichever process draws it."""
     return torch.Generator(device="cpu").manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
-
-
-def micro_batches(items: list, lengths: list[int], budget: int) -> list[list]:
-    """Consecutive groups of about ``budget`` tokens (a longer document goes alone)."""
-    groups, cur, used = [], [], 0
-    for item, n in zip(items, lengths):
-        if cur and used + n > budget:
-            groups.append(cur)
-            cur, used = [], 0
-        cur.append(item)
-        used += n
-    return groups + [cur] if cur else groups
 
 
 class Trainer:
@@ -212,8 +200,8 @@ class Trainer:
         epoch = self.step // self.steps_per_epoch
         mine = self._my_docs(self.step)
         work, n_sup, n_tok = [], 0, 0
-        for group in micro_batches(mine, [len(r.ids) for _, r in mine], cfg.micro_tokens):
-            batch = Batch.pack([self.source.doc(r) for _, r in group])
+        for group in budget_groups(mine, [len(r.ids) for _, r in mine], cfg.micro_tokens):
+            batch = Batch.pack(self.source.docs([r for _, r in group]))
             gens = [doc_generator(cfg.seed, epoch, j) for j, _ in group] if cfg.method == "peagle" else None
             el = sample_elements(batch, cfg.k, cfg.r, cfg.r_min, gens)
             n_sup += self.objective.count(batch, el)
@@ -280,7 +268,7 @@ class Trainer:
     def evaluate(self) -> None:
         if self.rank == 0 and self.eval_records:
             self.head.eval()
-            res = evaluate(self.objective, [self.source.doc(r) for r in self.eval_records], self.cfg.k,
+            res = evaluate(self.objective, self.source.docs(self.eval_records), self.cfg.k,
                            self.cfg.max_elements)
             self.head.train()
             self.last_eval = {"step": self.step, "tokens": self.tokens, **res}
