@@ -1,8 +1,10 @@
 #!/bin/bash
 # A lent GPU, second call, while call1.sh's machine is warm (from the repo root): the default GGUF from
-# .dev1 + .dev2, the training tests on CUDA, a P-EAGLE head trained on all synthesized data for the time
-# left (a 30-step probe sizes the run), exported compact in float16 in parts under $OUT, then speculation on
-# the GPU with it against plain decoding (real_check.py).
+# call1.sh's /tmp copies and .dev2 (part two, the synthesized data), the training tests on CUDA, a profile
+# of a training step (train_profile.py), a P-EAGLE head trained on all synthesized data for the time left
+# (a 30-step probe sizes the run), exported compact in float16 in parts under $OUT, then speculation on the
+# GPU with it against plain decoding (real_check.py). Give it BUDGET seconds (what the lease has left, less
+# a margin), e.g. `BUDGET=540 bash docs/results/gpu/call2.sh` with timeout_s 600.
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PEAGLE_NATIVE=0
 START=$(date +%s); BUDGET=${BUDGET:-530}
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site /tmp/*.whl || exit 1
@@ -18,6 +20,7 @@ $TRAIN --out /tmp/probe --max-steps 30 --eval-every 1000 --save-every 1000 2>&1 
 grep -v '"event"' /tmp/probe/train_log.jsonl | cut -c1-200
 SPS=$(python3 -c "import json;r=[json.loads(l) for l in open('/tmp/probe/train_log.jsonl') if '\"loss\"' in l];print((r[-1]['elapsed_s']-r[0]['elapsed_s'])/(r[-1]['step']-r[0]['step']))")
 [ -n "$SPS" ] || { echo "the probe failed"; exit 1; }
+timeout 90 python3 docs/results/gpu/train_profile.py $G .dev2/synth 2>&1 | grep -v Warn | tail -22   # what a step launches
 LEFT=$((BUDGET - $(date +%s) + START - 120))   # 120 s: start-up, evaluations, export, the real-model check
 STEPS=$(python3 -c "print(max(50, int($LEFT / ($SPS * 1.1))))")
 echo "probe: $SPS s a step; $LEFT s left: $STEPS steps"
