@@ -257,13 +257,17 @@ def test_bf16_autocast_keeps_float32_weights_and_optimizer_state(tiny_chat_dir, 
     assert any(not torch.equal(p, q) for p, q in zip(heads["float32"], heads["bfloat16"]))
 
 
-@pytest.mark.parametrize("method", ["peagle", "eagle3"])
-def test_objective_chain_mask_and_data_path_name_their_device(tiny_chat_dir, synth_dir, tmp_path, method):
+@pytest.mark.parametrize("method,states", [("peagle", "offline"), ("eagle3", "offline"), ("peagle", "online")])
+def test_objective_chain_mask_and_data_path_name_their_device(tiny_chat_dir, synth_dir, tmp_path, method, states):
     """Built on the CPU, then run with the default device set to "meta": a tensor created without
-    naming its device (which on a GPU would land on the CPU) meets CPU tensors and fails."""
-    target, _ = load_target(str(tiny_chat_dir))
-    write_hidden(target, load_records(synth_dir, 256), tmp_path / "hidden", progress=False)
-    trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", method=method, hidden=str(tmp_path / "hidden"),
+    naming its device (which on a GPU would land on the CPU) meets CPU tensors and fails. Online, the
+    target's shared prefills run under it too."""
+    hidden = None
+    if states == "offline":
+        target, _ = load_target(str(tiny_chat_dir))
+        write_hidden(target, load_records(synth_dir, 256), tmp_path / "hidden", progress=False)
+        hidden = str(tmp_path / "hidden")
+    trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", method=method, hidden=hidden,
                              segments=2, max_steps=1))
     torch.set_default_device("meta")
     try:
