@@ -23,6 +23,7 @@ from peagle.train.objective import Doc
 from peagle.train.synth import read_responses
 
 HIDDEN_SHARD = "hidden-{:05d}.safetensors"
+PREFILL_TOKENS = 4096  # documents share target prefills of about this many tokens (target_views)
 
 
 @dataclass
@@ -68,7 +69,7 @@ def draft_vocab(records: list[Record], size: int, vocab_size: int) -> torch.Tens
 
 
 @torch.no_grad()
-def target_views(target: LlamaModel, docs: list[list[int]], budget: int = 4096, chunk: int = 512) -> list[tuple[torch.Tensor, ...]]:
+def target_views(target: LlamaModel, docs: list[list[int]], budget: int = PREFILL_TOKENS, chunk: int = 512) -> list[tuple[torch.Tensor, ...]]:
     """The target's view of each document, on the target's device: (aux hidden states, final normed hidden
     state, greedy next token). Documents share prefills of about ``budget`` tokens, each its own sequence
     (its own KV slots and positions): on a GPU a prefill is bound by launching its kernels, and one per
@@ -131,12 +132,14 @@ def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.Pa
             "target_dtype": dtype_name(target.weight_dtype)}
     for i in todo:
         taps, final, argmax = [], [], []
-        for t, f, a in target_views(target, [rec.ids for rec in shards[i]]):
-            taps.append(t.to("cpu", torch.bfloat16))
-            final.append(f.to("cpu", torch.bfloat16))
-            argmax.append(a.to("cpu", torch.int32))
-        if bar is not None:
-            bar.update(len(shards[i]))
+        docs = [rec.ids for rec in shards[i]]
+        for group in budget_groups(docs, [len(d) for d in docs], PREFILL_TOKENS):  # one prefill's states on the device at once
+            for t, f, a in target_views(target, group):
+                taps.append(t.to("cpu", torch.bfloat16))
+                final.append(f.to("cpu", torch.bfloat16))
+                argmax.append(a.to("cpu", torch.int32))
+            if bar is not None:
+                bar.update(len(group))
         lens = torch.tensor([len(r.ids) for r in shards[i]], device="cpu")
         tensors = {"taps": torch.cat(taps), "final": torch.cat(final), "argmax": torch.cat(argmax),
                    "offsets": torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), lens.cumsum(0)])}
