@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import native_from_hf, run_full, tiny_hf
+from peagle import kernels
 from peagle.models.attention import AttnMeta, Span, prefix_then_causal
 from peagle.models.llama import SUPPORTED_ARCHITECTURES, CheckpointError, LlamaModel, ModelConfig, \
     UnsupportedModelError, build_target
@@ -241,6 +242,36 @@ def test_incremental_decoding_equals_full_pass(family, layout):
     got, got_aux = torch.cat(outs), torch.cat(auxs)
     assert (got - full).abs().max().item() <= ATOL
     assert (got_aux - full_aux).abs().max().item() <= ATOL
+
+
+@pytest.mark.parametrize("fam", ["llama", "mistral", "gemma3", "qwen3"])
+def test_a_long_prompt_has_the_same_bits_whole_chunked_or_decoded(fam):
+    """Prompts longer than the attention kernel's span (64 rows) attend through it too, cut into spans of at
+    most 64 rows (:meth:`AttnMeta.cut`): a 150-token prompt's logits and taps are the same bits prefilled
+    whole, in uneven chunks or one token at a time, and match HF's. (Through SDPA, as before, they were not.)"""
+    if os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available():
+        pytest.skip("peagle's attention kernel is off: prompts attend through SDPA")
+    hf = tiny_hf(fam)
+    model = native_from_hf(hf)
+    ids = rand_ids(150, seed=8)
+    slots = slot_layout(150, "paged")
+    runs = []
+    for bounds in ([0, 150], [0, 7, 40, 110, 150], list(range(151))):
+        caches = model.make_caches(int(slots.max()) + 8)
+        outs = [step(model, caches, ids, slots, a, b) for a, b in zip(bounds, bounds[1:])]
+        runs.append([torch.cat(t) for t in zip(*outs)])
+    for logits, aux in runs[1:]:
+        assert torch.equal(logits, runs[0][0]) and torch.equal(aux, runs[0][1])
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+    assert (runs[0][0] - ref).abs().max().item() <= ATOL
+    # beside another long prompt in one pass (each cut over its own blocks): the same bits again
+    other = rand_ids(90, seed=9)
+    caches = model.make_caches(512)
+    meta = AttnMeta([Span(90, 90, list(range(256, 346)), 0), Span(150, 150, slots.tolist(), 0)], 1)
+    with torch.inference_mode():
+        both, both_aux = model(torch.cat([other, ids]), torch.cat([torch.arange(90), torch.arange(150)]), caches, meta)
+    assert torch.equal(both[90:], runs[0][0]) and torch.equal(both_aux[90:], runs[0][1])
 
 
 def test_decode_with_sliding_window_beyond_window_gather():

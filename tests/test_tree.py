@@ -220,18 +220,23 @@ def test_move_rows_reads_every_source_before_writing():
     assert all(torch.equal(a, b) for a, b in zip(pools, want))
 
 
-def test_trees_share_steps_with_chunked_prefill_and_late_arrivals(llama):
-    """Continuous batching: a long prompt prefilled in chunks of a small token budget shares steps with
-    sequences verifying trees, and requests arrive while others decode; every output is plain decoding's,
-    with a runner-up oracle's drafts accepted beside the chunks; planted faults are caught."""
-    ps = prompts(3, seed=13) + [list(range(3, 90))]
+@pytest.mark.parametrize("budget,chunk,long", [(24, None, list(range(3, 90))),
+                                               (200, 100, [3 + 7 * i % 150 for i in range(150)])],
+                         ids=["short-chunks", "chunks-over-64"])
+def test_trees_share_steps_with_chunked_prefill_and_late_arrivals(llama, budget, chunk, long):
+    """Continuous batching: a long prompt prefilled in chunks of a token budget shares steps with sequences
+    verifying trees (chunks over 64 rows are cut into the attention kernel's spans beside the trees' rows), and
+    requests arrive while others decode; every output is plain decoding's, with a runner-up oracle's drafts
+    accepted beside the chunks; planted faults are caught."""
+    ps = prompts(3, seed=13) + [long]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
     head = RunnerUpOracle.of(llama, references(ps, ref), 3)
 
     def run(patch=lambda e: e):
         engine = patch(head.bind(make_engine(llama, head, "parallel", 3, speculative_token_tree=TREES[0],
-                                             max_num_batched_tokens=24, max_num_seqs=4)))
+                                             max_num_batched_tokens=budget, long_prefill_token_threshold=chunk,
+                                             max_num_seqs=4)))
         watch = Watch(engine)
         seqs = [engine.add_request(p, params) for p in ps[:2]]
         for _ in range(3):

@@ -80,7 +80,7 @@ def available() -> bool:
 class Limits:
     """What the kernels are built for (``csrc/kernels.h``, published by ``peagle::limits``): attention heads of
     at most ``head_dim`` with at most ``group`` query heads per KV head; a sequence's rows attended whole, up to
-    ``span_rows`` (decoding, verification, drafting; longer spans go to SDPA); a token tree of ``tree_nodes``
+    ``span_rows`` (decoding, verification, drafting; a longer prompt is cut into such spans, ``AttnMeta.cut``); a token tree of ``tree_nodes``
     nodes, so it and its root fit one span. The defaults are the kernels' own values, in force where they are
     not loaded (CUDA, ``PEAGLE_NATIVE=0``), so trees and routing do not change with the machine."""
 
