@@ -226,6 +226,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_export_args(e: argparse.ArgumentParser) -> None:
+    _add_target_args(e)
+    e.add_argument("--drafter", required=True)
+    e.add_argument("--out", required=True)
+    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    e.add_argument("--compact", action="store_true",
+                   help="leave out embedding rows equal to the target's (peagle loads it; vLLM needs the full form)")
+    e.set_defaults(func=cmd_export)
+
+
 # `peagle train` flags: one per TrainConfig field (defaults live there); help for the less obvious.
 TRAIN_HELP = {
     "data": "folder written by `peagle synth`", "out": "output: a vLLM-format head, checkpoint/ and train_log.jsonl",
@@ -420,14 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_args(t)
     t.set_defaults(func=cmd_train)
 
-    e = sub.add_parser("export", help="write a head in the complete vLLM layout (or the compact one)")
-    _add_target_args(e)
-    e.add_argument("--drafter", required=True)
-    e.add_argument("--out", required=True)
-    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
-    e.add_argument("--compact", action="store_true",
-                   help="leave out embedding rows equal to the target's (peagle loads it; vLLM needs the full form)")
-    e.set_defaults(func=cmd_export)
+    _add_export_args(sub.add_parser("export", help="write a head in the complete vLLM layout (or the compact one)"))
 
     b = sub.add_parser("bench", help="benchmarks: serve (HTTP load, as vllm bench serve), offline, sweep, serving, "
                                      "baseline, attack")

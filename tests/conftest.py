@@ -27,6 +27,12 @@ os.environ.setdefault("PEAGLE_TORCH_THREADS", "1")
 configure_cpu()
 
 
+def kernels_on() -> bool:
+    """Whether peagle's native kernels run the tiny models (built, loaded and not turned off by ``PEAGLE_NATIVE=0``)."""
+    from peagle import kernels
+    return kernels.available() and os.environ.get("PEAGLE_NATIVE") != "0"
+
+
 @contextlib.contextmanager
 def torch_threads(n: int):
     """The block on ``n`` torch threads: the suite runs one, where the kernels' splits of a pass between

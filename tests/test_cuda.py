@@ -41,9 +41,9 @@ def test_cuda_graphs_equal_eager_when_seeded(method):
 
 
 def test_training_on_cuda_learns_and_its_head_runs_losslessly(tmp_path):
-    """``peagle train`` on the GPU (online target states, bf16 autocast, float32 master weights): the loss
-    held-out accuracy rises, and the head it writes drafts on the GPU with plain decoding's
-    tokens and some drafts accepted."""
+    """``peagle train`` on the GPU (online target states, bf16 autocast, float32 master weights): the
+    held-out accuracy rises, the head it writes round-trips through the compact form beside a GPU embedding,
+    and it drafts on the GPU with plain decoding's tokens and some drafts accepted."""
     from peagle.engine.llm_engine import EngineConfig, LLMEngine
     from peagle.models.drafter import load_drafter, save_drafter
     from peagle.train.trainer import Trainer, TrainConfig

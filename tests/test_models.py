@@ -10,8 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import native_from_hf, run_full, tiny_hf
-from peagle import kernels
+from conftest import kernels_on, native_from_hf, run_full, tiny_hf
 from peagle.models.attention import AttnMeta, Span, prefix_then_causal
 from peagle.models.llama import SUPPORTED_ARCHITECTURES, CheckpointError, LlamaModel, ModelConfig, \
     UnsupportedModelError, build_target
@@ -249,7 +248,7 @@ def test_a_long_prompt_has_the_same_bits_whole_chunked_or_decoded(fam):
     """Prompts longer than the attention kernel's span (64 rows) attend through it too, cut into spans of at
     most 64 rows (:meth:`AttnMeta.cut`): a 150-token prompt's logits and taps are the same bits prefilled
     whole, in uneven chunks or one token at a time, and match HF's. (Through SDPA, as before, they were not.)"""
-    if os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available():
+    if not kernels_on():
         pytest.skip("peagle's attention kernel is off: prompts attend through SDPA")
     hf = tiny_hf(fam)
     model = native_from_hf(hf)

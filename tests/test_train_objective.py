@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import native_from_hf, tiny_hf
+from conftest import kernels_on, native_from_hf, tiny_hf
 
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
@@ -42,14 +42,7 @@ def test_documents_sharing_a_prefill_each_get_their_own_view(target):
     for budget in (4096, 80, 1):   # all in one prefill; groups of about 80 tokens; one each
         for a, b in zip(alone, target_views(target, docs, budget=budget)):
             for x, y in zip(a, b):
-                torch.testing.assert_close(y, x, rtol=0, atol=0) if exact_kernels() else torch.testing.assert_close(y, x)
-
-
-def exact_kernels() -> bool:
-    import os
-
-    from peagle import kernels
-    return kernels.available() and os.environ.get("PEAGLE_NATIVE") != "0"
+                torch.testing.assert_close(y, x, rtol=0, atol=0) if kernels_on() else torch.testing.assert_close(y, x)
 
 
 def make_head(target, seed=0, dtype=torch.float32) -> TrainHead:

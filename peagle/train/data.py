@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
 
@@ -69,12 +70,14 @@ def draft_vocab(records: list[Record], size: int, vocab_size: int) -> torch.Tens
 
 
 @torch.no_grad()
-def target_views(target: LlamaModel, docs: list[list[int]], budget: int = PREFILL_TOKENS, chunk: int = 512) -> list[tuple[torch.Tensor, ...]]:
-    """The target's view of each document, on the target's device: (aux hidden states, final normed hidden
-    state, greedy next token). Documents share prefills of about ``budget`` tokens, each its own sequence
-    (its own KV slots and positions): on a GPU a prefill is bound by launching its kernels, and one per
-    document made training's online states launch ~1,800 kernels a document."""
-    out, dev = [], target.lm_weight.device
+def target_views(target: LlamaModel, docs: list[list[int]], budget: int = PREFILL_TOKENS,
+                 chunk: int = 512) -> Iterator[tuple[torch.Tensor, ...]]:
+    """The target's view of each document in turn, on the target's device: (aux hidden states, final normed
+    hidden state, greedy next token). Documents share prefills of about ``budget`` tokens, each its own sequence
+    (its own KV slots and positions), run as the views are asked for (one prefill's states held at a time): on a
+    GPU a prefill is bound by launching its kernels, and one per document made training's online states launch
+    ~1,800 kernels a document."""
+    dev = target.lm_weight.device
     for group in budget_groups(docs, [len(d) for d in docs], budget):
         lens = [len(d) for d in group]
         starts = [0, *accumulate(lens)]
@@ -83,13 +86,12 @@ def target_views(target: LlamaModel, docs: list[list[int]], budget: int = PREFIL
         ids = torch.tensor([t for d in group for t in d], device=dev)
         final, taps = target.hidden(ids, pos, target.make_caches(starts[-1]), meta)
         argmax = torch.cat([target.logits(final[i:i + chunk]).argmax(-1) for i in range(0, starts[-1], chunk)])
-        out += [(taps[a:b], final[a:b], argmax[a:b]) for a, b in zip(starts, starts[1:])]
-    return out
+        yield from ((taps[a:b], final[a:b], argmax[a:b]) for a, b in zip(starts, starts[1:]))
 
 
 def target_view(target: LlamaModel, ids: list[int]) -> tuple[torch.Tensor, ...]:
     """One document's :func:`target_views`."""
-    return target_views(target, [ids])[0]
+    return next(target_views(target, [ids]))
 
 
 def budget_groups(items: list, lengths: list[int], budget: int) -> list[list]:
@@ -132,14 +134,12 @@ def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.Pa
             "target_dtype": dtype_name(target.weight_dtype)}
     for i in todo:
         taps, final, argmax = [], [], []
-        docs = [rec.ids for rec in shards[i]]
-        for group in budget_groups(docs, [len(d) for d in docs], PREFILL_TOKENS):  # one prefill's states on the device at once
-            for t, f, a in target_views(target, group):
-                taps.append(t.to("cpu", torch.bfloat16))
-                final.append(f.to("cpu", torch.bfloat16))
-                argmax.append(a.to("cpu", torch.int32))
+        for t, f, a in target_views(target, [rec.ids for rec in shards[i]]):
+            taps.append(t.to("cpu", torch.bfloat16))
+            final.append(f.to("cpu", torch.bfloat16))
+            argmax.append(a.to("cpu", torch.int32))
             if bar is not None:
-                bar.update(len(group))
+                bar.update(1)
         lens = torch.tensor([len(r.ids) for r in shards[i]], device="cpu")
         tensors = {"taps": torch.cat(taps), "final": torch.cat(final), "argmax": torch.cat(argmax),
                    "offsets": torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), lens.cumsum(0)])}
