@@ -253,6 +253,8 @@ TRAIN_HELP = {
     "eval_fraction": "share of documents held out (chosen by id hash)",
     "save_every": "steps between atomic checkpoints", "resume": "continue from out/checkpoint",
     "device": "auto (CUDA when present), cpu, cuda or cuda:N (torchrun: one GPU per process)",
+    "deterministic": "torch's deterministic kernels: a GPU run resumes bit for bit (slower there; the CPU's "
+                     "kernels are deterministic anyway)",
     "dtype": "autocast dtype (weights and optimizer stay float32); auto: bfloat16 on CUDA and on CPUs "
              "with native bf16 (AVX512_BF16/AMX), else float32 (no autocast)",
 }

@@ -75,13 +75,23 @@ def test_trained_folder_is_a_head_the_engine_runs_losslessly(tiny_chat_dir, synt
     assert max(o.stats.acceptance_length for o in outs) > 3.0, [o.stats for o in outs]
 
 
-def test_resume_continues_exactly(tiny_chat_dir, synth_dir, tmp_path):
-    train(config(tiny_chat_dir, synth_dir, tmp_path / "straight", max_steps=6))
-    cut = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "cut", max_steps=6))
+@pytest.fixture
+def restore_determinism():
+    """``deterministic=True`` switches torch's deterministic kernels on for the process; off again after."""
+    before = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+def test_resume_continues_exactly(tiny_chat_dir, synth_dir, tmp_path, restore_determinism):
+    """With deterministic kernels: on a GPU the chain gather's backward (``index_add_``) otherwise adds rows
+    atomically, in no fixed order."""
+    train(config(tiny_chat_dir, synth_dir, tmp_path / "straight", max_steps=6, deterministic=True))
+    cut = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "cut", max_steps=6, deterministic=True))
     for _ in range(3):
         cut.train_step()
     cut.save()  # as if killed right after the checkpoint of step 3
-    resumed = train(config(tiny_chat_dir, synth_dir, tmp_path / "cut", max_steps=6, resume=True))
+    resumed = train(config(tiny_chat_dir, synth_dir, tmp_path / "cut", max_steps=6, resume=True, deterministic=True))
     a, b = head_tensors(tmp_path / "straight"), head_tensors(tmp_path / "cut")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert resumed["step"] == 6
@@ -118,7 +128,7 @@ def train_args(tiny_chat_dir, synth_dir, out, *extra):
     return ["train", "--target", str(tiny_chat_dir), "--data", str(synth_dir), "--out", str(out), "-k", str(K),
             "--draft-vocab", "512", "--batch-size", "4", "--micro-tokens", "128", "--eval-fraction", "0.25",
             "--warmup-steps", "2", "--lr", "3e-3", "--max-steps", "8", "--eval-every", "100", "--no-progress",
-            "--dtype", "float32", *extra]
+            "--dtype", "float32", "--deterministic", *extra]
 
 
 def test_kill_9_loses_at_most_one_interval(tiny_chat_dir, synth_dir, tmp_path):
@@ -259,9 +269,9 @@ def test_bf16_autocast_keeps_float32_weights_and_optimizer_state(tiny_chat_dir, 
 
 @pytest.mark.parametrize("method,states", [("peagle", "offline"), ("eagle3", "offline"), ("peagle", "online")])
 def test_objective_chain_mask_and_data_path_name_their_device(tiny_chat_dir, synth_dir, tmp_path, method, states):
-    """Built on the CPU, then run with the default device set to "meta": a tensor created without
-    naming its device (which on a GPU would land on the CPU) meets CPU tensors and fails. Online, the
-    target's shared prefills run under it too."""
+    """Built on the trainer's device, then run with the default device set to "meta": a tensor created
+    without naming its device (which on a GPU would land on the CPU) meets real tensors and fails. Online,
+    the target's shared prefills run under it too."""
     hidden = None
     if states == "offline":
         target, _ = load_target(str(tiny_chat_dir))
@@ -278,4 +288,4 @@ def test_objective_chain_mask_and_data_path_name_their_device(tiny_chat_dir, syn
         torch.set_default_device(None)
     assert len(work) > 1 and math.isfinite(float(stats.loss)) and trainer.last_eval["anchors"] > 0
     grads = [p.grad for p in trainer.head.trainable()]
-    assert all(g is not None and g.device.type == "cpu" and bool(g.isfinite().all()) for g in grads)
+    assert all(g is not None and g.device == trainer.device and bool(g.isfinite().all()) for g in grads)

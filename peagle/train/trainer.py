@@ -81,6 +81,7 @@ class TrainConfig:
     progress: bool = True
     device: str = "auto"             # auto (CUDA when present), cpu, cuda, cuda:N
     dtype: str = "auto"              # autocast dtype; auto: bfloat16 on CUDA and native-bf16 CPUs, else float32
+    deterministic: bool = False      # torch's deterministic kernels (a GPU run then resumes bit for bit)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -127,6 +128,9 @@ class Trainer:
         if self.device.type == "cuda" and self.device.index is None:  # one GPU per process
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         self.dtype = resolve_dtype(cfg.dtype, self.device)
+        if cfg.deterministic:  # process-wide, as HF's full_determinism; cuBLAS needs its workspace fixed first
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True, warn_only=True)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         else:  # every core, shared by the processes on this machine
