@@ -80,9 +80,11 @@ def test_useless_head_drafts_nothing_and_perfect_head_the_maximum(llama, method)
     # verify; settled, only the periodic probes (two positions deep) draft
     settled = ks[30:]
     assert len(settled) > 40 and set(settled) == {0, 2} and settled.count(2) <= len(settled) // 32 + 1, ks
-    _, ks = chosen(auto_engine(llama, perfect, method), [p], params)
-    assert ks[:3] == [0, 0, 0], ks  # the engine's warm-up: plain steps, timed, before any draft is weighed
-    assert sum(k == 8 for k in ks[5:]) >= len(ks[5:]) - 1, ks
+    engine = auto_engine(llama, perfect, method)
+    w = engine.scheduler.auto.warmup
+    _, ks = chosen(engine, [p], params)
+    assert w >= 3 and ks[:w] == [0] * w, ks  # the engine's warm-up: plain steps, timed, before any draft is weighed
+    assert sum(k == 8 for k in ks[w + 2:]) >= len(ks[w + 2:]) - 1, ks
 
 
 def test_k_shrinks_as_the_batch_grows_and_follows_acceptance():
@@ -247,3 +249,23 @@ def test_measuring_costs_writes_the_context_it_reads(llama):
             context = pool[:128]
             pages = range(context.data_ptr(), context.data_ptr() + context.numel() * context.element_size(), mmap.PAGESIZE)
             assert all(page_frame(a) not in (None, zero) for a in pages)
+
+
+def test_a_curve_never_falls_with_more_rows():
+    """One row's pass timed above two rows' (timed first, cold) is noise: plain decoding priced from it
+    made a round of K=2 look cheaper than a plain step."""
+    curve = CostCurve([1, 2, 4, 8], [3.2e-3, 2.9e-3, 3.1e-3, 3.6e-3])
+    assert curve(1) == pytest.approx(2.9e-3) and curve(2) == pytest.approx(2.9e-3)
+    assert curve(8) == pytest.approx(3.6e-3) and curve(6) == pytest.approx(3.35e-3)
+
+
+def test_timing_error_follows_lows_at_once_and_highs_slowly():
+    """A request's first steps run slow: the plain step's error, timed then, must fall to the steady
+    time as soon as a step shows it, or every round looks cheap against it."""
+    auto = AutoK(8, True, TARGET, DRAFTER)
+    plain, t = Tree(()), TARGET(1)
+    for seconds in (1.35 * t, 1.3 * t, 1.0 * t):
+        auto.observe(plain, 1, seconds)
+    assert auto.scale[0] == pytest.approx(1.0)
+    auto.observe(plain, 1, 2.0 * t)   # one step slowed by another tenant
+    assert auto.scale[0] == pytest.approx(1.1)
