@@ -82,6 +82,7 @@ class AutoK:
     scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per tree size
     interval: int = 0           # steps from one probe to the next (set from probe_every)
     next_probe: int = 0
+    _seconds: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         self.interval = self.next_probe = self.probe_every
@@ -114,7 +115,14 @@ class AutoK:
         return nodes, [1.0 + s for s in accumulate(probs, initial=0.0)]
 
     def step_seconds(self, nodes: int, depth: int, batch: int) -> float:
-        """A steady-state step: verify B*(nodes+1) rows, then draft ``depth`` positions for the next one."""
+        """A steady-state step: verify B*(nodes+1) rows, then draft ``depth`` positions for the next one
+        (kept per shape: the curves are fixed, and every step prices each tree size)."""
+        key = (nodes, depth, batch)
+        if key not in self._seconds:
+            self._seconds[key] = self._step_seconds(nodes, depth, batch)
+        return self._seconds[key]
+
+    def _step_seconds(self, nodes: int, depth: int, batch: int) -> float:
         if depth == 0:
             return self.target(batch)   # the drafter catches up on these rows when drafting resumes
         rows = batch * (depth + 1)
