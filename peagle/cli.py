@@ -9,7 +9,7 @@ import sys
 import time
 
 from peagle.engine.auto_k import parse_k
-from peagle.runtime import add_kv_args, add_quantization_arg, add_runtime_args, add_tree_args, dtype_name
+from peagle.runtime import add_kv_args, add_lookup_args, add_quantization_arg, add_runtime_args, add_tree_args, dtype_name
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -34,7 +34,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                                        kv_cache_dtype=args.kv_cache_dtype,
                                        speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
-                                       else "chain", speculative_tree_budget=args.speculative_tree_budget)
+                                       else "chain", speculative_tree_budget=args.speculative_tree_budget,
+                                       prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min)
     ids = engine.encode_prompt(args.prompt, chat=args.chat)
     t0 = time.perf_counter()
     out = engine.generate([ids], params)[0]
@@ -128,7 +129,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        kv_cache_dtype=args.kv_cache_dtype,
                        long_prefill_step_ms=args.long_prefill_step_ms or None,
                        speculative_token_tree=spec["speculative_token_tree"],
-                       speculative_tree_budget=spec["speculative_tree_budget"])
+                       speculative_tree_budget=spec["speculative_tree_budget"],
+                       prompt_lookup_max=spec["prompt_lookup_max"], prompt_lookup_min=spec["prompt_lookup_min"])
     EngineConfig(method=spec["method"], num_speculative_tokens=spec["k"], **engine_args)  # refused here, before loading
     # the engine is built and run in a process of its own (peagle/serve/engine_core.py says why)
     async_engine = AsyncEngine(EngineSpec(dict(target=args.target, drafter=spec["drafter"], method=spec["method"],
@@ -302,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-k", "--num-speculative-tokens", dest="k", type=parse_k, default="auto",
                    help="draft tokens per round, or auto (default): the engine chooses K each step")
     add_tree_args(g)
+    add_lookup_args(g)
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--max-model-len", type=int, default=None)
     add_runtime_args(g, engine=True)

@@ -175,6 +175,17 @@ def to_device(data: list, device: torch.device, dtype: torch.dtype = torch.long)
     return t if device.type == "cpu" else t.to(device)
 
 
+def add_lookup_args(p) -> None:
+    """``--prompt-lookup-max/-min``: drafts from the text itself beside the head's (vLLM's n-gram keys)."""
+    from peagle.engine.config import EngineConfig
+
+    p.add_argument("--prompt-lookup-max", type=int, default=EngineConfig.prompt_lookup_max,
+                   help="drafts from the text itself beside the head's: where the last n tokens occurred before, "
+                        "what followed them then; the longest n looked up (default %(default)s; 0: off)")
+    p.add_argument("--prompt-lookup-min", type=int, default=EngineConfig.prompt_lookup_min,
+                   help="the shortest n looked up (default %(default)s)")
+
+
 def add_tree_args(p) -> None:
     """``--speculative-token-tree`` and its budget (P-EAGLE; vLLM's ``speculative_token_tree``)."""
     p.add_argument("--speculative-token-tree", default="chain",

@@ -39,6 +39,9 @@ DRAFTER = CostCurve([1, 8, 16, 64, 256], [0.05, 0.06, 0.09, 0.25, 0.9])
 
 
 def make_engine(target, drafter, method="parallel", k=4, **kw) -> LLMEngine:
+    """An engine whose drafts are the head's alone unless ``prompt_lookup_max`` says otherwise: the oracle
+    heads' tests control every draft (test_lookup.py runs the lookup beside them)."""
+    kw.setdefault("prompt_lookup_max", 0)
     return LLMEngine(target, drafter, EngineConfig(method=method, num_speculative_tokens=k, **kw))
 
 
@@ -311,5 +314,5 @@ def oracle_engine(target: str, cases: list[tuple[list[int], dict]], wrong_every:
     ps = [ids for ids, _ in cases]
     outs = [plain.generate([ids], SamplingParams(**fields))[0].token_ids for ids, fields in cases]
     head = OracleDrafter.of(model, references(ps, outs), wrong_every)
-    engine = head.bind(LLMEngine(model, head, EngineConfig(**config), tokenizer))
+    engine = head.bind(LLMEngine(model, head, EngineConfig(**{"prompt_lookup_max": 0, **config}), tokenizer))
     return planted(fault, engine) if fault else engine

@@ -54,10 +54,13 @@ def test_shipped_eagle3_head_is_lossless(default, eagle3_head):
     ids = base.encode_prompt("Write a haiku about the sea.")
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     ref = base.generate([ids], params)[0].token_ids
+    accepted = 0
     for k in (3, "auto"):
         out = LLMEngine(target, eagle3_head, EngineConfig(method="eagle3", num_speculative_tokens=k), tok).generate([ids], params)[0]
         assert out.token_ids == ref, k
-    assert out.stats.num_drafts > 0 and out.stats.acceptance_length > 1
+        assert out.stats.num_drafts > 0, k
+        accepted += out.stats.num_accepted_tokens
+    assert accepted > 0
 
 
 def test_seeded_sampling_is_plain_decodings_on_the_default_model(default, eagle3_head):

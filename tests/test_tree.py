@@ -112,7 +112,7 @@ def test_greedy_trees_are_plain_decoding_token_for_token(llama, tree, wrong_ever
     KV left in its tree slots or another path's moved); alone, the right second choices are accepted (AL
     above the chain's with the same head)."""
     ps = prompts(4, seed=7)
-    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    params = SamplingParams(max_tokens=64, ignore_eos=True)   # (auto's trees begin after its plain warm-up)
     ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
     k = 3 if tree != "auto" else 4
     head = RunnerUpOracle.of(llama, references(ps, ref), wrong_every)

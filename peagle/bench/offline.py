@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
 from peagle.engine.auto_k import parse_k
 from peagle.prompts import encode
-from peagle.runtime import add_quantization_arg, add_runtime_args, dtype_name
+from peagle.runtime import add_lookup_args, add_quantization_arg, add_runtime_args, dtype_name
 
 if TYPE_CHECKING:
     from peagle.engine.llm_engine import LLMEngine
@@ -35,6 +35,7 @@ class Models:
     path: Path                   # the target's folder (HF baselines load it)
     max_model_len: int | None = None
     enforce_eager: bool = False  # CUDA: no graphs
+    lookup: dict[str, int] = field(default_factory=dict)   # prompt_lookup_max/_min (none: the engine's defaults)
 
     @classmethod
     def load(cls, target: str | None, drafter: str | None, eagle3_drafter: str | None, methods: list[str],
@@ -61,7 +62,7 @@ class Models:
 
         cfg = EngineConfig(method=method, num_speculative_tokens=k or 1, max_num_seqs=concurrency,
                            max_model_len=self.max_model_len, enforce_eager=self.enforce_eager,
-                           speculative_token_tree=tree, speculative_tree_budget=budget)
+                           speculative_token_tree=tree, speculative_tree_budget=budget, **self.lookup)
         return LLMEngine(self.target, self.heads.get(method), cfg, self.tokenizer)
 
 
@@ -211,6 +212,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     add_runtime_args(p, engine=True)
     add_quantization_arg(p)
+    add_lookup_args(p)
     p.add_argument("--methods", default="parallel,eagle3,none", help="comma-separated: parallel, eagle3, none")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
 
@@ -241,6 +243,7 @@ def main(args: argparse.Namespace) -> int:
     work = load_workload(args, args.dataset_name, args.dataset_path)
     models = Models.load(args.target, args.drafter, args.eagle3_drafter, methods, args.max_model_len,
                          args.dtype, args.device, args.enforce_eager, args.quantization, args.compute)
+    models.lookup = dict(prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min)
     cells = grid_cells(models, methods, ks, [args.max_concurrency], *tree_grid(args))
     bar = tqdm(total=len(cells) * work.num_requests, desc="bench offline", unit="req", file=sys.stderr,
                disable=args.disable_tqdm)

@@ -22,6 +22,11 @@ class EngineConfig:
     # every step, vLLM's list of rank paths such as "[(0,), (1,), (0, 0)]" (its depth at most K)
     speculative_token_tree: str = "chain"
     speculative_tree_budget: int = 16
+    # drafts from the text itself beside the head's (vLLM's n-gram keys, peagle/engine/lookup.py): where the
+    # last n tokens, n from prompt_lookup_max down to prompt_lookup_min, occurred before, the tokens that
+    # followed them take the head's place at the positions they cover; prompt_lookup_max 0 turns it off
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
     max_num_seqs: int = 8
     max_model_len: int | None = None        # default: the target's max_position_embeddings, capped at 8192
     max_num_batched_tokens: int = 2048      # tokens per step: decode and verify rows first, then prefill chunks
@@ -60,6 +65,11 @@ class EngineConfig:
         most = kernels.limits().tree_nodes - 2   # (auto's two probes)
         if not 1 <= self.speculative_tree_budget <= most:
             raise ValueError(f"speculative_tree_budget must be in 1..{most}, got {self.speculative_tree_budget}")
+        if self.prompt_lookup_max < 0:
+            raise ValueError(f"prompt_lookup_max must be >= 0 (0: off), got {self.prompt_lookup_max}")
+        if self.prompt_lookup_max and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min must be in 1..prompt_lookup_max ({self.prompt_lookup_max}), "
+                             f"got {self.prompt_lookup_min}")
         m = self.max_speculative_tokens
         if m is not None and (not isinstance(m, int) or m < 1):
             raise ValueError(f"max_speculative_tokens must be an integer >= 1, got {m!r}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from peagle.engine.auto_k import AutoK
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
+from peagle.engine.lookup import PromptLookup, with_lookup
 from peagle.engine.model_runner import Verified
 from peagle.engine.processors import allowed_tree
 from peagle.engine.sequence import BONUS, CORRECTED, PLAIN, Sequence, SpecStats, Status
@@ -43,6 +44,8 @@ class Scheduler:
         self.prefill_token_s: float | None = None  # seconds per prefill token of the last step that did
 
     def add(self, seq: Sequence) -> None:
+        if self.cfg.prompt_lookup_max and self.bounds.k_max:
+            seq.lookup = PromptLookup(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -188,7 +191,10 @@ class Scheduler:
                             PLAIN if not depth else BONUS if v.accepted == depth else CORRECTED]
             self._append(seq, v.tokens)
             if not seq.finished:   # (a finished one's drafts were dropped)
-                seq.set_drafts(tree.cut(self._num_drafts(seq, tree.depth)), v.candidates)
+                cands = v.candidates
+                if seq.lookup is not None and cands:   # where the text repeats, what followed it then
+                    cands = with_lookup(cands, seq.lookup.propose(seq.tokens, len(cands)))
+                seq.set_drafts(tree.cut(self._num_drafts(seq, tree.depth)), cands)
                 if seq.matcher is not None and seq.drafts:   # what the grammar forbids costs no row
                     seq.set_drafts(allowed_tree(seq), seq.candidates)
             result.updated.append(seq)

@@ -10,6 +10,7 @@ import torch
 
 from peagle.engine.detokenizer import Detokenizer
 from peagle.engine.grammar import Matcher
+from peagle.engine.lookup import PromptLookup
 from peagle.engine.sampling import SamplingParams, TokenLogprob, draw_seed
 from peagle.engine.tree import Tree
 
@@ -87,6 +88,7 @@ class Sequence:
         self.drafts: list[int] = []   # proposed tokens, verified by the next target pass: the nodes of
         self.tree = Tree(())          # this tree, in its order (a chain: K nodes, one a depth)
         self.candidates: list[list[int]] = []   # the drafter's [position][rank] candidates they came from
+        self.lookup: PromptLookup | None = None   # drafts from its own text (the engine's prompt_lookup_*)
         # rows the drafter has not read (steps at K = 0): (ids, positions, target taps), read when
         # drafting resumes so its KV has no holes
         self.draft_lag: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []

@@ -286,8 +286,14 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     engine chooses it each step); ``method: "none"`` or no config serves the
     target alone. A missing ``model`` means the target's default head. ``speculative_token_tree``
     (vLLM's key: ``"chain"``, ``"auto"`` or an explicit list of rank paths) and peagle's
-    ``speculative_tree_budget`` shape P-EAGLE's drafts (:class:`peagle.engine.llm_engine.EngineConfig`)."""
-    none = {"method": "none", "k": 1, "drafter": None, "speculative_token_tree": "chain", "speculative_tree_budget": 16}
+    ``speculative_tree_budget`` shape P-EAGLE's drafts (:class:`peagle.engine.llm_engine.EngineConfig`), and
+    vLLM's n-gram keys ``prompt_lookup_max``/``prompt_lookup_min`` set the drafts from the text itself beside
+    the head's (0: off)."""
+    from peagle.engine.config import EngineConfig
+
+    lookup = {"prompt_lookup_max": EngineConfig.prompt_lookup_max, "prompt_lookup_min": EngineConfig.prompt_lookup_min}
+    none = {"method": "none", "k": 1, "drafter": None, "speculative_token_tree": "chain", "speculative_tree_budget": 16,
+            **lookup}
     if raw is None or raw == "":
         return none
     try:
@@ -297,7 +303,7 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise ValueError("--speculative-config must be a JSON object")
     allowed = {"method", "model", "num_speculative_tokens", "parallel_drafting", "speculative_token_tree",
-               "speculative_tree_budget"}
+               "speculative_tree_budget", *lookup}
     unknown = sorted(set(cfg) - allowed)
     if unknown:
         raise ValueError(f"unknown --speculative-config keys {unknown}; allowed: {sorted(allowed)}")
@@ -322,6 +328,11 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     budget = cfg.get("speculative_tree_budget", 16)
     if not isinstance(budget, int) or isinstance(budget, bool):
         raise ValueError(f"speculative_tree_budget must be an integer, got {budget!r}")
+    for key in lookup:
+        n = cfg.get(key, lookup[key])
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise ValueError(f"{key} must be an integer, got {n!r}")
+        lookup[key] = n
     return {"method": "parallel" if parallel else "eagle3", "k": k, "drafter": model,
             "speculative_token_tree": tree if isinstance(tree, str) else str([tuple(p) for p in tree]),
-            "speculative_tree_budget": budget}
+            "speculative_tree_budget": budget, **lookup}

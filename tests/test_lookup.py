@@ -1,0 +1,106 @@
+"""Drafts from the text itself (prompt lookup, peagle/engine/lookup.py): the index proposes what a scan of the
+text finds, the engine puts the proposal first at the positions it covers, and the output stays plain
+decoding's while drafts the head never gets right are accepted from the lookup."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from conftest import native_from_hf, tiny_hf
+from speculation import OracleDrafter, Watch, make_engine, planted, prompts, references
+
+from peagle.engine.config import EngineConfig
+from peagle.engine.lookup import PromptLookup, with_lookup
+from peagle.engine.sampling import SamplingParams
+from peagle.engine.sequence import Sequence
+
+
+def scan(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """The reference: the longest suffix of n_min..n_max tokens seen before with a token after it, its latest
+    such occurrence, and the k tokens from there."""
+    for n in range(min(n_max, len(tokens)), n_min - 1, -1):
+        suffix = tokens[len(tokens) - n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + k]
+    return []
+
+
+@pytest.mark.parametrize("n_min,n_max", [(1, 1), (1, 4), (2, 4), (3, 3)])
+def test_proposals_are_a_scans_as_the_text_grows(n_min, n_max):
+    rng = random.Random(n_min * 10 + n_max)
+    for _ in range(20):
+        vocab = rng.choice([3, 5, 12])   # small vocabularies repeat; a period makes long matches
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(0, 12))]
+        lookup = PromptLookup(n_min, n_max)
+        while len(tokens) < 80:
+            k = rng.randrange(1, 6)
+            assert lookup.propose(tokens, k) == scan(tokens, k, n_min, n_max), (tokens, k)
+            tokens += tokens[-3:] if rng.random() < 0.3 and len(tokens) > 3 else \
+                [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]   # steps emit 1..3 tokens
+
+
+def test_the_proposal_goes_first_without_repeats():
+    cands = [[5, 6], [7, 8], [9, 10]]
+    assert with_lookup(cands, [6, 1]) == [[6, 5], [1, 7], [9, 10]]
+    assert with_lookup([[5], [7]], [3, 4, 2]) == [[3], [4]]
+    assert with_lookup(cands, []) == cands
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="prompt_lookup_min must be in 1..prompt_lookup_max"):
+        EngineConfig(prompt_lookup_min=5, prompt_lookup_max=4)
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        EngineConfig(prompt_lookup_min=0)
+    with pytest.raises(ValueError, match="prompt_lookup_max must be >= 0"):
+        EngineConfig(prompt_lookup_max=-1)
+    EngineConfig(prompt_lookup_max=0, prompt_lookup_min=0)   # off
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return native_from_hf(tiny_hf("llama"))
+
+
+@pytest.mark.parametrize("method", ["parallel", "eagle3"])
+def test_lookup_drafts_are_accepted_where_the_head_misses_and_the_output_is_plain_decodings(llama, method,
+                                                                                            monkeypatch):
+    """A head whose every draft is wrong, K=3, four sequences batched: with the lookup on, drafts are
+    accepted (so from the lookup alone), every verified chain begins with the scan's proposal for the
+    sequence's text at that step, and the output is plain decoding's; a verifier that rejects everything is
+    caught. Greedy, and through the sampler (top-k 1, seeded); at temperature 0.7 the random model's text
+    seldom repeats, so there only the output is checked."""
+    ps = prompts(4, seed=1)
+    set_drafts, seen = Sequence.set_drafts, []
+
+    def spy(seq, tree, candidates):
+        set_drafts(seq, tree, candidates)
+        if seq.lookup is not None and seq.drafts:
+            seen.append((list(seq.tokens), list(seq.drafts)))
+
+    monkeypatch.setattr(Sequence, "set_drafts", spy)
+    for params, accepted in ((SamplingParams(max_tokens=96, ignore_eos=True), True),
+                             (SamplingParams(max_tokens=96, ignore_eos=True, temperature=0.8, top_k=1, seed=5), True),
+                             (SamplingParams(max_tokens=96, ignore_eos=True, temperature=0.7, seed=5), False)):
+        ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, [params] * 4)]
+        head = OracleDrafter.of(llama, references(ps, ref), wrong_every=1)   # every draft wrong
+
+        def run(lookup_max, fault=None):
+            engine = head.bind(make_engine(llama, head, method, 3, max_num_seqs=4, prompt_lookup_max=lookup_max,
+                                           prompt_lookup_min=1))
+            watch = Watch(planted(fault, engine) if fault else engine)
+            return watch, [o.token_ids for o in engine.generate(ps, [params] * 4)]
+
+        watch, got = run(0)
+        assert got == ref and watch.engine.stats.num_accepted_tokens == 0   # the head alone: nothing accepted
+        seen.clear()
+        watch, got = run(4)
+        assert seen and all(d[:len(p)] == p for text, d in seen for p in [scan(text, len(d), 1, 4)])
+        if not accepted:
+            assert got == ref
+            continue
+        watch.check(got, ref, rate=0.01)
+        assert sum(bool(scan(text, len(d), 1, 4)) for text, d in seen) > len(seen) // 4
+        watch, got = run(4, "reject_all")
+        with pytest.raises(AssertionError, match="accepted"):
+            watch.check(got, ref, rate=0.01)
