@@ -7,12 +7,13 @@ import random
 
 import pytest
 from conftest import native_from_hf, tiny_hf
-from speculation import OracleDrafter, Watch, make_engine, planted, prompts, references
+from speculation import OracleDrafter, Watch, fixed_costs, make_engine, planted, prompts, references
 
 from peagle.engine.config import EngineConfig
 from peagle.engine.lookup import PromptLookup, with_lookup
 from peagle.engine.sampling import SamplingParams
 from peagle.engine.sequence import Sequence
+from peagle.engine.tree import Tree, ranks_of
 
 
 def scan(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
@@ -104,3 +105,49 @@ def test_lookup_drafts_are_accepted_where_the_head_misses_and_the_output_is_plai
         watch, got = run(4, "reject_all")
         with pytest.raises(AssertionError, match="accepted"):
             watch.check(got, ref, rate=0.01)
+
+
+def test_ranks_of_stop_where_the_head_would_have_missed():
+    assert ranks_of([5, 6, 7], [[5, 1], [2, 6], [7, 0]]) == [0, 1, 0]
+    assert ranks_of([5, 6, 7], [[5], [9], [7]]) == [0, None]
+    assert ranks_of([5], [[5], [6], [7]]) == [0]   # the bonus token: deeper positions untold
+
+
+@pytest.mark.parametrize("drafting", ["auto", "always"])
+def test_auto_sees_only_the_heads_hits_whoever_drafted(llama, drafting):
+    """An always-wrong head under ``auto`` (fixed costs), the lookup on. ``auto``: it settles at K=0 and the
+    text's own proposals are verified in those steps alone; ``always``: auto's choice forced to K=3, so the
+    lookup's tokens take the head's place in every round. Either way drafts are accepted, the output is plain
+    decoding's, and every round auto records says the head missed: its measure is the head's alone."""
+    ps = prompts(4, seed=1)
+    params = SamplingParams(max_tokens=160, ignore_eos=True)
+    ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
+    head = OracleDrafter.of(llama, references(ps, ref), wrong_every=1)
+    engine = fixed_costs(head.bind(make_engine(llama, head, "parallel", "auto", max_num_seqs=4, prompt_lookup_max=4,
+                                               prompt_lookup_min=1)))
+    sched, auto = engine.scheduler, engine.scheduler.auto
+    alone, recorded, next_drafts, record = [], [], sched._next_drafts, auto.record
+
+    def spy(seq, v, tree):
+        next_drafts(seq, v, tree)
+        alone.append(seq.lookup_only)
+
+    sched._next_drafts = spy
+    auto.record = lambda ranks: (recorded.append(ranks), record(ranks))
+    if drafting == "always":
+        auto.choose = lambda *a: Tree.chain(3)
+    timed, step = [], engine.step   # steps auto timed, and whether they verified the lookup's drafts alone
+    auto.observe = lambda *a: timed.append(lookup_rows)
+
+    def spy_step():
+        nonlocal lookup_rows
+        lookup_rows = any(seq.lookup_only for seq in engine.running)
+        return step()
+
+    lookup_rows, engine.step = False, spy_step
+    watch = Watch(engine)
+    got = [o.token_ids for o in engine.generate(ps, [params] * 4)]
+    watch.check(got, ref, rate=0.01)
+    assert sum(alone) > len(alone) // 2 if drafting == "auto" else not any(alone)
+    assert recorded and all(r[0] is None for r in recorded), recorded
+    assert timed and not any(timed)   # a plain step's time is not one that verified the lookup's rows

@@ -1,10 +1,11 @@
 """Drafts from the text itself, beside a head's: vLLM's n-gram "prompt lookup". Where the last n tokens
 (n from ``prompt_lookup_max`` down to ``prompt_lookup_min``) occurred before in the prompt or the output,
-the tokens that followed them then are proposed for the positions after, and they take the head's place
-at the positions they cover (the head's candidates stay below them in a tree, and after them). Text that
-repeats (a summary quoting its source, code reusing its names, a list's pattern) is where a weak head
-misses and this hits: on the 12 held-out prompts of BENCHMARKS.md §38 it raised the acceptance length
-from 1.25 to 1.49. Verification decides as for any draft, so the output is unchanged."""
+the tokens that followed them then are proposed for the positions after. Where the head drafts, they take
+its place at the positions they cover (its candidates stay below them in a tree, and after them); where
+``auto`` skips the head's drafting, they are verified alone (a few rows, no drafter pass; the scheduler's
+``_next_drafts``). Text that repeats (a summary quoting its source, code reusing its names, a list's
+pattern) is where a weak head misses and this hits (BENCHMARKS.md §38). Verification decides as for any
+draft, so the output is unchanged."""
 from __future__ import annotations
 
 

@@ -143,6 +143,18 @@ class Tree:
         return "chain" if self.is_chain else str(list(self.paths))
 
 
+def ranks_of(tokens: list[int], candidates: list[list[int]]) -> list[int | None]:
+    """What a round would have told :meth:`peagle.engine.auto_k.AutoK.record` had ``candidates`` been drafted
+    (the head's, where other drafts took their place): the rank of each emitted token among its position's
+    candidates, up to the first that is not among them (None)."""
+    ranks = []
+    for t, cands in zip(tokens, candidates):
+        ranks.append(cands.index(t) if t in cands else None)
+        if ranks[-1] is None:
+            break
+    return ranks
+
+
 def _bfs(p: tuple[int, ...]) -> tuple:
     return (len(p), p)
 

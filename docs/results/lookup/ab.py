@@ -1,5 +1,6 @@
-"""`generate`'s defaults with drafts from the text itself (prompt lookup, `peagle/engine/lookup.py`) at several
-`prompt_lookup_min` (and off), against `--method none`, on the 12 held-out prompts of docs/results/int8/heldout.jsonl
+"""`generate`'s defaults with drafts from the text itself (prompt lookup, `peagle/engine/lookup.py`): off, only
+merged into the head's drafts (`merge`: no drafts of its own where the drafter skips a step), as shipped, and at
+`prompt_lookup_min` 1 and 3, against `--method none`, on the 12 held-out prompts of docs/results/int8/heldout.jsonl
 (a fresh engine a request, as heldout.py; variants interleaved in rotating order, ROUNDS rounds, medians per
 prompt; every variant's tokens checked equal to plain decoding's).
 
@@ -10,6 +11,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import peagle.engine.scheduler as scheduler
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
 
@@ -18,8 +20,9 @@ items = [json.loads(line) for line in (here / "heldout.jsonl").read_text().split
 base = LLMEngine.from_pretrained(None, method="parallel", k="auto", max_num_seqs=1)
 params = SamplingParams(max_tokens=128)
 ids = [base.encode_prompt(it["prompt"]) for it in items]
-VARS = {"none": None, "off": dict(prompt_lookup_max=0), "min1": dict(prompt_lookup_min=1),
-        "min2": dict(prompt_lookup_min=2), "min3": dict(prompt_lookup_min=3)}
+LOOKUP_ONLY = scheduler.LOOKUP_ONLY
+VARS = {"none": None, "off": dict(prompt_lookup_max=0), "merge": dict(merge_only=True), "shipped": {},
+        "min1": dict(prompt_lookup_min=1), "min3": dict(prompt_lookup_min=3)}
 names = list(VARS)
 res = {v: [[] for _ in items] for v in names}
 tokens = {}
@@ -27,7 +30,8 @@ for r in range(int(sys.argv[1])):
     for i in range(len(items)):
         s = (r + i) % len(names)
         for v in names[s:] + names[:s]:
-            kw = VARS[v]
+            kw = dict(VARS[v]) if VARS[v] is not None else None
+            scheduler.LOOKUP_ONLY = 0 if kw and kw.pop("merge_only", False) else LOOKUP_ONLY
             spec = kw is not None
             cfg = EngineConfig(method="parallel" if spec else "none", num_speculative_tokens="auto" if spec else 1,
                                max_num_seqs=1, **(kw or {}))
