@@ -269,3 +269,20 @@ def test_timing_error_follows_lows_at_once_and_highs_slowly():
     assert auto.scale[0] == pytest.approx(1.0)
     auto.observe(plain, 1, 2.0 * t)   # one step slowed by another tenant
     assert auto.scale[0] == pytest.approx(1.1)
+
+
+def test_a_step_without_the_heads_drafts_counts_what_the_text_drafted_alone():
+    """Where the text's own drafts (prompt lookup) add tokens to the steps without the head's, drafting with
+    the head must beat that, not plain decoding: a head at 40% a position drafts, until steps at K=0 are
+    measured to yield 0.8 tokens more each."""
+    auto = AutoK(8, True, TARGET, DRAFTER, prior=1e-6)
+    set_counts(auto, [40.0] * 8, [100.0] * 8)
+    assert len(auto.choose(1)) > 0
+    for _ in range(50):
+        auto.record_lookup(1)
+        auto.record_lookup(0)
+        auto.record_lookup(1)
+        auto.record_lookup(1)
+        auto.record_lookup(1)
+    set_counts(auto, [40.0] * 8, [100.0] * 8)
+    assert len(auto.choose(1)) == 0

@@ -151,3 +151,5 @@ def test_auto_sees_only_the_heads_hits_whoever_drafted(llama, drafting):
     assert sum(alone) > len(alone) // 2 if drafting == "auto" else not any(alone)
     assert recorded and all(r[0] is None for r in recorded), recorded
     assert timed and not any(timed)   # a plain step's time is not one that verified the lookup's rows
+    if drafting == "auto":   # and what the steps without the head's drafts yielded is what K=0 is worth
+        assert auto.lookup_steps > 0 and auto.lookup_tokens > 0

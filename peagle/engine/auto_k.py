@@ -78,6 +78,10 @@ class AutoK:
     warmup: int = 0             # first steps at K = 0: a plain step is timed (observe) before any draft is weighed
     accepted: list[list[float]] = field(default_factory=list)   # [position][rank]
     tried: list[float] = field(default_factory=list)            # [position]
+    # what a step without the head's drafts yields beyond its token: the text's own drafts verified alone
+    # (prompt lookup), decayed as the counts are: tokens accepted, and sequence-steps they are over
+    lookup_tokens: float = 0.0
+    lookup_steps: float = 0.0
     steps: int = 0
     scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per tree size
     interval: int = 0           # steps from one probe to the next (set from probe_every)
@@ -99,6 +103,11 @@ class AutoK:
             self.tried[i] += 1.0
             if r is not None and r < self.ranks:
                 self.accepted[i][r] += 1.0
+
+    def record_lookup(self, accepted: int) -> None:
+        """One sequence's round after a step at K = 0: the lookup's drafts it verified alone (0: none)."""
+        self.lookup_tokens += accepted
+        self.lookup_steps += 1.0
 
     def acceptance(self) -> list[list[float]]:
         """Per position and rank: the chance the candidate is accepted when its parent was. A position
@@ -172,9 +181,12 @@ class AutoK:
         self.steps += 1
         self.accepted = [[a * self.decay for a in acc] for acc in self.accepted]
         self.tried = [t * self.decay for t in self.tried]
+        self.lookup_tokens, self.lookup_steps = self.lookup_tokens * self.decay, self.lookup_steps * self.decay
         if self.steps <= self.warmup:
             return Tree(())
         nodes, expected = self.plan()
+        if self.lookup_steps:   # no drafting of the head's is plain decoding plus what the text drafts alone
+            expected[0] += self.lookup_tokens / self.lookup_steps
         depths = list(accumulate((len(p) for p in nodes), max, initial=0))
         catch_up = self.catch_up_seconds(missed_rows, prefill_row_s) if missed_rows else 0.0
         rate = [batch * expected[n] / (self.corrected_seconds(n, depths[n], batch) +

@@ -190,7 +190,9 @@ class Scheduler:
             per_depth = seq.tree.nodes_per_depth
             seq.stats.record(per_depth, v.accepted)
             self.stats.record(per_depth, v.accepted)
-            if self.auto and per_depth and not seq.lookup_only:   # auto weighs the head's drafting: its own hits
+            if self.auto and (seq.lookup_only or seq.lookup is not None and not per_depth):
+                self.auto.record_lookup(v.accepted)   # what a step without the head's drafts yielded
+            elif self.auto and per_depth:   # auto weighs the head's drafting by its own hits
                 self.auto.record(seq.tree.ranks_on(v.path, seq.candidates, v.tokens[-1]) if seq.head_candidates is None
                                  else ranks_of(v.tokens, seq.head_candidates))
             seq.logprobs += v.logprobs
