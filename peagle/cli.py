@@ -300,7 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for one prompt, with speculative decoding")
     _add_target_args(g)
     g.add_argument("--drafter", default=None, help="vLLM-format EAGLE-3/P-EAGLE head folder (default: the target's)")
-    g.add_argument("--method", choices=["parallel", "eagle3", "none"], default="parallel")
+    g.add_argument("--method", choices=["parallel", "eagle3", "ngram", "none"], default="parallel",
+                   help="parallel: P-EAGLE (default), eagle3: EAGLE-3, ngram: drafts from the text alone (vLLM's "
+                        "prompt lookup, no head), none: the target alone")
     g.add_argument("-k", "--num-speculative-tokens", dest="k", type=parse_k, default="auto",
                    help="draft tokens per round, or auto (default): the engine chooses K each step")
     add_tree_args(g)

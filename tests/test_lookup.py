@@ -153,3 +153,47 @@ def test_auto_sees_only_the_heads_hits_whoever_drafted(llama, drafting):
     assert timed and not any(timed)   # a plain step's time is not one that verified the lookup's rows
     if drafting == "auto":   # and what the steps without the head's drafts yielded is what K=0 is worth
         assert auto.lookup_steps > 0 and auto.lookup_tokens > 0
+
+
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_ngram_drafts_from_the_text_alone_and_is_plain_decoding(llama, k):
+    """vLLM's ``ngram`` method: no head (one given is not used, no drafter KV, no rows kept for one), the
+    text's proposals verified every step they exist, four sequences batched: plain decoding's tokens, greedy
+    (drafts accepted; a verifier that rejects everything caught) and seeded."""
+    ps = prompts(4, seed=1)
+    for params, accepted in ((SamplingParams(max_tokens=96, ignore_eos=True), True),
+                             (SamplingParams(max_tokens=96, ignore_eos=True, temperature=0.7, seed=5), False)):
+        ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, [params] * 4)]
+        head = OracleDrafter.of(llama, references(ps, ref), wrong_every=2)
+
+        def run(fault=None):
+            engine = make_engine(llama, head, "ngram", k, max_num_seqs=4, prompt_lookup_max=4, prompt_lookup_min=1)
+            assert engine.runner.drafter is None and engine.runner.drafter_caches == []
+            lags, step = [], engine.step
+
+            def spy():
+                result = step()
+                lags.extend(seq.draft_lag_rows for seq in engine.running)
+                return result
+
+            engine.step = spy
+            watch = Watch(planted(fault, engine) if fault else engine)
+            outs = [o.token_ids for o in engine.generate(ps, [params] * 4)]
+            assert lags and not any(lags)   # no rows kept for a drafter there is not
+            return watch, outs
+
+        watch, got = run()
+        assert got == ref
+        if accepted:
+            watch.check(got, ref, rate=0.01)
+            assert len(watch.engine.stats.drafted_per_pos) == (3 if k == "auto" else k)   # K, or auto's 3
+            watch, got = run("reject_all")
+            with pytest.raises(AssertionError, match="accepted"):
+                watch.check(got, ref, rate=0.01)
+
+
+def test_ngram_needs_the_lookup_and_drafts_chains():
+    with pytest.raises(ValueError, match="prompt_lookup_max must be >= 1"):
+        EngineConfig(method="ngram", prompt_lookup_max=0)
+    with pytest.raises(ValueError, match="needs parallel drafting"):
+        EngineConfig(method="ngram", speculative_token_tree="auto")

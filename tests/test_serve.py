@@ -280,10 +280,13 @@ def test_speculative_config_parsing():
     assert explicit["speculative_token_tree"] == "[(0,), (1,), (0, 0)]"
     lookup = speculative_config({"parallel_drafting": True, "prompt_lookup_max": 0, "prompt_lookup_min": 1})
     assert (lookup["prompt_lookup_max"], lookup["prompt_lookup_min"]) == (0, 1)   # vLLM's n-gram keys; 0: off
+    assert speculative_config({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}) == {
+        "method": "ngram", "k": 4, "drafter": None, **chain, "prompt_lookup_max": 3}
     for bad, msg in [("{", "not valid JSON"), ('{"methd": "eagle3"}', "unknown"), ('{"method": "medusa"}', "not supported"),
                      ('{"num_speculative_tokens": 0}', ">= 1"), ('{"num_speculative_tokens": "max"}', "auto"), ('{"parallel_drafting": "yes"}', "true or false"),
                      ("[1]", "JSON object"), ('{"speculative_token_tree": 3}', "rank paths"),
-                     ('{"speculative_tree_budget": "big"}', "integer"), ('{"prompt_lookup_min": 1.5}', "integer")]:
+                     ('{"speculative_tree_budget": "big"}', "integer"), ('{"prompt_lookup_min": 1.5}', "integer"),
+                     ('{"method": "ngram", "model": "h"}', "no model")]:
         with pytest.raises(ValueError, match=msg):
             speculative_config(bad)
 

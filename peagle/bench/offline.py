@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from peagle.models.drafter import Drafter
     from peagle.models.llama import LlamaModel
 
-METHODS = ("parallel", "eagle3", "none")
+METHODS = ("parallel", "eagle3", "ngram", "none")
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Models:
         model, path = load_target(target, dtype, device=device, quantization=quantization, compute=compute)
         tok = load_tokenizer(path)
         heads = {m: load_drafter_for(model, path, (eagle3_drafter or drafter) if m == "eagle3" else drafter, tok, m)
-                 for m in methods if m != "none"}
+                 for m in methods if m in ("parallel", "eagle3")}
         return cls(model, heads, tok, path, max_model_len, enforce_eager)
 
     @property
@@ -213,7 +213,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_runtime_args(p, engine=True)
     add_quantization_arg(p)
     add_lookup_args(p)
-    p.add_argument("--methods", default="parallel,eagle3,none", help="comma-separated: parallel, eagle3, none")
+    p.add_argument("--methods", default="parallel,eagle3,none",
+                   help="comma-separated: parallel, eagle3, ngram (the text's drafts alone), none")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from peagle import kernels
+from peagle.engine.lookup import LOOKUP_ONLY
 from peagle.engine.tree import Tree
 
-METHODS = ("parallel", "eagle3", "none")
+METHODS = ("parallel", "eagle3", "ngram", "none")   # ngram: vLLM's prompt lookup alone, no head
 KV_CACHE_DTYPES = ("auto", "float16", "float32")
 AUTO_RANKS = 8   # candidates a position the engine weighs for a tree of its own choosing
 
@@ -65,6 +66,8 @@ class EngineConfig:
         most = kernels.limits().tree_nodes - 2   # (auto's two probes)
         if not 1 <= self.speculative_tree_budget <= most:
             raise ValueError(f"speculative_tree_budget must be in 1..{most}, got {self.speculative_tree_budget}")
+        if self.method == "ngram" and not self.prompt_lookup_max:
+            raise ValueError("method ngram drafts from the text alone: prompt_lookup_max must be >= 1")
         if self.prompt_lookup_max < 0:
             raise ValueError(f"prompt_lookup_max must be >= 0 (0: off), got {self.prompt_lookup_max}")
         if self.prompt_lookup_max and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
@@ -96,9 +99,14 @@ class EngineConfig:
         return t if t in ("chain", "auto") else Tree.parse(t)
 
     @property
+    def uses_head(self) -> bool:
+        """A drafter drafts (P-EAGLE, EAGLE-3), not the text alone (ngram) or nothing (none)."""
+        return self.method in ("parallel", "eagle3")
+
+    @property
     def auto(self) -> bool:
-        """The engine chooses the drafts' shape each step (K, or the whole tree)."""
-        return self.method != "none" and (self.speculative_token_tree == "auto" or (
+        """The engine chooses the head's drafts' shape each step (K, or the whole tree)."""
+        return self.uses_head and (self.speculative_token_tree == "auto" or (
             self.num_speculative_tokens == "auto" and self.speculative_token_tree == "chain"))
 
     @property
@@ -124,7 +132,8 @@ class Bounds:
         tree = config.token_tree if config.method != "none" else "chain"
         k = config.num_speculative_tokens
         k_max = (0 if config.method == "none" else tree.depth if isinstance(tree, Tree)
-                 else (config.max_speculative_tokens or trained_k or 10) if k == "auto" else k)
+                 else k if k != "auto" else LOOKUP_ONLY if config.method == "ngram"
+                 else config.max_speculative_tokens or trained_k or 10)
         if config.method == "parallel" and trained_k is not None and k_max > trained_k:
             raise ValueError(f"K={k_max} exceeds the K={trained_k} this head was trained for")
         ranks = tree.ranks if isinstance(tree, Tree) else AUTO_RANKS if tree == "auto" else 1

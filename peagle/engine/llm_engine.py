@@ -139,7 +139,7 @@ class LLMEngine:
         # the tokenizer first: what parsing it frees is handed back before the weights arrive, not on top of them
         tokenizer = load_tokenizer(resolve_target(target, weights=False))
         model, path = load_target(target, dtype, device=device, quantization=quantization, compute=compute)
-        head = load_drafter_for(model, path, drafter, tokenizer, method) if method != "none" else None
+        head = load_drafter_for(model, path, drafter, tokenizer, method) if config.uses_head else None
         return cls(model, head, config, tokenizer)
 
     def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> list[int]:

@@ -8,6 +8,11 @@ pattern) is where a weak head misses and this hits (BENCHMARKS.md §38). Verific
 draft, so the output is unchanged."""
 from __future__ import annotations
 
+# the most drafts the text's own proposal puts in a step without the head's (where auto skips it; K=auto with
+# method ngram): verifying them costs rows, not a drafter pass (2, 3, 5, 8 over the held-out prompts: 1.046,
+# 1.059, 1.059, 1.035x `none`, same run, BENCHMARKS.md §39)
+LOOKUP_ONLY = 3
+
 
 class PromptLookup:
     """A sequence's n-grams -> where the tokens after their latest occurrence start, indexed as the tokens

@@ -89,13 +89,14 @@ class Verified:
 class ModelRunner:
     def __init__(self, target: LlamaModel, drafter: Drafter | None, config: EngineConfig, bounds: Bounds,
                  num_blocks: int, stop_ids: set[int]):
+        drafter = drafter if config.uses_head else None   # (none, ngram: a head given is not used)
         self.target, self.drafter, self.cfg, self.bounds = target, drafter, config, bounds
         self.stop_ids = sorted(stop_ids)   # what ``min_tokens`` holds off
         self.device, self.dtype = target.lm_weight.device, target.dtype
         target.pack_for_inference()
         if drafter is not None:
             pack_for_inference(drafter)
-        if config.method != "none":
+        if config.uses_head:
             if drafter is None:
                 raise ValueError(f"method {config.method!r} needs a drafter")
             drafter.cfg.check_target(target.cfg, target.aux_layers)
@@ -109,14 +110,14 @@ class ModelRunner:
         num_slots = (num_blocks + 1) * config.block_size
         self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, target)
         self.target_caches = target.make_caches(num_slots, self.kv_dtype)
-        self.drafter_caches = drafter.make_caches(num_slots, self.kv_dtype) if config.method != "none" else []
+        self.drafter_caches = drafter.make_caches(num_slots, self.kv_dtype) if drafter is not None else []
         use_graphs = self.device.type == "cuda" and not config.enforce_eager and target.graph_safe
         self.graphs = self.make_graphs(capture=True) if use_graphs else None
 
     def make_graphs(self, capture: bool) -> StepGraphs:
         """The padded decode passes (:mod:`peagle.engine.graphs`); ``capture=False`` runs them eagerly
         (the CPU tests of the layout)."""
-        return StepGraphs(self.target, self.drafter if self.cfg.method != "none" else None, self.target_caches,
+        return StepGraphs(self.target, self.drafter, self.target_caches,
                           self.drafter_caches, self.cfg.block_size, capture)
 
     @torch.inference_mode()
@@ -262,7 +263,7 @@ class ModelRunner:
         """Sequence ``i``'s outcome from its row of the step's one host read; where the drafter skipped
         this step (K = 0), the rows it will read when drafting resumes are kept on the sequence."""
         (seq, n), a, token, nodes, cands = b.work[i], row[1], row[2], row[3:3 + depth1], row[3 + depth1:]
-        if self.bounds.k_max and not k:   # (taps may be a graph's output: copied)
+        if self.drafter is not None and not k:   # (taps may be a graph's output: copied)
             ids, positions, taps, cu = drafter_rows
             rows = slice(cu[i], cu[i] + n + a)
             seq.lag(ids[rows], positions[rows], taps[rows].clone())

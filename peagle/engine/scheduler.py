@@ -11,11 +11,7 @@ from dataclasses import dataclass, field
 from peagle.engine.auto_k import AutoK
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
-from peagle.engine.lookup import PromptLookup, with_lookup
-
-# the most drafts the text's own proposal puts in a step the drafter skips: verifying them costs rows, not a
-# drafter pass (2, 3, 5, 8 over the held-out prompts: 1.046, 1.059, 1.059, 1.035x `none`, same run)
-LOOKUP_ONLY = 3
+from peagle.engine.lookup import LOOKUP_ONLY, PromptLookup, with_lookup
 from peagle.engine.model_runner import Verified
 from peagle.engine.processors import allowed_tree
 from peagle.engine.sequence import BONUS, CORRECTED, PLAIN, Sequence, SpecStats, Status
@@ -171,6 +167,8 @@ class Scheduler:
 
     def next_tree(self, work: Work) -> Tree:
         """What this step drafts: the tree ``auto`` chooses, the explicit one, or the chain of K."""
+        if not self.cfg.uses_head:   # (ngram: the text drafts alone, after the step)
+            return Tree(())
         if self.auto:
             return self.auto.choose(len(work), sum(seq.draft_lag_rows for seq, _ in work), self.prefill_token_s,
                                     max(seq.tokens_left for seq, _ in work))
@@ -221,7 +219,8 @@ class Scheduler:
             seq.head_candidates = v.candidates if cands != v.candidates else None
         seq.set_drafts(tree.cut(self._num_drafts(seq, tree.depth)), cands)
         if seq.lookup is not None and not tree.depth:
-            proposal = seq.lookup.propose(seq.tokens, min(LOOKUP_ONLY, self.bounds.k_max))
+            most = self.bounds.k_max if not self.cfg.uses_head else min(LOOKUP_ONLY, self.bounds.k_max)
+            proposal = seq.lookup.propose(seq.tokens, most)
             k = self._num_drafts(seq, len(proposal))
             if k:
                 seq.set_drafts(Tree.chain(k), [[t] for t in proposal])

@@ -284,7 +284,8 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     ``{"method": "eagle3", "model": DIR, "num_speculative_tokens": K, "parallel_drafting": true}`` is
     P-EAGLE; without ``parallel_drafting`` it is EAGLE-3; K may be ``"auto"`` (the default: the
     engine chooses it each step); ``method: "none"`` or no config serves the
-    target alone. A missing ``model`` means the target's default head. ``speculative_token_tree``
+    target alone; ``method: "ngram"`` (vLLM's) drafts from the text alone, no head. A missing ``model`` means
+    the target's default head. ``speculative_token_tree``
     (vLLM's key: ``"chain"``, ``"auto"`` or an explicit list of rank paths) and peagle's
     ``speculative_tree_budget`` shape P-EAGLE's drafts (:class:`peagle.engine.llm_engine.EngineConfig`), and
     vLLM's n-gram keys ``prompt_lookup_max``/``prompt_lookup_min`` set the drafts from the text itself beside
@@ -310,9 +311,11 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     method = cfg.get("method", "eagle3")
     if method == "none":
         return none
-    if method != "eagle3":
+    if method not in ("eagle3", "ngram"):
         raise ValueError(f"speculative method {method!r} is not supported; use 'eagle3' (with "
-                         "parallel_drafting for P-EAGLE) or 'none'")
+                         "parallel_drafting for P-EAGLE), 'ngram' or 'none'")
+    if method == "ngram" and (cfg.get("model") is not None or cfg.get("parallel_drafting")):
+        raise ValueError("method 'ngram' drafts from the text alone: it takes no model and no parallel_drafting")
     k = cfg.get("num_speculative_tokens", "auto")
     if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
         raise ValueError(f"num_speculative_tokens must be an integer >= 1 or \"auto\", got {k!r}")
@@ -333,6 +336,6 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
         if not isinstance(n, int) or isinstance(n, bool):
             raise ValueError(f"{key} must be an integer, got {n!r}")
         lookup[key] = n
-    return {"method": "parallel" if parallel else "eagle3", "k": k, "drafter": model,
+    return {"method": "ngram" if method == "ngram" else "parallel" if parallel else "eagle3", "k": k, "drafter": model,
             "speculative_token_tree": tree if isinstance(tree, str) else str([tuple(p) for p in tree]),
             "speculative_tree_budget": budget, **lookup}
