@@ -253,7 +253,7 @@ def plot(res: dict, out: Path) -> None:
 
     cells = res["cells"]
     datasets = list(dict.fromkeys(c["dataset"] for c in cells))
-    methods = [m for m in ("parallel", "eagle3", "none") if any(c["method"] == m for c in cells)]
+    methods = [m for m in ("parallel", "eagle3", "ngram", "none") if any(c["method"] == m for c in cells)]
     concurrencies = sorted({c["concurrency"] for c in cells})
 
     fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
