@@ -34,9 +34,12 @@ def test_padded_decode_steps_equal_eager(family):
     drafter = init_drafter(target, 2, MASK, seed=1)
     ps = prompts(5, seed=4)
     params = [SamplingParams(max_tokens=10 + 7 * i, ignore_eos=True) for i in range(5)]
-    for method, k in (("none", 1), ("parallel", 3), ("parallel", 7), ("eagle3", 4), ("parallel", "auto")):
+    for method, k in (("none", 1), ("parallel", 3), ("parallel", 7), ("eagle3", 4), ("parallel", "auto"),
+                      ("ngram", 3)):
         for n in (1, 3, 5):
-            kw = dict(max_num_seqs=n, block_size=4)
+            # (ngram: sequences with and without the text's drafts side by side, as filler rows)
+            kw = dict(max_num_seqs=n, block_size=4, **(dict(prompt_lookup_max=4, prompt_lookup_min=1)
+                                                        if method == "ngram" else {}))
             eager = [o.token_ids for o in make_engine(target, drafter, method, k, **kw).generate(ps, params)]
             engine = padded_engine(target, drafter, method, k, **kw)
             assert [o.token_ids for o in engine.generate(ps, params)] == eager, (family, method, k, n)
