@@ -4,7 +4,7 @@ the tokens that followed them then are proposed for the positions after. Where t
 its place at the positions they cover (its candidates stay below them in a tree, and after them); where
 ``auto`` skips the head's drafting, they are verified alone (a few rows, no drafter pass; the scheduler's
 ``_next_drafts``). Text that repeats (a summary quoting its source, code reusing its names, a list's
-pattern) is where a weak head misses and this hits (BENCHMARKS.md §38). Verification decides as for any
+pattern) is where a weak head misses and this hits (BENCHMARKS.md §39). Verification decides as for any
 draft, so the output is unchanged."""
 from __future__ import annotations
 
