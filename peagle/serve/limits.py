@@ -32,6 +32,7 @@ from peagle.serve.responses import Refusal, error, error_body
 # more. Some tokens are longer (SmolLM2 has runs of up to 81 spaces or '#'), so a prompt made of them
 # could fit the context and still be refused: --max-prompt-chars takes it.
 CHARS_PER_TOKEN = 16
+LINGER_S = 2.0   # how long a refused connection reads and drops what its client still sends, then closes
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class LimitedHttpTools(HttpToolsProtocol):
         self.limits = limits
         self._head_timer: TimerHandle | None = None   # set while a request's headers are awaited
         self._head_bytes = 0
+        self._closing: TimerHandle | None = None      # set once refused: the close after a short linger
 
     def _await_head(self) -> None:
         self._head_bytes = 0
@@ -168,14 +170,18 @@ class LimitedHttpTools(HttpToolsProtocol):
             self._head_timer = None
 
     def _refuse(self, status: int, message: str, kind: str) -> None:
+        """Answer and close, lingering: the write side is shut at once and what the client still sends is
+        read and dropped for a moment before the close. A socket closed with unread bytes resets the
+        connection, and a reset can discard the answer before the client reads it (a slow-loris's 408)."""
         self._head_done()
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._closing is not None:
             return
         body = json.dumps(error_body(status, message, kind)).encode()
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                              b"connection: close\r\n\r\n%s" % (status, HTTPStatus(status).phrase.encode(),
                                                                 len(body), body))
-        self.transport.close()
+        self.transport.write_eof()
+        self._closing = self.loop.call_later(LINGER_S, self.transport.close)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -183,9 +189,13 @@ class LimitedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._head_done()
+        if self._closing is not None:
+            self._closing.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._closing is not None:   # refused: dropped while the connection lingers
+            return
         if self._head_timer is not None:
             self._head_bytes += len(data)
         super().data_received(data)
