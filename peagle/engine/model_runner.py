@@ -81,7 +81,6 @@ class Verified:
     """One sequence's outcome of a step, read back from the device."""
     accepted: int                  # drafts accepted (their KV, and the new tokens', is valid now)
     tokens: list[int] = field(default_factory=list)   # the accepted drafts, the target's token (none: a chunk)
-    path: list[int] = field(default_factory=list)     # the accepted nodes, the root first
     candidates: list[list[int]] = field(default_factory=list)  # the next drafts' [position][rank] candidates
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
@@ -273,7 +272,7 @@ class ModelRunner:
         r = self.bounds.ranks
         logprobs = [] if seq.params.logprobs is None else logprobs_of(  # the target's, at each emitted position
             logits[[b.first[i] + j for j in nodes[:a + 1]]], tokens, seq.params.logprobs)
-        return Verified(a, tokens, nodes[:a + 1], [cands[d * r:(d + 1) * r] for d in range(k)], logprobs)
+        return Verified(a, tokens, [cands[d * r:(d + 1) * r] for d in range(k)], logprobs)
 
     # ------------------------------------------------------------------ drafting
     def _with_lag(self, seqs: list[Sequence], spans: list[Span], ids: torch.Tensor, positions: torch.Tensor,

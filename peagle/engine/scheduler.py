@@ -191,8 +191,8 @@ class Scheduler:
             if self.auto and (seq.lookup_only or seq.lookup is not None and not per_depth):
                 self.auto.record_lookup(v.accepted)   # what a step without the head's drafts yielded
             elif self.auto and per_depth:   # auto weighs the head's drafting by its own hits
-                self.auto.record(seq.tree.ranks_on(v.path, seq.candidates, v.tokens[-1]) if seq.head_candidates is None
-                                 else ranks_of(v.tokens, seq.head_candidates))
+                self.auto.record(ranks_of(v.tokens, seq.candidates if seq.head_candidates is None
+                                          else seq.head_candidates))
             seq.logprobs += v.logprobs
             depth = seq.tree.depth   # the tree this step verified
             seq.origins += [*range(1, v.accepted + 1),

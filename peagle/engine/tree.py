@@ -129,24 +129,14 @@ class Tree:
         """The nodes' tokens from the drafter's candidates ``[position][rank]``."""
         return [candidates[len(p) - 1][p[-1]] for p in self.paths]
 
-    def ranks_on(self, path: list[int], candidates: list[list[int]], token: int) -> list[int | None]:
-        """What one verified round tells :meth:`peagle.engine.auto_k.AutoK.record`: the rank of each accepted
-        node of ``path`` (root first), then, where the path stopped short of the drafted positions, the rank
-        of the target's ``token`` among that position's ``candidates`` (None: not drafted)."""
-        ranks = [self.paths[j - 1][-1] for j in path[1:]]
-        a = len(ranks)
-        if a < len(candidates):
-            ranks.append(candidates[a].index(token) if token in candidates[a] else None)
-        return ranks
-
     def __str__(self) -> str:
         return "chain" if self.is_chain else str(list(self.paths))
 
 
 def ranks_of(tokens: list[int], candidates: list[list[int]]) -> list[int | None]:
-    """What a round would have told :meth:`peagle.engine.auto_k.AutoK.record` had ``candidates`` been drafted
-    (the head's, where other drafts took their place): the rank of each emitted token among its position's
-    candidates, up to the first that is not among them (None)."""
+    """What one verified round tells :meth:`peagle.engine.auto_k.AutoK.record` of ``candidates`` (the drafted
+    ones, or the head's where the lookup's took their place): the rank of each emitted token (the accepted
+    drafts, then the target's own) among its position's candidates, up to the first not among them (None)."""
     ranks = []
     for t, cands in zip(tokens, candidates):
         ranks.append(cands.index(t) if t in cands else None)
