@@ -10,35 +10,49 @@ from conftest import native_from_hf, tiny_hf
 from speculation import OracleDrafter, Watch, fixed_costs, make_engine, planted, prompts, references
 
 from peagle.engine.config import EngineConfig
-from peagle.engine.lookup import PromptLookup, with_lookup
+from peagle.engine.lookup import LOOKUP_LEAST, LOOKUP_MOST, PromptLookup, with_lookup
 from peagle.engine.sampling import SamplingParams
+from peagle.engine.scheduler import Scheduler
 from peagle.engine.sequence import Sequence
 from peagle.engine.tree import Tree, ranks_of
 
 
-def scan(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
+def scan(tokens: list[int], k: int, n_min: int, n_max: int, by_match: bool = False) -> list[int]:
     """The reference: the longest suffix of n_min..n_max tokens seen before with a token after it, its latest
-    such occurrence, and the k tokens from there."""
+    such occurrence, and the k tokens from there (the stretch from there to the end over again, as often as it
+    takes); ``by_match``: no more than the longest stretch (up to k) that
+    ends there and at the text's end alike, and never fewer than LOOKUP_LEAST for it."""
     for n in range(min(n_max, len(tokens)), n_min - 1, -1):
         suffix = tokens[len(tokens) - n:]
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + k]
+                after = start + n
+                if by_match:
+                    same = max(j for j in range(n, max(n, k) + 1)
+                               if j <= after and tokens[after - j:after] == tokens[len(tokens) - j:])
+                    k = min(k, max(same, LOOKUP_LEAST))
+                return (tokens[after:] * k)[:k]
     return []
 
 
+@pytest.mark.parametrize("by_match", [False, True])
 @pytest.mark.parametrize("n_min,n_max", [(1, 1), (1, 4), (2, 4), (3, 3)])
-def test_proposals_are_a_scans_as_the_text_grows(n_min, n_max):
+def test_proposals_are_a_scans_as_the_text_grows(n_min, n_max, by_match):
     rng = random.Random(n_min * 10 + n_max)
+    lengths = set()
     for _ in range(20):
         vocab = rng.choice([3, 5, 12])   # small vocabularies repeat; a period makes long matches
         tokens = [rng.randrange(vocab) for _ in range(rng.randrange(0, 12))]
         lookup = PromptLookup(n_min, n_max)
         while len(tokens) < 80:
-            k = rng.randrange(1, 6)
-            assert lookup.propose(tokens, k) == scan(tokens, k, n_min, n_max), (tokens, k)
+            k = rng.randrange(1, 9)
+            got = lookup.propose(tokens, k, by_match)
+            assert got == scan(tokens, k, n_min, n_max, by_match), (tokens, k)
+            lengths.add((len(got), k))
             tokens += tokens[-3:] if rng.random() < 0.3 and len(tokens) > 3 else \
                 [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]   # steps emit 1..3 tokens
+    if by_match:   # short matches cut to LOOKUP_LEAST, long ones run to k
+        assert any(n == LOOKUP_LEAST < k for n, k in lengths) and any(n == k > n_max for n, k in lengths)
 
 
 def test_the_proposal_goes_first_without_repeats():
@@ -186,7 +200,8 @@ def test_ngram_drafts_from_the_text_alone_and_is_plain_decoding(llama, k):
         assert got == ref
         if accepted:
             watch.check(got, ref, rate=0.01)
-            assert len(watch.engine.stats.drafted_per_pos) == (3 if k == "auto" else k)   # K, or auto's 3
+            # K; or auto's while the four decode together (they end together here)
+            assert len(watch.engine.stats.drafted_per_pos) == (LOOKUP_LEAST if k == "auto" else k)
             watch, got = run("reject_all")
             with pytest.raises(AssertionError, match="accepted"):
                 watch.check(got, ref, rate=0.01)
@@ -197,3 +212,44 @@ def test_ngram_needs_the_lookup_and_drafts_chains():
         EngineConfig(method="ngram", prompt_lookup_max=0)
     with pytest.raises(ValueError, match="needs parallel drafting"):
         EngineConfig(method="ngram", speculative_token_tree="auto")
+
+
+def periodic_prompt(llama) -> list[int]:
+    """Four periods of five tokens after which the model's greedy token begins the period again: the text then
+    matches itself as far back as it is long, so a proposal by the match runs to its most."""
+    rng = random.Random(3)
+    periods = [[rng.randrange(3, llama.cfg.vocab_size) for _ in range(5)] for _ in range(400)]
+    firsts = make_engine(llama, None, "none").generate([q * 4 for q in periods], SamplingParams(max_tokens=1))
+    return next(q * 4 for q, o in zip(periods, firsts) if o.token_ids[0] == q[0])
+
+
+@pytest.mark.parametrize("method", ["ngram", "parallel"])
+def test_drafts_verified_alone_are_as_long_as_their_match_where_one_sequence_decodes(llama, method, monkeypatch):
+    """The text's drafts verified alone (``ngram`` at K auto; P-EAGLE's steps where ``auto`` skips an
+    always-wrong head): a sequence decoding alone gets the scan's proposal by its match (up to LOOKUP_MOST;
+    on a periodic prompt, past LOOKUP_LEAST); four decoding together (two of them periodic), LOOKUP_LEAST at
+    most. Either way the output is plain decoding's."""
+    next_drafts, seen = Scheduler._next_drafts, []
+
+    def spy(self, seq, v, tree):
+        next_drafts(self, seq, v, tree)
+        if seq.lookup_only:
+            seen.append((list(seq.tokens), list(seq.drafts), seq.tokens_left))
+
+    monkeypatch.setattr(Scheduler, "_next_drafts", spy)
+    periodic = periodic_prompt(llama)
+    for ps in ([periodic], [periodic] * 2 + prompts(2, seed=1)):
+        params = SamplingParams(max_tokens=64, ignore_eos=True)
+        ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
+        head = OracleDrafter.of(llama, references(ps, ref), wrong_every=1)
+        engine = make_engine(llama, head, method, "auto", max_num_seqs=4, prompt_lookup_max=4, prompt_lookup_min=1)
+        if method == "parallel":
+            engine = fixed_costs(head.bind(engine))
+        seen.clear()
+        got = [o.token_ids for o in engine.generate(ps, [params] * len(ps))]
+        assert got == ref and seen
+        if len(ps) == 1:
+            assert all(d == scan(text, min(LOOKUP_MOST, left - 1), 1, 4, by_match=True) for text, d, left in seen)
+            assert any(len(d) > LOOKUP_LEAST for _, d, _ in seen)
+        else:   # (they run side by side to the end)
+            assert all(len(d) <= LOOKUP_LEAST for _, d, _ in seen)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from peagle import kernels
-from peagle.engine.lookup import LOOKUP_ONLY
+from peagle.engine.lookup import LOOKUP_MOST
 from peagle.engine.tree import Tree
 
 METHODS = ("parallel", "eagle3", "ngram", "none")   # ngram: vLLM's prompt lookup alone, no head
@@ -132,7 +132,7 @@ class Bounds:
         tree = config.token_tree if config.method != "none" else "chain"
         k = config.num_speculative_tokens
         k_max = (0 if config.method == "none" else tree.depth if isinstance(tree, Tree)
-                 else k if k != "auto" else LOOKUP_ONLY if config.method == "ngram"
+                 else k if k != "auto" else LOOKUP_MOST if config.method == "ngram"
                  else config.max_speculative_tokens or trained_k or 10)
         if config.method == "parallel" and trained_k is not None and k_max > trained_k:
             raise ValueError(f"K={k_max} exceeds the K={trained_k} this head was trained for")

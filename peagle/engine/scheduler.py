@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from peagle.engine.auto_k import AutoK
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
-from peagle.engine.lookup import LOOKUP_ONLY, PromptLookup, with_lookup
+from peagle.engine.lookup import LOOKUP_BATCH, LOOKUP_LEAST, LOOKUP_MOST, PromptLookup, with_lookup
 from peagle.engine.model_runner import Verified
 from peagle.engine.processors import allowed_tree
 from peagle.engine.sequence import BONUS, CORRECTED, PLAIN, Sequence, SpecStats, Status
@@ -219,8 +219,10 @@ class Scheduler:
             seq.head_candidates = v.candidates if cands != v.candidates else None
         seq.set_drafts(tree.cut(self._num_drafts(seq, tree.depth)), cands)
         if seq.lookup is not None and not tree.depth:
-            most = self.bounds.k_max if not self.cfg.uses_head else min(LOOKUP_ONLY, self.bounds.k_max)
-            proposal = seq.lookup.propose(seq.tokens, most)
+            chosen = self.auto is not None or self.cfg.num_speculative_tokens == "auto"   # (ngram's explicit K: K)
+            most = LOOKUP_MOST if len(self.running) <= LOOKUP_BATCH else LOOKUP_LEAST
+            proposal = seq.lookup.propose(seq.tokens, min(most, self.bounds.k_max) if chosen else self.bounds.k_max,
+                                          by_match=chosen)
             k = self._num_drafts(seq, len(proposal))
             if k:
                 seq.set_drafts(Tree.chain(k), [[t] for t in proposal])

@@ -12,12 +12,12 @@ import peagle.engine.scheduler as scheduler
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "int8"))
 from heldout_ab import compare, engine  # noqa: E402
 
-LOOKUP_ONLY = scheduler.LOOKUP_ONLY
+LOOKUP_MOST = scheduler.LOOKUP_MOST
 
 
 def variant(merge_only: bool = False, **config):
     def make():
-        scheduler.LOOKUP_ONLY = 0 if merge_only else LOOKUP_ONLY
+        scheduler.LOOKUP_MOST = 0 if merge_only else LOOKUP_MOST
         return engine(**config)
     return make
 
