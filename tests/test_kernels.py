@@ -480,6 +480,51 @@ def test_the_drafters_native_stack_gives_the_bits_of_its_layer_by_layer_path(lay
 
 
 @native
+def test_a_drafters_long_catch_up_runs_natively_in_pieces_and_attends_as_sdpa_does(monkeypatch):
+    """The drafter's rows past the attention kernel's span (a catch-up on a prompt prefilled without drafts: 150
+    rows whose positions the drafter batch knows only on the device, two of them rejected, two mask rows after)
+    are cut into pieces the kernel takes whole, through the one native call; every row attends exactly its keys
+    up to its own position, as SDPA's path over the whole span does (the cut off: the path before): outputs and
+    KV within float32 rounding of it, where a key past a row's position, or one missed, moves them."""
+    from conftest import native_from_hf, tiny_hf
+
+    from peagle.models.attention import AttnMeta, Span
+    from peagle.models.drafter import Drafter
+    from peagle.models.layers import set_precision
+    from peagle.models.loader import init_drafter
+
+    target = native_from_hf(tiny_hf("llama"))
+    head = Drafter(init_drafter(target, 1, 3).cfg)
+    head.init_weights(1, std=0.2)
+    set_precision(head, torch.bfloat16, torch.float32)   # (as served: weights the native stack takes)
+    head.eval()
+    gen = torch.Generator().manual_seed(0)
+    n = 150
+    positions = torch.cat([torch.arange(n - 2), torch.tensor([n - 3, n - 2])])   # (masks reuse the rejected rows' places)
+    rejected = torch.zeros(n, dtype=torch.bool)
+    rejected[n - 4:n - 2] = True
+    ids, hidden = torch.randint(0, head.cfg.vocab_size, (n,), generator=gen), torch.randn(n, head.cfg.hidden_size, generator=gen)
+    stack, calls = Drafter.native_stack, []
+    monkeypatch.setattr(Drafter, "native_stack", lambda *a: calls.append(1) or stack(*a))
+
+    def run():
+        caches = head.make_caches(256)
+        with torch.inference_mode():
+            normed, _ = head(ids, hidden, positions, caches, AttnMeta([Span(n, n - 2, list(range(256)))], 1, no_write=rejected))
+        return normed, caches
+
+    cut, cut_caches = run()
+    assert calls == [1]
+    monkeypatch.setattr(AttnMeta, "cut", lambda self, rows: self)
+    whole, whole_caches = run()
+    assert calls == [1]   # SDPA's path: the layers one by one
+    torch.testing.assert_close(cut, whole, rtol=1e-4, atol=1e-4)
+    for a, b in zip(cut_caches, whole_caches):
+        torch.testing.assert_close(a.k, b.k, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a.v, b.v, rtol=1e-4, atol=1e-4)
+
+
+@native
 def test_an_error_in_a_teams_chunk_reaches_the_caller_and_the_next_pass_runs(monkeypatch):
     """With two threads ``decoder_layers`` runs its layers in one team (team.h): a row whose KV slot lies past
     the pool, in the other thread's chunk of the rows, raises the operator's error in the caller (not a

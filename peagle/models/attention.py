@@ -120,16 +120,18 @@ class AttnMeta:
         self._short_rows: torch.Tensor | None = None
 
     def cut(self, rows: int) -> "AttnMeta":
-        """The same rows with each span of more than ``rows`` rows (a prompt or a chunk of one) cut into pieces of
-        at most ``rows``, each over the same blocks and attending its keys up to its own last position: what
-        a causal prefill computes, in spans peagle's attention kernel takes whole (each row over its own keys,
-        whatever shares its pass) instead of SDPA's. Spans whose positions are not consecutive (``start`` None)
-        stay whole; a token tree's rows keep their map (it is kept per row, and a tree fits one span)."""
-        if all(s.num_rows <= rows or s.start is None for s in self.spans):
+        """The same rows with each span of more than ``rows`` rows (a prompt or a chunk of one, the drafter's
+        catch-up on rows it missed) cut into pieces of at most ``rows``, each over the same blocks: what a causal
+        prefill computes, in spans peagle's attention kernel takes whole (each row over its own keys, up to its
+        own position, whatever shares its pass) instead of SDPA's. A piece of consecutive positions ends its keys
+        at its own last one; one of positions known only on the device (``start`` None: the drafter's expanded
+        rows) keeps the span's bound, which only SDPA's groups read. A token tree's rows keep their map (it is
+        kept per row, and a tree fits one span)."""
+        if all(s.num_rows <= rows for s in self.spans):
             return self
-        pieces = [Span(min(rows, s.num_rows - i), s.start + min(i + rows, s.num_rows), s.block_table, s.start + i)
-                  if s.start is not None else s
-                  for s in self.spans for i in (range(0, s.num_rows, rows) if s.start is not None else (0,))]
+        pieces = [Span(min(rows, s.num_rows - i), s.ctx_len if s.start is None else s.start + min(i + rows, s.num_rows),
+                       s.block_table, None if s.start is None else s.start + i)
+                  for s in self.spans for i in range(0, s.num_rows, rows)]
         return AttnMeta(pieces, self.block_size, self.no_write, self.tree)
 
     @classmethod

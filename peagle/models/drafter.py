@@ -208,6 +208,14 @@ class Drafter(nn.Module):
         :class:`DenseKV` caches (training), ``meta`` is a :class:`ChainMask`."""
         if isinstance(meta, AttnMeta):
             meta.prepare(positions, caches[0].num_slots)
+            c = self.cfg
+            if meta.kernel_ok and isinstance(caches[0], KVCache) and kernels.native(hidden, c.head_dim,
+                                                                                   c.num_heads // c.num_kv_heads):
+                # a long catch-up (a prompt prefilled without drafts) through peagle's attention, in one native
+                # call, as the target's prompts: 2.9 ms for ~110 rows by SDPA and the layer-by-layer path
+                meta = meta.cut(kernels.limits().span_rows)
+                if meta.slot_mapping is None:
+                    meta.prepare(positions, caches[0].num_slots)
         rope = self.rotary.table(positions, hidden.dtype)
         if self.stacks(hidden, caches, meta):
             return self.native_stack(ids, hidden, rope, caches, meta)
