@@ -12,8 +12,9 @@ from __future__ import annotations
 # ngram): as many as the suffix it matched is long, at least LOOKUP_LEAST, at most LOOKUP_MOST. Verifying them
 # costs rows, not a drafter pass, and a long match is seldom cut short: over 72 ShareGPT and GSM8K-train
 # prompts' greedy outputs (a replay priced by the measured row costs, BENCHMARKS.md §40) 1.57x plain decoding
-# with 3 drafts always, 1.68x by the match; a fixed 3 had measured 1.059x on the held-out prompts against 2
-# (1.046x), 5 (1.059x) and 8 (1.035x) (§39)
+# with 3 drafts always, 1.68x by the match, 1.70x with loops running on (below); 7 always 1.65x, but 0.96x on
+# its worst prompt. A fixed 3 had measured 1.059x on the held-out prompts against 2 (1.046x), 5 (1.059x) and 8
+# (1.035x) (§39)
 LOOKUP_LEAST, LOOKUP_MOST = 3, 7
 # ... while one sequence decodes alone: beside others the rows are compute, not nearly free (4 and 16 MT-Bench
 # requests in flight: 2-5% less against plain decoding by the match than at 3 always, §40)
