@@ -212,3 +212,29 @@ def test_cuda_graph_metas_refuse_trees():
     one = torch.zeros(1, dtype=torch.long)
     with pytest.raises(ValueError, match="no token-tree layout"):
         PaddedMeta(torch.zeros(1, 2, dtype=torch.long), 1, 4, tree=TreeRows(one, one + 1, one[None]))
+
+
+def test_a_short_pass_computes_its_kv_slots_on_the_host_as_the_gather_does():
+    """AttnMeta.prepare's host path (a decode or verify step's few rows of consecutive positions: the slot of each
+    from its block table in Python, one copy) against the gather over the padded tables it replaces, on random
+    ragged batches of several sequences and block sizes; past HOST_SLOT_ROWS, with a tree or rows that write
+    nothing, the gather runs."""
+    import random
+
+    from peagle.models import attention
+    from peagle.models.attention import AttnMeta, Span
+
+    rng = random.Random(0)
+    for _ in range(200):
+        bs = rng.choice([1, 4, 16])
+        spans = []
+        for _ in range(rng.randrange(1, 5)):
+            start, n = rng.randrange(0, 200), rng.randrange(1, 9)
+            table = rng.sample(range(1000), -(-(start + n) // bs))
+            spans.append(Span(n, start + n, table, start))
+        positions = torch.tensor([p for s in spans for p in range(s.start, s.start + s.num_rows)])
+        meta = AttnMeta(spans, bs).prepare(positions, 10_000)
+        assert sum(s.num_rows for s in spans) <= attention.HOST_SLOT_ROWS
+        want = meta.slots(meta.seq_of_row, positions)   # the gather over the padded tables
+        assert torch.equal(meta.slot_mapping, want), (spans, bs)
+        assert meta.slot_mapping.dtype == want.dtype

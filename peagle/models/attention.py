@@ -24,6 +24,7 @@ from peagle.runtime import to_device
 
 # sequences of at most kernels.limits().span_rows rows (decoding, verifying, drafting) attend in batches of
 MAX_PADDING = 1.25       # sequences whose contexts, padded to the longest, hold at most 25% padding
+HOST_SLOT_ROWS = 64      # rows whose KV slots a pass computes on the host (a decode or verify step), not in five ops
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,13 @@ class AttnMeta:
         nb = max(len(s.block_table) for s in spans)
         self.table = to_device([s.block_table + [0] * (nb - len(s.block_table)) for s in spans], dev)
         self.seq_of_row = to_device([i for i, s in enumerate(spans) for _ in range(s.num_rows)], dev)
-        slots = self.slots(self.seq_of_row, positions if self.tree is None else self.tree.kv_index)
+        bs = self.block_size
+        if self.tree is None and self.no_write is None and len(positions) <= HOST_SLOT_ROWS and \
+                all(s.start is not None for s in spans):   # a decode step's few rows: one copy, not five ops
+            slots = to_device([s.block_table[p // bs] * bs + p % bs for s in spans
+                               for p in range(s.start, s.start + s.num_rows)], dev)
+        else:
+            slots = self.slots(self.seq_of_row, positions if self.tree is None else self.tree.kv_index)
         if self.no_write is not None:
             slots = torch.where(self.no_write, num_slots, slots)
         self.slot_mapping, self.positions, self.windows = slots, positions, windows
