@@ -43,6 +43,8 @@ class Scheduler:
         self.long_step_tokens = 0            # this step's prefill tokens, where a long prompt is among them
         self.prefill_token_s: float | None = None  # seconds per prefill token of the last step that did
         self.verified_lookup_only = False    # the last step verified drafts the drafter did not make
+        # the engine chooses how many of the text's drafts to verify alone (auto; ngram at K auto), or K does
+        self.lookup_by_match = auto is not None or config.num_speculative_tokens == "auto"
 
     def add(self, seq: Sequence) -> None:
         if self.cfg.prompt_lookup_max and self.bounds.k_max:
@@ -219,7 +221,7 @@ class Scheduler:
             seq.head_candidates = v.candidates if cands != v.candidates else None
         seq.set_drafts(tree.cut(self._num_drafts(seq, tree.depth)), cands)
         if seq.lookup is not None and not tree.depth:
-            chosen = self.auto is not None or self.cfg.num_speculative_tokens == "auto"   # (ngram's explicit K: K)
+            chosen = self.lookup_by_match
             most = LOOKUP_MOST if len(self.running) <= LOOKUP_BATCH else LOOKUP_LEAST
             proposal = seq.lookup.propose(seq.tokens, min(most, self.bounds.k_max) if chosen else self.bounds.k_max,
                                           by_match=chosen)

@@ -135,6 +135,17 @@ class AttnMeta:
                   for s in self.spans for i in range(0, s.num_rows, rows)]
         return AttnMeta(pieces, self.block_size, self.no_write, self.tree)
 
+    def for_layers(self, positions: torch.Tensor, caches: list, x: torch.Tensor, head_dim: int, group: int,
+                   windows: tuple[int | None, ...] = (None,)) -> "AttnMeta":
+        """This pass prepared for a model's layers (:meth:`prepare`, ``self`` too: callers read it after the pass),
+        and where peagle's attention kernel runs (``x`` the layers' input), a copy whose long spans are cut into
+        spans it takes whole (:meth:`cut`: prompts, the drafter's catch-up on rows it missed), prepared in turn."""
+        self.prepare(positions, caches[0].num_slots, windows)
+        if not (self.kernel_ok and isinstance(caches[0], KVCache) and kernels.native(x, head_dim, group)):
+            return self
+        meta = self.cut(kernels.limits().span_rows)
+        return meta if meta is self else meta.prepare(positions, caches[0].num_slots, windows)
+
     @classmethod
     def single(cls, slots: torch.Tensor | list[int], start: int, end: int) -> "AttnMeta":
         """One sequence feeding positions ``start..end-1``, position p's KV in ``slots[p]``

@@ -206,16 +206,9 @@ class Drafter(nn.Module):
         """``hidden`` is already at the head's width. Returns (normed, pre-norm) hidden states:
         the first feeds :meth:`logits`, the second is what EAGLE-3 feeds back. With
         :class:`DenseKV` caches (training), ``meta`` is a :class:`ChainMask`."""
-        if isinstance(meta, AttnMeta):
-            meta.prepare(positions, caches[0].num_slots)
+        if isinstance(meta, AttnMeta):   # (a long catch-up through peagle's attention, as the target's prompts)
             c = self.cfg
-            if meta.kernel_ok and isinstance(caches[0], KVCache) and kernels.native(hidden, c.head_dim,
-                                                                                   c.num_heads // c.num_kv_heads):
-                # a long catch-up (a prompt prefilled without drafts) through peagle's attention, in one native
-                # call, as the target's prompts: 2.9 ms for ~110 rows by SDPA and the layer-by-layer path
-                meta = meta.cut(kernels.limits().span_rows)
-                if meta.slot_mapping is None:
-                    meta.prepare(positions, caches[0].num_slots)
+            meta = meta.for_layers(positions, caches, hidden, c.head_dim, c.num_heads // c.num_kv_heads)
         rope = self.rotary.table(positions, hidden.dtype)
         if self.stacks(hidden, caches, meta):
             return self.native_stack(ids, hidden, rope, caches, meta)

@@ -387,15 +387,10 @@ class LlamaModel(nn.Module):
                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(final normed hidden states of ``rows`` (all if None), aux hidden states ``[T, 3*H]``):
         training reads the target's distribution over a draft vocabulary from the first."""
-        meta.prepare(positions, caches[0].num_slots, self.windows)
-        x = self.embed(ids)
+        x, c = self.embed(ids), self.cfg
+        meta = meta.for_layers(positions, caches, x, c.head_dim, c.num_heads // c.num_kv_heads, self.windows)
         rope = self.rotary.table(positions, x.dtype)
         local = rope if self.local_rotary is None else self.local_rotary.table(positions, x.dtype)
-        c = self.cfg
-        if meta.kernel_ok and isinstance(caches[0], KVCache) and kernels.native(x, c.head_dim, c.num_heads // c.num_kv_heads):
-            meta = meta.cut(kernels.limits().span_rows)   # prompts too through peagle's attention kernel
-            if meta.slot_mapping is None:
-                meta.prepare(positions, caches[0].num_slots, self.windows)
         if self.stacks(x, caches, meta):
             x, tapped = self.native_stack(x, rope, caches, meta)
             taps = dict(zip(self.aux_layers, tapped))

@@ -17,6 +17,9 @@ from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.loader import load_drafter_for, resolve_target
 
+sys.path.insert(0, str(Path(__file__).parent))
+from interleave import interleaved  # noqa: E402
+
 args = sys.argv[1:]
 rounds = int(args[0]) if args and args[0].isdigit() else 3
 compute = "exact" if "exact" in args else "fast"
@@ -39,15 +42,7 @@ def run(name, i):
     return out.token_ids, out.elapsed_s, out.stats.acceptance_length
 
 
-res = {m: [[] for _ in items] for m in names}
-tokens = {}
-for r in range(rounds):
-    for i in range(len(items)):
-        s = (r + i) % len(names)
-        for m in names[s:] + names[:s]:
-            toks, t, al = run(m, i)
-            assert tokens.setdefault(i, toks) == toks, f"prompt {i}: {m} gave other tokens"
-            res[m][i].append((len(toks), t, al))
+res, tokens = interleaved(run, names, len(items), rounds)
 print(f"compute {compute}, {base.precision}; {rounds} rounds")
 summary = {}
 for m in drafters:

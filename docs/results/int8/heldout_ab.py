@@ -12,6 +12,8 @@ from pathlib import Path
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
 
+from interleave import interleaved  # (beside this file, on the importing script's sys.path)
+
 ITEMS = [json.loads(line) for line in (Path(__file__).parent / "heldout.jsonl").read_text().splitlines()]
 BASE = LLMEngine.from_pretrained(None, method="parallel", k="auto", max_num_seqs=1)
 IDS = [BASE.encode_prompt(it["prompt"]) for it in ITEMS]
@@ -28,19 +30,16 @@ def compare(variants: dict[str, Callable[[], LLMEngine]], rounds: int) -> None:
     rounds, against `none`, and print each one's mean of per-prompt ratios, worst, best and mean AL."""
     variants = {"none": lambda: engine("none", 1), **variants}
     names = list(variants)
-    res = {v: [[] for _ in ITEMS] for v in names}
-    tokens = {}
-    for r in range(rounds):
-        for i in range(len(ITEMS)):
-            s = (r + i) % len(names)
-            for v in names[s:] + names[:s]:
-                out = variants[v]().generate([IDS[i]], SamplingParams(max_tokens=128))[0]
-                assert tokens.setdefault(i, out.token_ids) == out.token_ids, f"prompt {i}: {v} gave other tokens"
-                res[v][i].append((len(out.token_ids) / out.elapsed_s, out.stats.acceptance_length))
-    med = {v: [statistics.median(x for x, _ in c) for c in res[v]] for v in names}
+
+    def run(v: str, i: int) -> tuple[list[int], float, float]:
+        out = variants[v]().generate([IDS[i]], SamplingParams(max_tokens=128))[0]
+        return out.token_ids, out.elapsed_s, out.stats.acceptance_length
+
+    res, _ = interleaved(run, names, len(ITEMS), rounds)
+    med = {v: [statistics.median(n / s for n, s, _ in c) for c in res[v]] for v in names}
     print(f"{BASE.precision}; {rounds} rounds; kinds: " + " ".join(it["kind"][:4] for it in ITEMS))
     for v in names[1:]:
         ratios = [a / b for a, b in zip(med[v], med["none"])]
-        al = statistics.mean(statistics.median(a for _, a in c) for c in res[v])
+        al = statistics.mean(statistics.median(a for _, _, a in c) for c in res[v])
         print(f"{v:12s} mean of ratios {statistics.mean(ratios):.3f}, worst {min(ratios):.3f}, best {max(ratios):.3f}, "
               f"mean AL {al:.2f}: " + " ".join(f"{x:.2f}" for x in ratios), flush=True)
