@@ -228,7 +228,8 @@ def test_drafts_verified_alone_are_as_long_as_their_match_where_one_sequence_dec
     """The text's drafts verified alone (``ngram`` at K auto; P-EAGLE's steps where ``auto`` skips an
     always-wrong head): a sequence decoding alone gets the scan's proposal by its match (up to LOOKUP_MOST;
     on a periodic prompt, past LOOKUP_LEAST); four decoding together (two of them periodic), LOOKUP_LEAST at
-    most. Either way the output is plain decoding's."""
+    most. Either way the output is plain decoding's and drafts are accepted (a verifier that rejects them all is
+    caught)."""
     next_drafts, seen = Scheduler._next_drafts, []
 
     def spy(self, seq, v, tree):
@@ -242,12 +243,20 @@ def test_drafts_verified_alone_are_as_long_as_their_match_where_one_sequence_dec
         params = SamplingParams(max_tokens=64, ignore_eos=True)
         ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
         head = OracleDrafter.of(llama, references(ps, ref), wrong_every=1)
-        engine = make_engine(llama, head, method, "auto", max_num_seqs=4, prompt_lookup_max=4, prompt_lookup_min=1)
-        if method == "parallel":
-            engine = fixed_costs(head.bind(engine))
+        def run(fault=None):
+            engine = make_engine(llama, head, method, "auto", max_num_seqs=4, prompt_lookup_max=4, prompt_lookup_min=1)
+            if method == "parallel":
+                engine = fixed_costs(head.bind(engine))
+            watch = Watch(planted(fault, engine) if fault else engine)
+            return watch, [o.token_ids for o in engine.generate(ps, [params] * len(ps))]
+
+        watch, got = run("reject_all")   # a verifier that rejects every draft: lossless, and caught
+        with pytest.raises(AssertionError, match="accepted"):
+            watch.check(got, ref, rate=0.01)
         seen.clear()
-        got = [o.token_ids for o in engine.generate(ps, [params] * len(ps))]
-        assert got == ref and seen
+        watch, got = run()
+        watch.check(got, ref, rate=0.01)   # plain decoding's tokens, drafts accepted (the lookup's alone)
+        assert seen
         if len(ps) == 1:
             assert all(d == scan(text, min(LOOKUP_MOST, left - 1), 1, 4, by_match=True) for text, d, left in seen)
             assert any(len(d) > LOOKUP_LEAST for _, d, _ in seen)
