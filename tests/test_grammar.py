@@ -138,6 +138,9 @@ def test_regex_choice_and_grammar_outputs(tok, grammars):
     # SmolLM2's table has no token for the byte 0xF1: U+40000 has no spelling, so its choice is refused
     # (found by the server's fuzz test: it reached the engine, where the mask allowed no token and it failed)
     (StructuredOutput("choice", json.dumps(["ok", "\u00b1\U000556f6", "x"])), "choice 1 holds U+556F6, which this model's"),
+    # a regex or grammar whose start no token spells (the byte 0x14: found by the fuzz test, a 500 before)
+    (StructuredOutput("regex", "\x14\u00ee]"), "the regex allows no token this model's tokenizer can write at its start"),
+    (StructuredOutput("grammar", 'root ::= "\x14a"'), "the grammar allows no token"),
 ])
 def test_malformed_specs_raise_a_one_line_grammar_error(grammars, so, words):
     with pytest.raises(GrammarError, match=None) as e:

@@ -111,8 +111,16 @@ class Grammars:
         self._lock = threading.Lock()
 
     def matcher(self, so: StructuredOutput) -> Matcher:
-        """A fresh matcher for ``so`` (compiled once, then cached); GrammarError if ``so`` is malformed."""
-        return Matcher(self._xgr.GrammarMatcher(self.compile(so)), self._never)
+        """A fresh matcher for ``so`` (compiled once, then cached); GrammarError if ``so`` is malformed, or if it
+        allows no token to begin with (a regex or grammar whose first characters this model's tokens cannot
+        spell: its mask would leave nothing to sample)."""
+        m = Matcher(self._xgr.GrammarMatcher(self.compile(so)), self._never)
+        mask = self.new_mask(1)
+        m.fill(mask, 0)
+        if not mask[0, :(self.vocab_size + 31) // 32].any():
+            raise GrammarError(f"the {so.kind.replace('_', ' ')} allows no token this model's tokenizer can write "
+                               "at its start")
+        return m
 
     def compile(self, so: StructuredOutput) -> "xgrammar.CompiledGrammar":
         """``so`` compiled, from the cache or now; thread-safe, so the server compiles off its engine's loop
