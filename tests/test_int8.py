@@ -6,6 +6,7 @@ packed blocks hold the file's values; and speculation on a quantized model equal
 token on every instruction set this CPU has, with drafts accepted."""
 from __future__ import annotations
 
+import itertools
 import os
 
 import gguf
@@ -25,6 +26,7 @@ native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernel
                             reason="the native kernels are off")
 INT_FORMATS = list(FORMATS)  # every format has an integer path
 INT_ISAS = {"avx512": "avx512vnni", "avxvnni": "avxvnni", "avx2": "avx2"}  # the ISA cap -> its integer path
+STREAMS = [(16 << 20, 16 << 20), (0, 0)]  # the default tiles, and one packed group wide for every weight
 
 
 def int_isas() -> list[str]:
@@ -136,12 +138,15 @@ def int8_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None
 @pytest.mark.parametrize("fmt", INT_FORMATS)
 @pytest.mark.parametrize("k,n", [(64, 48), (576, 96), (1536, 32)])
 def test_each_integer_path_gives_the_bits_of_the_reference(fmt, k, n, isa):
+    """In both tile shapes (wide, and one packed group wide as weights beyond ``stream_bytes`` take)."""
     x, blocks, b = case(fmt, 70, k, n)  # 70 rows: every tile height, leftover rows, a second row chunk
     x[3] = 0  # an all-zero row (its scale 0)
     packed = pack(blocks)
     for bias in (None, b):
         ref = torch.ops.peagle.qlinear_ref(x, blocks, bias)
-        assert torch.equal(torch.ops.peagle.linear(x, packed, bias, isa), ref), (isa, fmt, k, n)
+        for limits in STREAMS:
+            with kernels.streaming(*limits):
+                assert torch.equal(torch.ops.peagle.linear(x, packed, bias, isa), ref), (isa, fmt, k, n, limits)
     exact = x.double() @ dequantize(blocks).double().t() + b.double()
     assert (ref.double() - exact).abs().max() < 0.02 * exact.abs().max()  # 8-bit activations
 
@@ -157,9 +162,10 @@ def test_columns_split_between_two_threads_give_the_references_bits(fmt, isa):
         for n in (80, 112):
             x, blocks, b = case(fmt, 9, 576, n, seed=3)
             packed = pack(blocks)
-            for m in (1, 2, 4, 8, 9):
+            for m, limits in itertools.product((1, 2, 4, 8, 9), STREAMS):
                 ref = torch.ops.peagle.qlinear_ref(x[:m], blocks, b)
-                assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b, isa), ref), (isa, fmt, n, m)
+                with kernels.streaming(*limits):
+                    assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b, isa), ref), (isa, fmt, n, m, limits)
 
 
 @native
@@ -225,6 +231,21 @@ def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):
     with kernels.use_isa(isa):
         assert kernels.int_isa() == INT_ISAS[isa]
         assert_lossless_on_path(qllama, method)
+
+
+@native
+def test_the_tiles_shape_is_timed_once_on_the_models_weights_and_kept(qllama, monkeypatch):
+    """tune_streaming picks the default or one-group tiles for one-row and taller passes by timing both on
+    the weights given, sets them, and does not time again in the process (the shape changes no bits: above)."""
+    weights = [m.weight for m in qllama.modules() if isinstance(m, Linear)]
+    monkeypatch.setattr(kernels, "_tuned", False)
+    with kernels.streaming(*STREAMS[0]):
+        chosen = kernels.tune_streaming(weights, rounds=2)
+        assert chosen[0] in (0, 16 << 20) and chosen[1] in (0, 16 << 20)
+        assert tuple(torch.ops.peagle.stream_bytes()) == chosen
+        monkeypatch.setattr(kernels.time, "perf_counter", lambda: pytest.fail("timed twice"))
+        assert kernels.tune_streaming(weights) == chosen
+    assert tuple(torch.ops.peagle.stream_bytes()) == STREAMS[0]
 
 
 @native

@@ -30,9 +30,9 @@ from peagle.engine.sequence import Sequence
 from peagle.engine.tree import Tree, TreeBatch, accept_paths, path_rows, path_slots, tree_rows
 from peagle.models.attention import AttnMeta, KVCache, Span, TreeRows
 from peagle.models.drafter import Drafter
-from peagle.models.layers import pack_for_inference, weight_dtype
+from peagle.models.layers import Linear, pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
-from peagle.models.quant import bf16_dots, integer_path
+from peagle.models.quant import bf16_dots, integer_path, quantized
 from peagle.runtime import precision_name, to_device
 
 
@@ -95,6 +95,9 @@ class ModelRunner:
         target.pack_for_inference()
         if drafter is not None:
             pack_for_inference(drafter)
+        if self.device.type == "cpu":  # the tiles' shape for this CPU, timed on the target's own matrices
+            kernels.tune_streaming([m.weight for m in target.modules() if isinstance(m, Linear) and quantized(m.weight)
+                                    and m.weight.packed])
         if config.uses_head:
             if drafter is None:
                 raise ValueError(f"method {config.method!r} needs a drafter")

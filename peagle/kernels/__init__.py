@@ -15,7 +15,9 @@ import contextlib
 import functools
 import hashlib
 import os
+import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +123,18 @@ def use_isa(name: str):
         torch.ops.peagle.set_isa(os.environ.get("PEAGLE_ISA", ""))
 
 
+@contextlib.contextmanager
+def streaming(one_row: int, taller: int):
+    """Inside the block, packed weights of more bytes than these (passes of one row, taller) run tiles one
+    packed group wide (:func:`tune_streaming`'s setting, restored after); 0, 0: every packed weight."""
+    before = torch.ops.peagle.stream_bytes()
+    torch.ops.peagle.set_stream_bytes(one_row, taller)
+    try:
+        yield
+    finally:
+        torch.ops.peagle.set_stream_bytes(*before)
+
+
 def isa() -> str:
     """The instruction set the kernels run here: ``avx512``, ``avx2``, ``scalar``, or ``none`` (not loaded)."""
     return torch.ops.peagle.isa() if available() else "none"
@@ -136,3 +150,38 @@ def bf16_isa() -> str:
     """The bf16 dot-product path's instruction set for packed bf16 weights (``csrc/kernels.h``): ``avx512bf16``,
     or ``none`` (no such path here, or the kernels not loaded: bf16 weights stay plain, float32 arithmetic)."""
     return torch.ops.peagle.bf16_isa() if available() else "none"
+
+
+_STREAM_DEFAULT = 16 << 20   # csrc/ops.cpp's: only weights beyond the caches (LM heads) stream one group wide
+_tuned = False
+
+
+@torch.inference_mode()
+def tune_streaming(weights: list, rounds: int = 7) -> tuple[int, int]:
+    """Where packed weights stream in tiles one packed group wide (one read stream) rather than the wider
+    tiles that hide ``vpdpbusd``'s latency, for passes of one row and taller (``csrc/linear_tiles.h``,
+    ``run_packed``): the CPU's answer, not a constant (the default model's layer matmuls, two threads: on a
+    Zen 4 every matrix is faster one group wide; on a Zen 5 4-row passes are slower so, BENCHMARKS.md §30,
+    §42). Times both on ``weights`` (a model's packed GGUF weights, as decoding reads them) at 1 and 4 rows,
+    alternating, the median of ``rounds`` each, and leaves the default only where the other wins by 3%.
+    Once a process: the shape never changes a result, only its speed. Returns the limits (one row, taller)."""
+    global _tuned
+    if _tuned or not weights or int_isa() == "none":
+        return tuple(torch.ops.peagle.stream_bytes()) if available() else (_STREAM_DEFAULT, _STREAM_DEFAULT)
+    _tuned = True
+    chosen = []
+    for rows in (1, 4):
+        xs = [torch.randn(rows, w.shape[1]) for w in weights]
+        times: dict[int, list[float]] = {_STREAM_DEFAULT: [], 0: []}
+        for i in range(rounds + 1):  # the first round warms the caches and the thread pool
+            for limit, ts in times.items():
+                torch.ops.peagle.set_stream_bytes(limit, limit)
+                t = time.perf_counter()
+                for x, w in zip(xs, weights):
+                    torch.ops.peagle.linear(x, w.blocks)
+                if i:
+                    ts.append(time.perf_counter() - t)
+        narrow, wide = (statistics.median(times[k]) for k in (0, _STREAM_DEFAULT))
+        chosen.append(0 if narrow < 0.97 * wide else _STREAM_DEFAULT)
+    torch.ops.peagle.set_stream_bytes(*chosen)
+    return tuple(chosen)

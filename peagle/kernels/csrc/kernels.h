@@ -254,6 +254,10 @@ constexpr int32_t avx2_offset(WType t) { return t == WType::q8_0 ? 0 : vnni_offs
 void qlinear_avx512vnni(const QLinearArgs& a, int64_t g0, int64_t g1);
 void qlinear_avxvnni(const QLinearArgs& a, int64_t g0, int64_t g1);
 void qlinear_avx2(const QLinearArgs& a, int64_t g0, int64_t g1);
+// Packed weights of more bytes than this stream in tiles one packed group wide (linear_tiles.h, run_packed),
+// for passes of one row or taller: 16 MiB (LM heads) unless set_stream_bytes (peagle.kernels.tune_streaming,
+// timed on the model's own weights at start-up) chose otherwise. The tile's shape never changes a result.
+int64_t stream_bytes(bool one_row);
 // Columns [n0, n1) of every row, from the file's blocks: the scalar reference of the arithmetic above.
 void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1);
 

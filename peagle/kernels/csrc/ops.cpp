@@ -107,6 +107,15 @@ static void set_isa(c10::string_view isa) {
   isa_cap.store(level);
 }
 
+static std::atomic<int64_t> stream_limit[2] = {int64_t(16) << 20, int64_t(16) << 20};  // taller, one row
+int64_t stream_bytes(bool one_row) { return stream_limit[one_row].load(std::memory_order_relaxed); }
+
+static void set_stream_bytes(int64_t one_row, int64_t taller) {
+  TORCH_CHECK(one_row >= 0 && taller >= 0, "peagle::set_stream_bytes: sizes must be >= 0");
+  stream_limit[1].store(one_row);
+  stream_limit[0].store(taller);
+}
+
 SiluRows silu_rows() {
   static const SiluRows rows[3] = {silu_mul_ref, silu_mul_avx2, silu_mul_avx512};
   return rows[float_level()];
@@ -558,6 +567,8 @@ TORCH_LIBRARY(peagle, m) {
   m.def("int_isas() -> str[]", [] { return int_isas(); });
   m.def("bf16_isa() -> str", [] { return best_bf16_isa(); });
   m.def("set_isa(str isa) -> ()", set_isa);
+  m.def("set_stream_bytes(int one_row, int taller) -> ()", set_stream_bytes);
+  m.def("stream_bytes() -> int[]", [] { return std::vector<int64_t>{stream_bytes(true), stream_bytes(false)}; });
   m.def("limits() -> Dict(str, int)", limits);
   m.impl("attention", c10::DispatchKey::CPU, TORCH_FN(attention));
   m.impl("attention_ref", c10::DispatchKey::CPU, TORCH_FN(attention_reference));
