@@ -17,7 +17,7 @@ from peagle.prompts import dataset_path, read_prompt_file
 N = 128
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 prompts = read_prompt_file(dataset_path("mt-bench", None), "mt-bench")[:int(sys.argv[2]) if len(sys.argv) > 2 else 4]
-engines = {m: LLMEngine.from_pretrained(None, method=m, max_num_seqs=1) for m in ("none", "parallel")}
+engines = {m: LLMEngine.from_pretrained(None, method=m, k="auto", max_num_seqs=1) for m in ("none", "parallel")}
 tuned = tuple(torch.ops.peagle.stream_bytes())
 settings = {f"tuned {tuned}": tuned, "default (16 MiB, 16 MiB)": (16 << 20, 16 << 20)}
 rates = {(m, s): [] for m in engines for s in settings}
