@@ -10,12 +10,14 @@ Planted faults these tests caught when written: the kernel's multi-row tiles rea
 re-statement's bits lost)."""
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
 from speculation import MASK, assert_lossless_on_path
+from test_int8 import STREAMS
 
 from peagle import kernels
 from peagle.models.layers import Linear, set_precision
@@ -81,22 +83,25 @@ def test_columns_split_between_two_threads_give_the_references_bits():
         for n in (80, 112):
             x, w, b = case(9, 576, n, seed=3)
             packed = pack_bf16(w)
-            for m in (1, 2, 4, 8, 9):
+            for m, limits in itertools.product((1, 2, 4, 8, 9), STREAMS):
                 ref = torch.ops.peagle.bf16linear_ref(x[:m], w, b)
-                assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b), ref), (n, m)
+                with kernels.streaming(*limits):
+                    assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b), ref), (n, m, limits)
 
 
 @native
 @has_bf16
 @pytest.mark.parametrize("k,n", [(2, 16), (64, 48), (576, 96), (1536, 32)])
 def test_the_bf16_path_gives_the_bits_of_the_reference(k, n):
+    """In both tile shapes (wide, and one packed group wide as weights beyond ``stream_bytes`` take)."""
     x, w, b = case(70, k, n)  # 70 rows: every tile height, leftover rows, a second row chunk
     x[3] = 0  # an all-zero row
     packed = pack_bf16(w)
-    for bias in (None, b):
+    for bias, limits in itertools.product((None, b), STREAMS):
         ref = torch.ops.peagle.bf16linear_ref(x, w, bias)
-        for m in range(1, 71):  # each pass height: its tiles
-            assert torch.equal(torch.ops.peagle.linear(x[:m], packed, bias), ref[:m]), (k, n, m)
+        with kernels.streaming(*limits):
+            for m in range(1, 71):  # each pass height: its tiles
+                assert torch.equal(torch.ops.peagle.linear(x[:m], packed, bias), ref[:m]), (k, n, m, limits)
     exact = x.double() @ w.double().t() + b.double()
     assert (ref.double() - exact).abs().max() < 0.01 * exact.abs().max()  # x rounded to 8 bits of mantissa
 

@@ -32,7 +32,7 @@ from peagle.models.attention import AttnMeta, KVCache, Span, TreeRows
 from peagle.models.drafter import Drafter
 from peagle.models.layers import Linear, pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
-from peagle.models.quant import bf16_dots, integer_path, quantized
+from peagle.models.quant import QuantTensor, bf16_dots, integer_path
 from peagle.runtime import precision_name, to_device
 
 
@@ -96,8 +96,8 @@ class ModelRunner:
         if drafter is not None:
             pack_for_inference(drafter)
         if self.device.type == "cpu":  # the tiles' shape for this CPU, timed on the target's own matrices
-            kernels.tune_streaming([m.weight for m in target.modules() if isinstance(m, Linear) and quantized(m.weight)
-                                    and m.weight.packed])
+            kernels.tune_streaming([m.weight for m in target.modules()
+                                    if isinstance(m, Linear) and isinstance(m.weight, QuantTensor) and m.weight.packed])
         if config.uses_head:
             if drafter is None:
                 raise ValueError(f"method {config.method!r} needs a drafter")

@@ -158,15 +158,16 @@ _tuned = False
 
 @torch.inference_mode()
 def tune_streaming(weights: list, rounds: int = 7) -> tuple[int, int]:
-    """Where packed weights stream in tiles one packed group wide (one read stream) rather than the wider
-    tiles that hide ``vpdpbusd``'s latency, for passes of one row and taller (``csrc/linear_tiles.h``,
-    ``run_packed``): the CPU's answer, not a constant (the default model's layer matmuls, two threads: on a
-    Zen 4 every matrix is faster one group wide; on a Zen 5 4-row passes are slower so, BENCHMARKS.md §30,
-    §42). Times both on ``weights`` (a model's packed GGUF weights, as decoding reads them) at 1 and 4 rows,
-    alternating, the median of ``rounds`` each, and leaves the default only where the other wins by 3%.
-    Once a process: the shape never changes a result, only its speed. Returns the limits (one row, taller)."""
+    """Where packed weights (GGUF blocks on the integer path, bf16 pairs on the bf16 one) stream in tiles one
+    packed group wide (one read stream) rather than the wider tiles that hide the dot products' latency, for
+    passes of one row and taller (``csrc/linear_tiles.h``, ``run_packed``): the CPU's answer, not a constant
+    (the default model's layer matmuls, two threads: on a Zen 4 every matrix is faster one group wide; on a
+    Zen 5 4-row passes are slower so, BENCHMARKS.md §30, §42). Times both on ``weights`` (a model's packed
+    weights, as decoding reads them) at 1 and 4 rows, alternating, the median of ``rounds`` each, and leaves
+    the default only where the other wins by 3%. Once a process: the shape never changes a result, only its
+    speed. Returns the limits (one row, taller)."""
     global _tuned
-    if _tuned or not weights or int_isa() == "none":
+    if _tuned or not weights or not available():
         return tuple(torch.ops.peagle.stream_bytes()) if available() else (_STREAM_DEFAULT, _STREAM_DEFAULT)
     _tuned = True
     chosen = []
