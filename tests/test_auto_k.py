@@ -286,3 +286,26 @@ def test_a_step_without_the_heads_drafts_counts_what_the_text_drafted_alone():
         auto.record_lookup(1)
     set_counts(auto, [40.0] * 8, [100.0] * 8)
     assert len(auto.choose(1)) == 0
+
+
+def test_a_short_matchs_drafts_are_verified_only_while_they_pay_their_rows():
+    """The text's drafts from a short match, verified alone, cost rows a plain step does not read: where 4 rows
+    cost 1.4x one (a Zen 4's curve), 3 of them must yield 0.4 tokens a step. Tried first (a pseudo-step at one
+    token), refused once they yield less, tried again as that evidence fades; dearer at a larger batch."""
+    auto = AutoK(8, True, CostCurve([1, 4, 16], [1.0, 1.4, 4.0]), DRAFTER)
+    assert auto.lookup_pays(3, 1)
+    for _ in range(20):
+        auto.record_lookup(0, short=True)
+    assert not auto.lookup_pays(3, 1) and auto.lookup_steps == auto.short_steps == 20
+    for _ in range(20):
+        auto.record_lookup(1, short=True)
+    assert auto.lookup_pays(3, 1)            # half of them accepted: 0.5 tokens a step
+    assert not auto.lookup_pays(3, 4)        # 16 rows cost 2.9x four: not at 0.5
+    auto.record_lookup(3)                    # a long match's hits are not a short one's
+    assert auto.short_tokens == 20 and auto.lookup_tokens == 23
+    for _ in range(20):
+        auto.record_lookup(0, short=True)
+    assert not auto.lookup_pays(3, 1)
+    for _ in range(300):                     # steps without such drafts: the evidence fades to the prior
+        auto.choose(1)
+    assert auto.lookup_pays(3, 1)

@@ -9,6 +9,7 @@ import pytest
 from conftest import native_from_hf, tiny_hf
 from speculation import OracleDrafter, Watch, fixed_costs, make_engine, planted, prompts, references
 
+from peagle.engine.auto_k import CostCurve
 from peagle.engine.config import EngineConfig
 from peagle.engine.lookup import LOOKUP_LEAST, LOOKUP_MOST, PromptLookup, with_lookup
 from peagle.engine.sampling import SamplingParams
@@ -133,7 +134,7 @@ def test_auto_sees_only_the_heads_hits_whoever_drafted(llama, drafting):
     text's own proposals are verified in those steps alone; ``always``: auto's choice forced to K=3, so the
     lookup's tokens take the head's place in every round. Either way drafts are accepted, the output is plain
     decoding's, and every round auto records says the head missed: its measure is the head's alone."""
-    ps = prompts(4, seed=1)
+    ps = [periodic_prompt(llama)] * 2 + prompts(2, seed=1)   # text that repeats, and text that need not
     params = SamplingParams(max_tokens=160, ignore_eos=True)
     ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
     head = OracleDrafter.of(llama, references(ps, ref), wrong_every=1)
@@ -162,7 +163,7 @@ def test_auto_sees_only_the_heads_hits_whoever_drafted(llama, drafting):
     watch = Watch(engine)
     got = [o.token_ids for o in engine.generate(ps, [params] * 4)]
     watch.check(got, ref, rate=0.01)
-    assert sum(alone) > len(alone) // 2 if drafting == "auto" else not any(alone)
+    assert any(alone) if drafting == "auto" else not any(alone)   # (auto: while short matches pay, below)
     assert recorded and all(r[0] is None for r in recorded), recorded
     assert timed and not any(timed)   # a plain step's time is not one that verified the lookup's rows
     if drafting == "auto":   # and what the steps without the head's drafts yielded is what K=0 is worth
@@ -262,3 +263,31 @@ def test_drafts_verified_alone_are_as_long_as_their_match_where_one_sequence_dec
             assert any(len(d) > LOOKUP_LEAST for _, d, _ in seen)
         else:   # (they run side by side to the end)
             assert all(len(d) <= LOOKUP_LEAST for _, d, _ in seen)
+
+
+def test_under_auto_a_short_matchs_drafts_wait_for_rows_they_can_pay(llama, monkeypatch):
+    """With rows priced far above what a short match's drafts could yield (4 rows 9x one), ``auto`` verifies none
+    of them alone; the periodic prompt's long matches are still verified (their proposals longer than
+    LOOKUP_LEAST) and accepted, and the output is plain decoding's."""
+    next_drafts, seen = Scheduler._next_drafts, []
+
+    def spy(self, seq, v, tree):
+        next_drafts(self, seq, v, tree)
+        if seq.lookup_only:
+            seen.append(len(seq.drafts))
+
+    monkeypatch.setattr(Scheduler, "_next_drafts", spy)
+    ps = [periodic_prompt(llama)] + prompts(1, seed=2)
+    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
+    for i, (p, r) in enumerate(zip(ps, ref)):
+        head = OracleDrafter.of(llama, references([p], [r]), wrong_every=1)
+        engine = fixed_costs(head.bind(make_engine(llama, head, "parallel", "auto", prompt_lookup_max=4,
+                                                   prompt_lookup_min=1)))
+        engine.scheduler.auto.target = CostCurve([1, 4, 64], [1.0, 9.0, 144.0])
+        watch = Watch(engine)
+        got = engine.generate([p], params)[0].token_ids
+        if i == 0:   # the periodic prompt: drafts accepted
+            watch.check([got], [r], rate=0.01)
+        assert got == r
+    assert seen and all(n > LOOKUP_LEAST for n in seen), seen

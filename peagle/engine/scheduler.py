@@ -191,7 +191,8 @@ class Scheduler:
             seq.stats.record(per_depth, v.accepted)
             self.stats.record(per_depth, v.accepted)
             if self.auto and (seq.lookup_only or seq.lookup is not None and not per_depth):
-                self.auto.record_lookup(v.accepted)   # what a step without the head's drafts yielded
+                # what a step without the head's drafts yielded
+                self.auto.record_lookup(v.accepted, seq.lookup_only and len(seq.drafts) <= LOOKUP_LEAST)
             elif self.auto and per_depth:   # auto weighs the head's drafting by its own hits
                 self.auto.record(ranks_of(v.tokens, seq.candidates if seq.head_candidates is None
                                           else seq.head_candidates))
@@ -213,8 +214,8 @@ class Scheduler:
     def _next_drafts(self, seq: Sequence, v: Verified, tree: Tree) -> None:
         """What the next step verifies: ``tree`` from the head's candidates; where the text repeats, what
         followed it then in their place (the head's kept: auto weighs the head's own hits); where the drafter
-        skipped this step, the text's own proposal alone (rows to verify, no drafter pass); what the grammar
-        forbids costs no row."""
+        skipped this step, the text's own proposal alone (rows to verify, no drafter pass; under ``auto`` a short
+        match's only while such drafts pay their rows); what the grammar forbids costs no row."""
         cands, seq.head_candidates, seq.lookup_only = v.candidates, None, False
         if seq.lookup is not None and cands:
             cands = with_lookup(cands, seq.lookup.propose(seq.tokens, len(cands)))
@@ -226,7 +227,7 @@ class Scheduler:
             proposal = seq.lookup.propose(seq.tokens, min(most, self.bounds.k_max) if chosen else self.bounds.k_max,
                                           by_match=chosen)
             k = self._num_drafts(seq, len(proposal))
-            if k:
+            if k and (len(proposal) > LOOKUP_LEAST or not self.auto or self.auto.lookup_pays(k, len(self.running))):
                 seq.set_drafts(Tree.chain(k), [[t] for t in proposal])
                 seq.lookup_only = True
         if seq.matcher is not None and seq.drafts:
