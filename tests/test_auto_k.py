@@ -251,6 +251,20 @@ def test_measuring_costs_writes_the_context_it_reads(llama):
             assert all(page_frame(a) not in (None, zero) for a in pages)
 
 
+def test_costs_are_timed_round_robin_each_drafter_pass_after_a_target_pass(llama, monkeypatch):
+    """The start-up passes as a step runs them: every drafter pass right after the target's pass of its size (its
+    weights cold then, as in decoding, not warm from its own previous pass), the sizes in turn each round."""
+    import peagle.engine.model_runner as mr
+
+    engine = auto_engine(llama, OracleDrafter.of(llama, prompts(1, seed=2)[0], wrong_every=1), "parallel")
+    calls, greedy = [], mr.greedy
+    monkeypatch.setattr(mr, "greedy", lambda logits: (calls.append(tuple(logits.shape)), greedy(logits))[1])
+    target, drafter = engine.runner.measure_costs(rounds=2)
+    vocab, draft_vocab = llama.cfg.vocab_size, engine.runner.drafter.cfg.draft_vocab_size
+    assert calls == [(n, v) for _ in range(3) for n in target.rows for v in (vocab, draft_vocab)]
+    assert drafter.rows == target.rows and all(s > 0 for s in target.seconds + drafter.seconds)
+
+
 def test_a_curve_never_falls_with_more_rows():
     """One row's pass timed above two rows' (timed first, cold) is noise: plain decoding priced from it
     made a round of K=2 look cheaper than a plain step."""

@@ -11,6 +11,7 @@ count, emitted token, accepted path and next drafts.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -123,10 +124,13 @@ class ModelRunner:
                           self.drafter_caches, self.cfg.block_size, capture)
 
     @torch.inference_mode()
-    def measure_costs(self) -> tuple[CostCurve, CostCurve]:
+    def measure_costs(self, rounds: int = 5) -> tuple[CostCurve, CostCurve]:
         """The target's pass (logits of every row) and the drafter's pass (its LM head too) over
-        1, 2, 4, ... rows at a 128-token context, timed on the empty KV pool's first blocks (median
-        of 3 after a warm-up): what :class:`~peagle.engine.auto_k.AutoK` weighs K by."""
+        1, 2, 4, ... rows at a 128-token context, timed on the empty KV pool's first blocks: what
+        :class:`~peagle.engine.auto_k.AutoK` weighs K by. Round-robin, medians of ``rounds`` after a warm-up
+        round: each drafter pass right after a target pass of its size, as a step runs them (its weights then
+        cold: on a Zen 4 0.29 ms a row warm, about twice that after the target), and a burst of the host's
+        other work touches every size alike, not one (BENCHMARKS.md §42)."""
         bs, dev, b = self.cfg.block_size, self.device, self.bounds
         most = min(self.cfg.max_num_seqs * (max(b.k_max, b.max_nodes) + 1) * 2, 512, self.num_blocks * bs // 2)
         rows = sorted({r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if r < most} | {max(most, 2)})
@@ -135,24 +139,26 @@ class ModelRunner:
         for c in self.target_caches + self.drafter_caches:  # the passes read the context unwritten
             c.materialize(ctx)
 
-        def timed(n: int, drafter: bool) -> float:
+        def run(n: int, drafter: bool) -> float:
             ids, pos = torch.zeros(n, dtype=torch.long, device=dev), torch.arange(ctx, ctx + n, device=dev)
             meta = AttnMeta([Span(n, ctx + n, list(range(-(-(ctx + n) // bs))), ctx)], bs)
+            t0 = time.perf_counter()
             if drafter:
                 hidden = torch.zeros(n, d.cfg.hidden_size, dtype=self.dtype, device=dev)
-                run = lambda: greedy(d.logits(d(ids, hidden, pos, self.drafter_caches, meta)[0]))  # noqa: E731
+                greedy(d.logits(d(ids, hidden, pos, self.drafter_caches, meta)[0]))
             else:
-                run = lambda: greedy(self.target(ids, pos, self.target_caches, meta, pos - ctx)[0])  # noqa: E731
-            times = []
-            for _ in range(4):
-                t0 = time.perf_counter()
-                run()
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)
-                times.append(time.perf_counter() - t0)
-            return sorted(times[1:])[1]
+                greedy(self.target(ids, pos, self.target_caches, meta, pos - ctx)[0])
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            return time.perf_counter() - t0
 
-        return (CostCurve(rows, [timed(n, False) for n in rows]), CostCurve(rows, [timed(n, True) for n in rows]))
+        times: dict[tuple[int, bool], list[float]] = {(n, dr): [] for n in rows for dr in (False, True)}
+        for r in range(rounds + 1):
+            for (n, dr), ts in times.items():
+                t = run(n, dr)
+                if r:
+                    ts.append(t)
+        return tuple(CostCurve(rows, [statistics.median(times[n, dr]) for n in rows]) for dr in (False, True))
 
     # ------------------------------------------------------------------ one step
     def run(self, work: list[tuple[Sequence, int]], tree: Tree) -> list[Verified]:
