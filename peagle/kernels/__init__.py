@@ -152,37 +152,39 @@ def bf16_isa() -> str:
     return torch.ops.peagle.bf16_isa() if available() else "none"
 
 
-_STREAM_DEFAULT = 16 << 20   # csrc/ops.cpp's: only weights beyond the caches (LM heads) stream one group wide
 _tuned = False
 
 
 @torch.inference_mode()
-def tune_streaming(weights: list, rounds: int = 7) -> tuple[int, int]:
+def tune_streaming(weights: list, rounds: int = 7) -> tuple[int, int] | None:
     """Where packed weights (GGUF blocks on the integer path, bf16 pairs on the bf16 one) stream in tiles one
     packed group wide (one read stream) rather than the wider tiles that hide the dot products' latency, for
     passes of one row and taller (``csrc/linear_tiles.h``, ``run_packed``): the CPU's answer, not a constant
     (the default model's layer matmuls, two threads: on a Zen 4 every matrix is faster one group wide; on a
     Zen 5 4-row passes are slower so, BENCHMARKS.md §30, §42). Times both on ``weights`` (a model's packed
     weights, as decoding reads them) at 1 and 4 rows, alternating, the median of ``rounds`` each, and leaves
-    the default only where the other wins by 3%. Once a process: the shape never changes a result, only its
-    speed. Returns the limits (one row, taller)."""
+    the kernels' default (weights over 16 MiB: LM heads) only where the other wins by 3%. Once a process: the
+    shape never changes a result, only its speed. Returns the limits (one row, taller); None without weights."""
     global _tuned
-    if _tuned or not weights or not available():
-        return tuple(torch.ops.peagle.stream_bytes()) if available() else (_STREAM_DEFAULT, _STREAM_DEFAULT)
+    if not weights or not available():
+        return None
+    before = tuple(torch.ops.peagle.stream_bytes())   # the kernels' default, until tuned
+    if _tuned:
+        return before
     _tuned = True
     chosen = []
-    for rows in (1, 4):
+    for i, rows in enumerate((1, 4)):
         xs = [torch.randn(rows, w.shape[1]) for w in weights]
-        times: dict[int, list[float]] = {_STREAM_DEFAULT: [], 0: []}
-        for i in range(rounds + 1):  # the first round warms the caches and the thread pool
+        times: dict[int, list[float]] = {before[i]: [], 0: []}
+        for r in range(rounds + 1):  # the first round warms the caches and the thread pool
             for limit, ts in times.items():
                 torch.ops.peagle.set_stream_bytes(limit, limit)
                 t = time.perf_counter()
                 for x, w in zip(xs, weights):
                     torch.ops.peagle.linear(x, w.blocks)
-                if i:
+                if r:
                     ts.append(time.perf_counter() - t)
-        narrow, wide = (statistics.median(times[k]) for k in (0, _STREAM_DEFAULT))
-        chosen.append(0 if narrow < 0.97 * wide else _STREAM_DEFAULT)
+        narrow, wide = statistics.median(times[0]), statistics.median(times[before[i]])
+        chosen.append(0 if narrow < 0.97 * wide else before[i])
     torch.ops.peagle.set_stream_bytes(*chosen)
     return tuple(chosen)
