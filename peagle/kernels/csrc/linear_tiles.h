@@ -80,7 +80,7 @@ static void tile(const LinearArgs& a, int64_t m, int64_t n) {
 // tile), K::RTALL (the tile height for passes taller than RMAX), K::columns(R) (a tile's width for R rows,
 // in K's column units, within the registers) and K::tile<R, NB>(a, m, n) (rows [m, m+R) x units [n, n+NB)).
 // The rows [m, M) left over by full tiles (fewer than RMAX), in one tile.
-template <class K, int NB, int R = K::RMAX - 1>
+template <class K, int NB, int R>
 static void rest(const typename K::Args& a, int64_t m, int64_t n) {
   if constexpr (R > 0) {
     if (a.M - m == R) return K::template tile<R, NB>(a, m, n);
@@ -101,21 +101,29 @@ static void blocks(const typename K::Args& a, int64_t n0, int64_t n1) {
   for (; n + NB <= n1; n += NB) {
     int64_t m = 0;
     for (; m + R <= a.M; m += R) K::template tile<R, NB>(a, m, n);
-    if (m < a.M) rest<K, NB>(a, m, n);
+    if (m < a.M) rest<K, NB, R - 1>(a, m, n);
   }
   for (; n < n1; ++n) {
     int64_t m = 0;
     for (; m + R <= a.M; m += R) K::template tile<R, 1>(a, m, n);
-    if (m < a.M) rest<K, 1>(a, m, n);
+    if (m < a.M) rest<K, 1, R - 1>(a, m, n);
   }
 }
 
+// The tallest tile of a NARROW pass: K::RSTREAM where K has it (one unit wide, fewer registers a row), else RMAX.
+template <class K>
+constexpr int stream_rmax() {
+  if constexpr (requires { K::RSTREAM; }) return K::RSTREAM;
+  else return K::RMAX;
+}
+
 // Tiles as tall as the pass up to RMAX rows (every row of a verification pass shares one read of the
-// weights), as wide as the registers then allow; taller passes (prefill) in tiles of RTALL rows.
-template <class K, bool NARROW = false, int R = K::RMAX>
+// weights), as wide as the registers then allow; taller passes (prefill) in tiles of RTALL rows. NARROW
+// (streamed weights, one unit wide): up to stream_rmax rows, and taller passes in tiles of as many.
+template <class K, bool NARROW = false, int R = NARROW ? stream_rmax<K>() : K::RMAX>
 static void run_tiles(const typename K::Args& a, int64_t n0, int64_t n1) {
-  if constexpr (R == K::RMAX) {
-    if (a.M > R) return blocks<K, K::RTALL, NARROW>(a, n0, n1);
+  if constexpr (R == (NARROW ? stream_rmax<K>() : K::RMAX)) {
+    if (a.M > R) return blocks<K, NARROW ? stream_rmax<K>() : K::RTALL, NARROW>(a, n0, n1);
   }
   if constexpr (R > 1) {
     if (a.M < R) return run_tiles<K, NARROW, R - 1>(a, n0, n1);
