@@ -289,3 +289,16 @@ def test_objective_chain_mask_and_data_path_name_their_device(tiny_chat_dir, syn
     assert len(work) > 1 and math.isfinite(float(stats.loss)) and trainer.last_eval["anchors"] > 0
     grads = [p.grad for p in trainer.head.trainable()]
     assert all(g is not None and g.device == trainer.device and bool(g.isfinite().all()) for g in grads)
+
+
+def test_processes_beyond_the_gpus_share_them_over_gloo(monkeypatch):
+    """torchrun with more processes than GPUs: ranks go round-robin, and NCCL (one rank a device) gives way."""
+    from peagle.train.trainer import placement
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for rank, world, want in [(1, 2, ("cuda:1", "nccl")), (3, 4, ("cuda:1", "gloo")), (2, 4, ("cuda:0", "gloo"))]:
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(world))
+        device, backend = placement(torch.device("cuda"))
+        assert (str(device), backend) == want
+    assert placement(torch.device("cuda", 1)) == (torch.device("cuda", 1), "nccl")
+    assert placement(torch.device("cpu")) == (torch.device("cpu"), "gloo")

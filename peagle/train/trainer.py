@@ -117,6 +117,19 @@ def doc_generator(seed: int, epoch: int, index: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
 
 
+def placement(device: torch.device) -> tuple[torch.device, str]:
+    """This process's device and its process group's backend. One GPU per process; more processes than GPUs
+    share them round-robin (a small model's step is bound by launching kernels, so several processes fill one
+    GPU), over gloo, as NCCL refuses two ranks on one device."""
+    if device.type != "cuda":
+        return device, "gloo"
+    if device.index is not None:
+        return device, "nccl"
+    gpus = torch.cuda.device_count()
+    shared = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > gpus
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % gpus), "gloo" if shared else "nccl"
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         from peagle.models.loader import choose_mask_token, load_target, load_tokenizer
@@ -124,9 +137,7 @@ class Trainer:
         self.cfg = cfg
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
-        self.device = resolve_device(cfg.device)
-        if self.device.type == "cuda" and self.device.index is None:  # one GPU per process
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        self.device, backend = placement(resolve_device(cfg.device))
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         if cfg.deterministic:  # process-wide, as HF's full_determinism; cuBLAS needs its workspace fixed first
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -137,7 +148,7 @@ class Trainer:
             configure_cpu()
             torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            dist.init_process_group(backend)
         self.out = Path(cfg.out)
         self.target, path = load_target(cfg.target, "float32", device=self.device,  # online states: float32 KV
                                         quantization=cfg.quantization, compute=cfg.compute)
