@@ -152,9 +152,8 @@ def test_kill_9_loses_at_most_one_interval(tiny_chat_dir, synth_dir, tmp_path):
 def test_two_torchrun_processes_equal_one_with_the_doubled_batch(tiny_chat_dir, synth_dir, tmp_path):
     one = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "one", "--batch-size", "4", "--max-steps", "3"))
     assert one.wait(timeout=300) == 0, one.stdout.read()
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     args = train_args(tiny_chat_dir, synth_dir, tmp_path / "two", "--batch-size", "2", "--max-steps", "3")
-    two = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517", "-m", "peagle.cli", *args],
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517", "-m", "peagle.cli", *args],
                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert two.returncode == 0, two.stdout + two.stderr
     a, b = head_tensors(tmp_path / "one"), head_tensors(tmp_path / "two")
