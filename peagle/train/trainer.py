@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+from inspect import signature
 import random
 import sys
 import time
@@ -196,9 +197,12 @@ class Trainer:
         if state is not None:
             self._restore(state)
         # data parallel: DDP averages the gradients (gloo on CPU, NCCL on GPUs), in the step's last
-        # backward only; buffers (vocabulary maps, RoPE) never change, so they are not re-broadcast
+        # backward only; buffers (vocabulary maps, RoPE) never change, so they are not re-broadcast (the flag's
+        # name before torch 2.13 was broadcast_buffers, as GPU images often carry an older torch)
+        no_sync = "forward_sync_buffers" if "forward_sync_buffers" in signature(DistributedDataParallel).parameters \
+            else "broadcast_buffers"
         self.model = self.objective if self.world == 1 else DistributedDataParallel(
-            self.objective, device_ids=[self.device] if self.device.type == "cuda" else None, forward_sync_buffers=False)
+            self.objective, device_ids=[self.device] if self.device.type == "cuda" else None, **{no_sync: False})
 
     # ------------------------------------------------------------------ one step
     def _my_docs(self, step: int) -> list[tuple[int, Record]]:
