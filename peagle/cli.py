@@ -55,6 +55,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "num_accepted_tokens": s.num_accepted_tokens, "num_draft_tokens_per_pos": s.drafted_per_pos,
         "ttft_s": round(out.ttft_s or 0.0, 4), "elapsed_s": round(elapsed, 4),
         "output_tokens_per_s": round(len(out.token_ids) / elapsed, 2) if elapsed > 0 else None,
+        "error": out.error,
     }
     if args.json:
         print(json.dumps(result))
@@ -66,6 +67,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
               f"{engine.precision}, {engine.kernels} kernels] "
               f"{result['num_output_tokens']} tokens in {elapsed:.2f}s ({result['output_tokens_per_s']} tok/s), "
               f"acceptance length {s.acceptance_length:.2f}, per-position acceptance [{pos}]", file=sys.stderr)
+    if out.error:   # the output above is what could be written
+        print(f"peagle: {out.error}", file=sys.stderr)
+        return 1
     return 0
 
 

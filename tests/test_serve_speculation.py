@@ -216,6 +216,33 @@ def test_malformed_structured_outputs_get_a_400(srv, extra, words):
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_a_grammars_dead_end_mid_output_is_that_requests_400_and_the_others_go_on(srv, plain, stream):
+    """A regex that asks, after "ab", for a byte no token spells: that request gets a 400 (streamed: its text so
+    far, or some of it, then an error event and [DONE]); a seeded request sent beside it gets plain decoding's completion with
+    drafts accepted (the engine's own test puts the two in one step for certain)."""
+    ref = plain.generate([plain.encode_prompt(STORY["prompt"], chat=False)], params_of(STORY))[0].text
+    beside = {}
+    t = threading.Thread(target=lambda: beside.update(completion(srv.port, STORY)))
+    t.start()
+    body = {"prompt": "x", "max_tokens": 8, "temperature": 0, "structured_outputs": {"regex": "ab\x14c"}}
+    if stream:
+        status, text, _ = request(srv.port, "POST", "/v1/completions", {**body, "stream": True})
+        events = [line[len("data: "):] for line in text.split("\n") if line.startswith("data: ")]
+        assert status == 200 and events[-1] == "[DONE]", text
+        error = json.loads(events[-2])["error"]
+        assert "ab".startswith("".join(c["text"] for e in events[:-2] for c in json.loads(e)["choices"]))
+    else:
+        status, out, _ = request(srv.port, "POST", "/v1/completions", body)
+        assert status == 400, out
+        error = out["error"]
+    assert error["code"] == 400 and "regex allows no token this model's tokenizer can write" in error["message"]
+    t.join()
+    assert beside["choices"][0]["text"] == ref
+    assert_accepted(beside)
+    assert completion(srv.port, {**STORY, "max_tokens": 2})["choices"][0]["text"]   # and the server goes on
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_token_origins_add_up_to_the_text_and_the_metrics(srv, stream):
     """``token_origins`` (asked for): each token's text, together exactly the response's text (a stop string
     cut included), and its origin: as many accepted drafts as the metrics count, a bonus after each round

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 from speculation import PERSON_SCHEMA, OracleDrafter, Watch, blank_tokens, make_engine
 
+from peagle.cli import main
 from peagle.engine import processors, scheduler
 from peagle.engine.grammar import GrammarError, StructuredOutput
 from peagle.engine.llm_engine import LLMEngine
@@ -20,6 +21,7 @@ from peagle.models.loader import init_drafter
 SCHEMA = PERSON_SCHEMA
 JSON = StructuredOutput("json_schema", json.dumps(SCHEMA))
 TREE = "[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]"
+DEAD_END = StructuredOutput("regex", "ab\x14c")   # no SmolLM2 token spells the byte 0x14: after "ab", nothing can
 GREEDY = SEEDED = SamplingParams()
 
 
@@ -111,6 +113,32 @@ def test_rows_masked_with_the_roots_state_are_caught(plain, monkeypatch):
     head.bind(e)
     with pytest.raises(RuntimeError, match="not allowed by the request's grammar"):   # the emitted token's check
         e.generate(ps, GREEDY)
+
+
+def test_a_grammars_dead_end_mid_output_ends_that_request_alone(plain):
+    """A regex that asks, after "ab", for a byte no token spells (admission sees only its start): that request
+    ends with finish_reason "error" and its reason after the text it could write, while the request beside it,
+    in the same steps, gives its output alone; plain and speculative (drafts accepted), greedy and seeded."""
+    ps = prompts(plain)
+    for params in (GREEDY, SEEDED):
+        alone = plain.generate([ps[1]], params)[0].token_ids
+        head = OracleDrafter.of(plain.target, {tuple(ps[1]): ps[1] + alone}, 4)
+        spec = engine(plain, head, "parallel", 4)
+        head.bind(spec)
+        watch = Watch(spec)
+        for e in (plain, spec):
+            dead, beside = e.generate(ps, [dataclasses.replace(params, structured=DEAD_END), params])
+            assert (dead.finish_reason, dead.text) == ("error", "ab"), dead
+            assert "regex allows no token this model's tokenizer can write" in dead.error
+            assert beside.token_ids == alone and beside.finish_reason == "stop" and beside.error is None
+        assert spec.stats.num_accepted_tokens >= len(alone) / 3, "the request beside accepted no drafts"
+
+
+def test_generate_prints_what_it_could_write_and_the_dead_end_and_fails(tiny_chat_dir, capsys):
+    assert main(["generate", "--target", str(tiny_chat_dir), "--method", "none", "--dtype", "float32",
+                 "--regex", DEAD_END.spec, "--max-new-tokens", "8", "Say ab."]) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("ab\n") and "peagle: the regex allows no token this model's tokenizer can write" in err
 
 
 def test_a_malformed_schema_is_refused_at_once(plain):

@@ -55,10 +55,10 @@ def _message(e: Exception) -> str:
 
 class Matcher:
     """One request's grammar state. xgrammar keeps every step, so rollback reaches back to the start."""
-    __slots__ = ("_m", "_never")
+    __slots__ = ("_m", "_never", "_mask")
 
-    def __init__(self, m: "xgrammar.GrammarMatcher", never: frozenset[int]):
-        self._m, self._never = m, never
+    def __init__(self, m: "xgrammar.GrammarMatcher", never: frozenset[int], vocab_size: int):
+        self._m, self._never, self._mask = m, never, new_mask(1, vocab_size)
 
     def accept(self, token: int) -> bool:
         """Advance by one token; False, and no change, where the grammar forbids it (or has terminated).
@@ -80,6 +80,16 @@ class Matcher:
     def terminated(self) -> bool:
         """The grammar is complete and has accepted a stop token: the request ends."""
         return self._m.is_terminated()
+
+    @property
+    def dead_end(self) -> bool:
+        """Nothing may come next, stop tokens included: the grammar asks for a character none of this model's
+        tokens spells (a regex's control byte, say) and cannot end here. Filling a mask costs, so the engine
+        asks only when a token it took in was refused."""
+        if self._m.is_terminated():
+            return False
+        self._m.fill_next_token_bitmask(self._mask, 0)
+        return not self._mask.any()
 
 
 class Grammars:
@@ -114,10 +124,8 @@ class Grammars:
         """A fresh matcher for ``so`` (compiled once, then cached); GrammarError if ``so`` is malformed, or if it
         allows no token to begin with (a regex or grammar whose first characters this model's tokens cannot
         spell: its mask would leave nothing to sample)."""
-        m = Matcher(self._xgr.GrammarMatcher(self.compile(so)), self._never)
-        mask = self.new_mask(1)
-        m.fill(mask, 0)
-        if not mask[0, :(self.vocab_size + 31) // 32].any():
+        m = Matcher(self._xgr.GrammarMatcher(self.compile(so)), self._never, self.vocab_size)
+        if m.dead_end:
             raise GrammarError(f"the {so.kind.replace('_', ' ')} allows no token this model's tokenizer can write "
                                "at its start")
         return m

@@ -255,11 +255,15 @@ class Scheduler:
     def _append(self, seq: Sequence, tokens: list[int]) -> None:
         p = seq.params
         for t in tokens:
+            if seq.matcher is not None and not seq.matcher.accept(t):   # every token was chosen under its mask,
+                if not seq.matcher.dead_end:                            # unless the mask allowed nothing
+                    raise RuntimeError(f"token {t} is not allowed by the request's grammar")
+                seq.error = (f"the {seq.params.structured.kind.replace('_', ' ')} allows no token this model's "
+                             f"tokenizer can write after the output's {len(seq.output_ids)} tokens")
+                return self._finish(seq, "error")   # this request alone: the others in the step go on
             seq.tokens.append(t)
             if seq.first_token_time is None:
                 seq.first_token_time = time.perf_counter()
-            if seq.matcher is not None and not seq.matcher.accept(t):   # every token was chosen under its mask
-                raise RuntimeError(f"token {t} is not allowed by the request's grammar")
             if not p.ignore_eos and t in self.eos_token_ids or seq.matcher is not None and seq.matcher.terminated:
                 return self._finish(seq, "stop")
             cut = None

@@ -96,6 +96,7 @@ class Sequence:
         self.draft_lag: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.draft_lag_rows = 0       # their rows, counted as they come (auto K reads it every step)
         self.finish_reason: str | None = None
+        self.error: str | None = None     # why it ended with finish_reason "error" (its grammar's dead end)
         self.text = ""
         self.detok: Detokenizer | None = None      # the engine's, when it has a tokenizer
         self.matcher: Matcher | None = None        # the grammar's state after the output, for a structured output
@@ -154,10 +155,11 @@ class RequestOutput:
     ttft_s: float | None
     elapsed_s: float | None
     origins: list[int]   # how each output token came (BONUS, CORRECTED, PLAIN, or k: the k-th draft)
+    error: str | None = None   # with finish_reason "error": why the request could not go on
 
     @classmethod
     def of(cls, seq: Sequence) -> "RequestOutput":
         end = seq.finish_time or time.perf_counter()
         return cls(seq.request_id, seq.prompt_ids, seq.output_ids, seq.text, seq.finish_reason, seq.stats,
                    None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
-                   end - seq.arrival_time, seq.origins)
+                   end - seq.arrival_time, seq.origins, seq.error)

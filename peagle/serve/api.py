@@ -27,6 +27,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from peagle.request_checks import RequestError
 from peagle.serve.async_engine import AsyncEngine, Delta, EngineError, QueueFullError
 from peagle.serve.limits import BodyLimit, ServerLimits, check_request
 from peagle.serve.playground import mount_playground
@@ -234,7 +235,7 @@ async def _collect(deltas: AsyncIterator[tuple[int, Delta]], n: int) -> list[lis
 async def _events(fmt: Formatter, deltas: AsyncIterator[tuple[int, Delta]],
                   include_usage: bool) -> AsyncIterator[bytes]:
     """The SSE stream: an event per delta with something in it, the usage if asked for, ``[DONE]``;
-    an engine fault after the 200 is an error event."""
+    an engine fault after the 200 is an error event, and so is the request's own (a grammar's dead end)."""
     last: list[Delta | None] = [None] * fmt.num_choices
     try:
         async for i, d in deltas:
@@ -243,6 +244,8 @@ async def _events(fmt: Formatter, deltas: AsyncIterator[tuple[int, Delta]],
                 yield event
     except EngineError as e:
         yield error_event(500, str(e), "InternalServerError")
+    except RequestError as e:
+        yield error_event(400, str(e), "BadRequestError")
     else:
         if include_usage:
             yield fmt.usage_event(last)

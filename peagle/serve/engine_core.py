@@ -220,6 +220,8 @@ class EngineCore:
         self._out.append((seq.request_id, failure, Finished.of(seq)))
 
     def _post(self, seq: Sequence) -> None:
+        if seq.error is not None:   # the request's own fault, found mid-output: a 400 (an error event if streamed)
+            return self._end(seq, Failure("refused", seq.error))
         if not seq.finished and not self._streamed[seq.request_id]:
             return  # told once, at its end
         sent, chars, told = self._sent[seq.request_id]
