@@ -134,6 +134,18 @@ def test_a_grammars_dead_end_mid_output_ends_that_request_alone(plain):
         assert spec.stats.num_accepted_tokens >= len(alone) / 3, "the request beside accepted no drafts"
 
 
+def test_min_tokens_past_the_grammars_end_stop_it_there(plain):
+    """``min_tokens`` beyond every output the grammar allows: once the grammar is complete only a stop token may
+    come, so the request stops there, short (rather than sampling from a row with nothing allowed), and the
+    request beside it is untouched; greedy and seeded."""
+    ps = prompts(plain)
+    for params in (GREEDY, SEEDED):
+        alone = plain.generate([ps[1]], params)[0].token_ids
+        short = dataclasses.replace(params, structured=StructuredOutput("regex", "ab"), min_tokens=5)
+        out, beside = plain.generate(ps, [short, params])
+        assert (out.text, out.finish_reason) == ("ab", "stop") and beside.token_ids == alone
+
+
 def test_generate_prints_what_it_could_write_and_the_dead_end_and_fails(tiny_chat_dir, capsys):
     assert main(["generate", "--target", str(tiny_chat_dir), "--method", "none", "--dtype", "float32",
                  "--regex", DEAD_END.spec, "--max-new-tokens", "8", "Say ab."]) == 1

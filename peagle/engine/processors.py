@@ -38,11 +38,6 @@ def process(logits: torch.Tensor, seq: Sequence, stop_ids: list[int]) -> torch.T
     if p.logit_bias:
         ids = to_device(list(p.logit_bias), dev)
         out[:, ids] += to_device(list(p.logit_bias.values()), dev, out.dtype)
-    if p.min_tokens:  # a row at output position t < min_tokens may not stop
-        n = len(seq.output_ids)
-        early = [i for i, path in enumerate(paths) if n + len(path) < p.min_tokens]
-        if early and stop_ids:
-            out[to_device(early, dev)[:, None], to_device(stop_ids, dev)[None]] = float("-inf")
     if p.repetition_penalty != 1 or p.frequency_penalty or p.presence_penalty:
         counts = output_counts(seq.output_ids, paths, out.shape, dev)
         if p.repetition_penalty != 1:
@@ -55,6 +50,13 @@ def process(logits: torch.Tensor, seq: Sequence, stop_ids: list[int]) -> torch.T
             out -= p.presence_penalty * (counts > 0).to(out.dtype)
     if seq.matcher is not None:
         grammar.apply(out, grammar_masks(seq.matcher, paths, out.shape[1]))
+    if p.min_tokens:  # a row at output position t < min_tokens may not stop, unless nothing else may come
+        n = len(seq.output_ids)                                   # (its grammar is complete: it ends short)
+        early = [i for i, path in enumerate(paths) if n + len(path) < p.min_tokens]
+        if early and stop_ids:
+            rows, stops = to_device(early, dev)[:, None], to_device(stop_ids, dev)[None]
+            others = out[rows[:, 0]].index_fill_(1, stops[0], float("-inf")).isfinite().any(1, keepdim=True)
+            out[rows, stops] = torch.where(others, float("-inf"), out[rows, stops])
     return out
 
 
