@@ -267,8 +267,9 @@ def test_drafts_verified_alone_are_as_long_as_their_match_where_one_sequence_dec
 
 def test_under_auto_a_short_matchs_drafts_wait_for_rows_they_can_pay(llama, monkeypatch):
     """With rows priced far above what a short match's drafts could yield (4 rows 9x one), ``auto`` verifies none
-    of them alone; the periodic prompt's long matches are still verified (their proposals longer than
-    LOOKUP_LEAST) and accepted, and the output is plain decoding's."""
+    of them alone, nor a long match cut short by the request's end (``max_tokens`` 20, 21, 28, 29: a step with a
+    long match comes 2-3 tokens before it); the periodic prompt's long matches are still verified (their
+    proposals longer than LOOKUP_LEAST) and accepted, and the output is plain decoding's."""
     next_drafts, seen = Scheduler._next_drafts, []
 
     def spy(self, seq, v, tree):
@@ -277,17 +278,18 @@ def test_under_auto_a_short_matchs_drafts_wait_for_rows_they_can_pay(llama, monk
             seen.append(len(seq.drafts))
 
     monkeypatch.setattr(Scheduler, "_next_drafts", spy)
-    ps = [periodic_prompt(llama)] + prompts(1, seed=2)
-    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    periodic = periodic_prompt(llama)
+    ps = [periodic] * 5 + prompts(1, seed=2)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 21, 28, 29, 64, 64)]
     ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
-    for i, (p, r) in enumerate(zip(ps, ref)):
+    for p, r, sp in zip(ps, ref, params):
         head = OracleDrafter.of(llama, references([p], [r]), wrong_every=1)
         engine = fixed_costs(head.bind(make_engine(llama, head, "parallel", "auto", prompt_lookup_max=4,
                                                    prompt_lookup_min=1)))
         engine.scheduler.auto.target = CostCurve([1, 4, 64], [1.0, 9.0, 144.0])
         watch = Watch(engine)
-        got = engine.generate([p], params)[0].token_ids
-        if i == 0:   # the periodic prompt: drafts accepted
+        got = engine.generate([p], sp)[0].token_ids
+        if p is periodic:   # drafts accepted
             watch.check([got], [r], rate=0.01)
         assert got == r
     assert seen and all(n > LOOKUP_LEAST for n in seen), seen

@@ -227,7 +227,8 @@ class Scheduler:
             proposal = seq.lookup.propose(seq.tokens, min(most, self.bounds.k_max) if chosen else self.bounds.k_max,
                                           by_match=chosen)
             k = self._num_drafts(seq, len(proposal))
-            if k and (len(proposal) > LOOKUP_LEAST or not self.auto or self.auto.lookup_pays(k, len(self.running))):
+            # short or long by the drafts verified (a long match cut by the request's end is a short one), as recorded
+            if k and (k > LOOKUP_LEAST or not self.auto or self.auto.lookup_pays(k, len(self.running))):
                 seq.set_drafts(Tree.chain(k), [[t] for t in proposal])
                 seq.lookup_only = True
         if seq.matcher is not None and seq.drafts:
