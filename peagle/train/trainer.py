@@ -21,11 +21,11 @@ import dataclasses
 import json
 import math
 import os
-from inspect import signature
 import random
 import sys
 import time
 from dataclasses import dataclass
+from inspect import signature
 from pathlib import Path
 
 import torch
@@ -120,8 +120,8 @@ def doc_generator(seed: int, epoch: int, index: int) -> torch.Generator:
 
 def placement(device: torch.device) -> tuple[torch.device, str]:
     """This process's device and its process group's backend. One GPU per process; more processes than GPUs
-    share them round-robin (a small model's step is bound by launching kernels, so several processes fill one
-    GPU), over gloo, as NCCL refuses two ranks on one device."""
+    share them round-robin over gloo, as NCCL refuses two ranks on one device (for steps that leave a GPU idle:
+    four on one H100 trained the default head 1.04x faster than one, BENCHMARKS.md §43)."""
     if device.type != "cuda":
         return device, "gloo"
     if device.index is not None:
