@@ -139,7 +139,7 @@ class ModelRunner:
         for c in self.target_caches + self.drafter_caches:  # the passes read the context unwritten
             c.materialize(ctx)
 
-        def run(n: int, drafter: bool) -> float:
+        def one_pass(n: int, drafter: bool) -> float:
             ids, pos = torch.zeros(n, dtype=torch.long, device=dev), torch.arange(ctx, ctx + n, device=dev)
             meta = AttnMeta([Span(n, ctx + n, list(range(-(-(ctx + n) // bs))), ctx)], bs)
             t0 = time.perf_counter()
@@ -155,7 +155,7 @@ class ModelRunner:
         times: dict[tuple[int, bool], list[float]] = {(n, dr): [] for n in rows for dr in (False, True)}
         for r in range(rounds + 1):
             for (n, dr), ts in times.items():
-                t = run(n, dr)
+                t = one_pass(n, dr)
                 if r:
                     ts.append(t)
         return tuple(CostCurve(rows, [statistics.median(times[n, dr]) for n in rows]) for dr in (False, True))

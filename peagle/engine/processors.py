@@ -50,13 +50,16 @@ def process(logits: torch.Tensor, seq: Sequence, stop_ids: list[int]) -> torch.T
             out -= p.presence_penalty * (counts > 0).to(out.dtype)
     if seq.matcher is not None:
         grammar.apply(out, grammar_masks(seq.matcher, paths, out.shape[1]))
-    if p.min_tokens:  # a row at output position t < min_tokens may not stop, unless nothing else may come
-        n = len(seq.output_ids)                                   # (its grammar is complete: it ends short)
+    if p.min_tokens:  # a row at output position t < min_tokens may not stop
+        n = len(seq.output_ids)
         early = [i for i, path in enumerate(paths) if n + len(path) < p.min_tokens]
         if early and stop_ids:
-            rows, stops = to_device(early, dev)[:, None], to_device(stop_ids, dev)[None]
-            others = out[rows[:, 0]].index_fill_(1, stops[0], float("-inf")).isfinite().any(1, keepdim=True)
-            out[rows, stops] = torch.where(others, float("-inf"), out[rows, stops])
+            rows, stops = to_device(early, dev), to_device(stop_ids, dev)
+            ban: torch.Tensor | float = float("-inf")
+            if seq.matcher is not None:  # unless its grammar, complete, leaves nothing else: it ends short
+                others = out[rows].index_fill_(1, stops, float("-inf")).isfinite().any(1, keepdim=True)
+                ban = torch.where(others, float("-inf"), out[rows[:, None], stops])
+            out[rows[:, None], stops] = ban
     return out
 
 
