@@ -87,6 +87,8 @@ class Verified:
 
 
 class ModelRunner:
+    fused_drafting = True   # P-EAGLE chains drafted in one native call where the drafter fuses (tests compare both)
+
     def __init__(self, target: LlamaModel, drafter: Drafter | None, config: EngineConfig, bounds: Bounds,
                  num_blocks: int, stop_ids: set[int]):
         drafter = drafter if config.uses_head else None   # (none, ngram: a head given is not used)
@@ -317,6 +319,10 @@ class ModelRunner:
         d, dev, ranks = self.drafter, self.device, self.bounds.ranks
         parallel = self.cfg.method == "parallel"
         num_masks = k - 1 if parallel else 0
+        if parallel and ranks == 1 and tables is None and self.fused_drafting and \
+                d.fuses(taps, self.drafter_caches, max(s.num_rows for s in spans) + num_masks):
+            return d.draft(ids, positions, cu, num_valid, bonus, taps, num_masks, spans, self.drafter_caches,
+                           self.mask_feature, self.cfg.block_size)[..., None]
         b = expand(ids, positions, to_device(cu, dev), num_valid, bonus, num_masks, d.cfg.mask_token_id)
         hidden = d.project(taps)[b.hidden_map.clamp(min=0)]
         if num_masks:

@@ -21,6 +21,8 @@ from peagle.models.checkpoint import check_checkpoint, fuse_checkpoint, read_saf
 from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_precision
 from peagle.models.llama import (CheckpointError, DecoderLayer, ModelConfig, native_layers, stack_key, stack_weights,
                                  stackable)
+from peagle.models.quant import QuantTensor
+from peagle.runtime import to_device
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ACCEPTED_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
@@ -247,6 +249,40 @@ class Drafter(nn.Module):
         x, _ = native_layers(residual, self._stack_weights, rope, caches, meta, [0] * c.num_layers, c.num_heads,
                              c.head_dim, self.midlayer.self_attn.scale, c.rms_norm_eps, [], first)
         return self.norm(x), x
+
+    def fuses(self, taps: torch.Tensor, caches: list, longest: int) -> bool:
+        """Whether :meth:`draft` runs a P-EAGLE drafting pass whose longest sequence feeds ``longest`` rows:
+        peagle's CPU kernels take every op (:meth:`stacks`' conditions, spans the attention kernel takes whole,
+        weights it reads as they are), and the pass is this class's own (a subclass's forward or logits runs
+        the steps one by one)."""
+        c = self.cfg
+        return (type(self).forward is Drafter.forward and type(self).logits is Drafter.logits
+                and kernels.native(taps, c.head_dim, c.num_heads // c.num_kv_heads) and isinstance(caches[0], KVCache)
+                and longest <= kernels.limits().span_rows and self._stack() is not None
+                and self.embed_tokens.weight.dtype == torch.float32 and self.embed_tokens.weight.is_contiguous()
+                and not isinstance(self.embed_tokens.weight, QuantTensor)
+                and all(isinstance(w, QuantTensor) or (w.is_contiguous() and not w.is_mkldnn)
+                        for w in (self.fc.weight, self.lm_head.weight)))
+
+    def draft(self, ids: torch.Tensor, positions: torch.Tensor, cu: list[int], num_valid: torch.Tensor,
+              bonus: torch.Tensor, taps: torch.Tensor, num_masks: int, spans: list, caches: list[KVCache],
+              mask_feature: torch.Tensor, block_size: int) -> torch.Tensor:
+        """P-EAGLE's drafts ``[B, num_masks + 1]`` (target ids) of the verified batch in one native call
+        (``peagle::draft``, where :meth:`fuses`): the expansion, ``fc``, the layers, the final norm, the LM head
+        and the argmax, the same operators in the same order as ``ModelRunner.propose`` runs them one by one."""
+        c, dev = self.cfg, taps.device
+        nb = max(len(s.block_table) for s in spans)
+        table = to_device([s.block_table + [0] * (nb - len(s.block_table)) for s in spans], dev)
+        cos, sin = self.rotary.rows(max(s.ctx_len for s in spans) + num_masks, taps.dtype)
+        blocks = lambda w: w.blocks if isinstance(w, QuantTensor) else w  # noqa: E731
+        first = self.midlayer
+        return torch.ops.peagle.draft(
+            ids, positions, to_device(cu, dev), num_valid, bonus, taps.contiguous(), num_masks, c.mask_token_id,
+            blocks(self.fc.weight), self.fc.bias, mask_feature, self.embed_tokens.weight, first.input_layernorm.weight,
+            first.hidden_norm.weight, first.norm_before_residual, self._stack(), cos.view(len(cos), -1),
+            sin.view(len(sin), -1), [k.k for k in caches], [k.v for k in caches], table, block_size,
+            caches[0].num_slots, c.num_heads, c.head_dim, first.self_attn.scale, c.rms_norm_eps, self.norm.weight,
+            blocks(self.lm_head.weight), self.d2t)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)

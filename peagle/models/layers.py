@@ -202,12 +202,16 @@ class Rotary(nn.Module):
         each call (no host sync; CUDA graphs capture it)."""
         if positions.device.type != "cpu" or positions.dim() != 1 or not len(positions):
             return self.compute(positions, dtype)
-        need, have = int(positions.max()) + 1, self._rows.get(dtype)
+        cos, sin = self.rows(int(positions.max()) + 1, dtype)
+        return cos.index_select(0, positions), sin.index_select(0, positions)
+
+    def rows(self, need: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The CPU table of :meth:`table`, ``[n, 1, head_dim]`` for at least ``need`` positions."""
+        have = self._rows.get(dtype)
         if have is None or len(have[0]) < need:
             n = max(need, 256 if have is None else 2 * len(have[0]))
-            self._rows[dtype] = self.compute(torch.arange(n, device=positions.device), dtype)
-        cos, sin = self._rows[dtype]
-        return cos.index_select(0, positions), sin.index_select(0, positions)
+            self._rows[dtype] = self.compute(torch.arange(n, device=self.inv_freq.device), dtype)
+        return self._rows[dtype]
 
     def compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]

@@ -8,9 +8,11 @@
 
 #include <tuple>
 
+#include "ops.h"
+
 namespace peagle {
 
-static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand(
     const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& cu, const at::Tensor& num_valid,
     const at::Tensor& bonus, int64_t num_masks, int64_t mask_id) {
   const int64_t B = num_valid.numel(), T = ids.numel();

@@ -150,7 +150,7 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
 // Each row's largest value and the first index holding it (torch's max over the last dimension), NaN as
 // the value of a row holding a NaN or an infinity: the greedy token and the engine's finiteness check in one
 // pass a row (torch's argmax and isfinite take ~20x as long on a verify pass's logits).
-static std::tuple<at::Tensor, at::Tensor> argmax_rows(const at::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor> argmax_rows(const at::Tensor& x) {
   check_rows(x, "argmax");
   const int64_t T = x.size(0), n = x.size(1);
   TORCH_CHECK(n > 0, "peagle::argmax: empty rows");

@@ -6,7 +6,10 @@
 #include <c10/util/Optional.h>
 #include <c10/util/string_view.h>
 
+#include <ATen/core/List.h>
+
 #include <tuple>
+#include <vector>
 
 namespace peagle {
 
@@ -35,5 +38,19 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 at::Tensor silu_mul(const at::Tensor& gu);
 void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H,
                 const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots);
+// (values, indices) of each row's maximum, the first of equal ones (layer_ops.cpp)
+std::tuple<at::Tensor, at::Tensor> argmax_rows(const at::Tensor& x);
+// the drafter's batch from the verified one (expand.cpp): ids, positions, rejected, masked, hidden map, sample rows
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand(
+    const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& cu, const at::Tensor& num_valid,
+    const at::Tensor& bonus, int64_t num_masks, int64_t mask_id);
+// a stack of Llama-style layers in one call (stack.cpp)
+std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
+    const at::Tensor& x0, const c10::List<c10::optional<at::Tensor>>& weights, const at::Tensor& cos,
+    const at::Tensor& sin, at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots,
+    const at::Tensor& table, const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows,
+    int64_t block_size, at::IntArrayRef windows, int64_t heads, int64_t head_dim, double scale, double eps,
+    at::IntArrayRef taps, const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map,
+    const c10::optional<at::Tensor>& first_normed);
 
 }  // namespace peagle

@@ -22,7 +22,7 @@ static constexpr int64_t PER_LAYER = 10;  // see decoder_layers
 // gate_up weight, gate_up bias?, down weight, down bias? (the biases None where the model has none).
 // Returns the last layer's output (before the final norm) and the input of each layer in ``taps`` (the
 // layer count for the last output). ``first_normed``: layer 0's attention input, if not rms_norm(x).
-static std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
+std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
     const at::Tensor& x0, const c10::List<c10::optional<at::Tensor>>& weights, const at::Tensor& cos,
     const at::Tensor& sin, at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots,
     const at::Tensor& table, const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows,

@@ -1,0 +1,87 @@
+"""P-EAGLE's drafting pass in one native call (``peagle::draft``, csrc/draft.cpp) against the same pass run
+step by step (``ModelRunner.propose``'s torch path, the reference): the same drafts and the same KV written,
+bit for bit, over ragged batches with accepted and rejected rows, mask slots and a reduced draft vocabulary."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import native_from_hf, tiny_hf
+from speculation import MASK
+from test_int8 import quantized_copy
+
+from peagle import kernels
+from peagle.engine.llm_engine import EngineConfig, LLMEngine
+from peagle.engine.model_runner import ModelRunner
+from peagle.models.attention import Span
+from peagle.models.drafter import Drafter
+from peagle.models.layers import set_fast_layout
+from peagle.models.loader import init_drafter
+from peagle.models.quant import pack_model, quantize_linears
+
+native = pytest.mark.skipif(not kernels.available(), reason="native kernels not built")
+
+
+def sharp_head(target, quantized: bool) -> Drafter:
+    """A random 1-layer head whose outputs a wrong row, position, slot or mask would change: norms and
+    biases away from their defaults, peaked attention, a draft vocabulary of 96 of the 160 ids, scattered."""
+    head = init_drafter(target, 1, MASK, draft_vocab_size=96)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name == "mask_hidden" or name.endswith(("qkv_proj.weight", "lm_head.weight")):
+                p.mul_(20)
+    head.set_vocab_map(torch.randperm(160, generator=g)[:96].sort().values)
+    if quantized:
+        quantize_linears(head, "q8_0")
+        pack_model(head)
+    else:
+        set_fast_layout(head)   # (as the loader leaves it: [out, in] weights, what peagle's kernels read)
+    return head
+
+
+def verified_batch(runner: ModelRunner, num_masks: int, g: torch.Generator):
+    """Three sequences' verified rows (a 5-row verify pass with 2 accepted, one row, 3 rows all kept) at
+    contexts across block boundaries, on scattered blocks, and the target taps the drafter reads."""
+    bs, width = runner.cfg.block_size, runner.drafter.cfg.target_hidden_size * 3
+    rows, starts, kept = [5, 1, 3], [37, 12, 30], [3, 1, 3]
+    tables = [[6, 2, 9, 4], [1, 8], [3, 5, 7]]
+    assert all(-(-(s + n + num_masks) // bs) <= len(t) for s, n, t in zip(starts, rows, tables))
+    spans = [Span(n, s + n, t, s) for n, s, t in zip(rows, starts, tables)]
+    ids = torch.randint(0, 150, (sum(rows),), generator=g)
+    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, rows)])
+    cu = [0, 5, 6, 9]
+    taps = torch.randn(sum(rows), width, generator=g)
+    return spans, ids, positions, cu, torch.tensor(kept), taps, torch.randint(0, 150, (3,), generator=g)
+
+
+@native
+@pytest.mark.parametrize("quantized", [False, True])
+def test_the_drafting_pass_in_one_call_gives_the_step_by_step_bits(quantized, monkeypatch):
+    target = quantized_copy(tiny_hf("llama")) if quantized else native_from_hf(tiny_hf("llama"))
+    head = sharp_head(target, quantized)
+    engine = LLMEngine(target, head, EngineConfig(method="parallel", num_speculative_tokens=4, max_num_seqs=3,
+                                                  prompt_lookup_max=0))
+    runner, g = engine.runner, torch.Generator().manual_seed(0)
+    calls, draft = [], Drafter.draft
+    monkeypatch.setattr(Drafter, "draft", lambda self, *a: calls.append(1) or draft(self, *a))
+    for num_masks in (0, 1, 3):
+        batch = verified_batch(runner, num_masks, g)
+        pools = [c.k for c in runner.drafter_caches] + [c.v for c in runner.drafter_caches]
+        for p in pools:   # a context the rows attend: any key or slot read wrongly shows
+            p.copy_(torch.randn(p.shape, generator=g).to(p.dtype))
+        before = [p.clone() for p in pools]
+        out = {}
+        for fused in (True, False):
+            for p, b in zip(pools, before):
+                p.copy_(b)
+            monkeypatch.setattr(ModelRunner, "fused_drafting", fused)
+            with torch.inference_mode():
+                drafts = runner.propose(*batch, num_masks + 1)
+            out[fused] = drafts, [p.clone() for p in pools]
+        assert out[True][0].shape == (3, num_masks + 1, 1)
+        assert torch.equal(out[True][0], out[False][0])
+        assert all(torch.equal(a, b) for a, b in zip(out[True][1], out[False][1]))
+        assert not all(torch.equal(a, b) for a, b in zip(out[True][1], before))  # KV was written
+    assert len(calls) == 3
