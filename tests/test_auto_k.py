@@ -257,11 +257,15 @@ def test_costs_are_timed_round_robin_each_drafter_pass_after_a_target_pass(llama
     import peagle.engine.model_runner as mr
 
     engine = auto_engine(llama, OracleDrafter.of(llama, prompts(1, seed=2)[0], wrong_every=1), "parallel")
-    calls, greedy = [], mr.greedy
-    monkeypatch.setattr(mr, "greedy", lambda logits: (calls.append(tuple(logits.shape)), greedy(logits))[1])
+    calls, greedy, propose = [], mr.greedy, mr.ModelRunner.propose
+    monkeypatch.setattr(mr, "greedy", lambda logits: (calls.append(("target", len(logits))), greedy(logits))[1])
+
+    def drafting(self, spans, *args):   # P-EAGLE's pass as a step drafts: verified rows, then K - 1 mask slots
+        calls.append(("drafter", sum(s.num_rows for s in spans) + args[-1] - 1))
+        return propose(self, spans, *args)
+    monkeypatch.setattr(mr.ModelRunner, "propose", drafting)
     target, drafter = engine.runner.measure_costs(rounds=2)
-    vocab, draft_vocab = llama.cfg.vocab_size, engine.runner.drafter.cfg.draft_vocab_size
-    assert calls == [(n, v) for _ in range(3) for n in target.rows for v in (vocab, draft_vocab)]
+    assert calls == [(who, n) for _ in range(3) for n in target.rows for who in ("target", "drafter")]
     assert drafter.rows == target.rows and all(s > 0 for s in target.seconds + drafter.seconds)
 
 

@@ -129,9 +129,11 @@ class ModelRunner:
     def measure_costs(self, rounds: int = 5) -> tuple[CostCurve, CostCurve]:
         """The target's pass (logits of every row) and the drafter's pass (its LM head too) over
         1, 2, 4, ... rows at a 128-token context, timed on the empty KV pool's first blocks: what
-        :class:`~peagle.engine.auto_k.AutoK` weighs K by. Round-robin, medians of ``rounds`` after a warm-up
-        round: each drafter pass right after a target pass of its size, as a step runs them (its weights then
-        cold: on a Zen 4 0.29 ms a row warm, about twice that after the target), and a burst of the host's
+        :class:`~peagle.engine.auto_k.AutoK` weighs K by. P-EAGLE's pass is timed as a step drafts
+        (:meth:`propose`: n rows are a chain's verified rows and its mask slots, about half each; the native
+        drafting call where it runs), EAGLE-3's as one bare pass. Round-robin, medians of ``rounds`` after a
+        warm-up round: each drafter pass right after a target pass of its size, as a step runs them (its weights
+        then cold: on a Zen 4 0.29 ms a row warm, about twice that after the target), and a burst of the host's
         other work touches every size alike, not one (BENCHMARKS.md §42)."""
         bs, dev, b = self.cfg.block_size, self.device, self.bounds
         most = min(self.cfg.max_num_seqs * (max(b.k_max, b.max_nodes) + 1) * 2, 512, self.num_blocks * bs // 2)
@@ -145,7 +147,13 @@ class ModelRunner:
             ids, pos = torch.zeros(n, dtype=torch.long, device=dev), torch.arange(ctx, ctx + n, device=dev)
             meta = AttnMeta([Span(n, ctx + n, list(range(-(-(ctx + n) // bs))), ctx)], bs)
             t0 = time.perf_counter()
-            if drafter:
+            if drafter and self.cfg.method == "parallel":
+                m = max(0, n // 2 - 1)   # mask slots; the verified rows, all kept, the rest
+                v = n - m
+                self.propose([Span(v, ctx + v, meta.spans[0].block_table, ctx)], ids[:v], pos[:v], [0, v],
+                             to_device([v], dev), torch.zeros(v, d.fc.weight.shape[1], dtype=self.dtype, device=dev),
+                             ids[:1], m + 1)
+            elif drafter:
                 hidden = torch.zeros(n, d.cfg.hidden_size, dtype=self.dtype, device=dev)
                 greedy(d.logits(d(ids, hidden, pos, self.drafter_caches, meta)[0]))
             else:
