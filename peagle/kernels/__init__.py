@@ -15,7 +15,6 @@ import contextlib
 import functools
 import hashlib
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -156,15 +155,17 @@ _tuned = False
 
 
 @torch.inference_mode()
-def tune_streaming(weights: list, rounds: int = 7) -> tuple[int, int] | None:
+def tune_streaming(weights: list, rounds: int = 15) -> tuple[int, int] | None:
     """Where packed weights (GGUF blocks on the integer path, bf16 pairs on the bf16 one) stream in tiles one
     packed group wide (one read stream) rather than the wider tiles that hide the dot products' latency, for
     passes of one row and taller (``csrc/linear_tiles.h``, ``run_packed``): the CPU's answer, not a constant
     (the default model's layer matmuls, two threads: on a Zen 4 every matrix is faster one group wide; on a
     Zen 5 4-row passes are slower so, BENCHMARKS.md §30, §42). Times both on ``weights`` (a model's packed
-    weights, as decoding reads them) at 1 and 4 rows, alternating, the median of ``rounds`` each, and leaves
-    the kernels' default (weights over 16 MiB: LM heads) only where the other wins by 3%. Once a process: the
-    shape never changes a result, only its speed. Returns the limits (one row, taller); None without weights."""
+    weights, as decoding reads them) at 1 and 4 rows, alternating, the fastest of ``rounds`` each after two
+    warm-up rounds (the host's other work only adds time: medians of 7 chose three ways in three processes on a
+    Zen 4, §46), and leaves the kernels' default (weights over 16 MiB: LM heads) only where the other wins by 3%.
+    Once a process: the shape never changes a result, only its speed. Returns the limits (one row, taller);
+    None without weights."""
     global _tuned
     if not weights or not available():
         return None
@@ -176,15 +177,15 @@ def tune_streaming(weights: list, rounds: int = 7) -> tuple[int, int] | None:
     for i, rows in enumerate((1, 4)):
         xs = [torch.randn(rows, w.shape[1]) for w in weights]
         times: dict[int, list[float]] = {before[i]: [], 0: []}
-        for r in range(rounds + 1):  # the first round warms the caches and the thread pool
+        for r in range(rounds + 2):  # the first rounds warm the caches, the pages and the thread pool
             for limit, ts in times.items():
                 torch.ops.peagle.set_stream_bytes(limit, limit)
                 t = time.perf_counter()
                 for x, w in zip(xs, weights):
                     torch.ops.peagle.linear(x, w.blocks)
-                if r:
+                if r > 1:
                     ts.append(time.perf_counter() - t)
-        narrow, wide = statistics.median(times[0]), statistics.median(times[before[i]])
+        narrow, wide = min(times[0]), min(times[before[i]])
         chosen.append(0 if narrow < 0.97 * wide else before[i])
     torch.ops.peagle.set_stream_bytes(*chosen)
     return tuple(chosen)
