@@ -314,11 +314,11 @@ def test_greedy_is_torchs_argmax_and_finiteness_in_one_pass():
 @native
 def test_a_head_beside_a_target_on_the_integer_path_is_quantized(qllama, tmp_path):
     from peagle.models.drafter import save_drafter
-    from peagle.models.loader import load_drafter_for
+    from peagle.models.loader import HEAD_FORMAT, load_drafter_for
 
     save_drafter(init_drafter(qllama, 1, MASK, seed=3), tmp_path / "head")
     head = load_drafter_for(qllama, tmp_path, tmp_path / "head")
-    assert all(isinstance(m.weight, QuantTensor) and m.weight.packed and m.weight.format == "q8_0"
+    assert all(isinstance(m.weight, QuantTensor) and m.weight.packed and m.weight.format == HEAD_FORMAT
                for m in head.modules() if isinstance(m, Linear))
     # `peagle export` loads it as stored (pack=False) and writes it back, compact too: the same weights
     plain = load_drafter_for(qllama, tmp_path, tmp_path / "head", pack=False)

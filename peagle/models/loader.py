@@ -26,6 +26,8 @@ from peagle.models.layers import set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle import kernels
 from peagle.models.quant import GGUFError, bf16_dots, integer_path, pack_model, quantize_linears, read_gguf
+
+HEAD_FORMAT = "q4_1"  # a head's matrices beside a target on the integer path (drafting reads them every round)
 from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype, dtype_name, resolve_device,
                             resolve_dtype, trim_heap)
 
@@ -273,7 +275,8 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
                      method: str = "parallel", pack: bool = True):
     """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
     1-layer head (cached, so every run uses the same one). Beside a target on the integer path its linear
-    weights are quantized to Q8_0 and packed too (its pass reads half the bytes; lossless all the same);
+    weights are quantized to Q4_1 and packed too (its pass reads a quarter of its bf16 bytes; its drafts barely
+    move, BENCHMARKS.md §46; lossless all the same);
     beside one on the bf16 dot-product path its bf16 weights are packed for it. ``pack=False`` keeps the
     head's weights as stored (``peagle export`` writes them back)."""
     from peagle.models.drafter import load_drafter, save_drafter
@@ -290,7 +293,7 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
     head = load_drafter(path, target.dtype, base_embedding=target.model.embed_tokens.weight.detach(),
                         device=target.lm_weight.device, linear_dtype=target.weight_dtype)
     if pack and integer_path(target):
-        quantize_linears(head, "q8_0")
+        quantize_linears(head, HEAD_FORMAT)
     if pack and (integer_path(target) or bf16_dots(target)):
         pack_model(head)
     trim_heap()
