@@ -15,7 +15,7 @@ from peagle.engine.model_runner import ModelRunner
 from peagle.models.attention import Span
 from peagle.models.drafter import Drafter
 from peagle.models.layers import set_fast_layout
-from peagle.models.loader import HEAD_FORMAT, init_drafter
+from peagle.models.loader import head_format, init_drafter
 from peagle.models.quant import pack_model, quantize_linears
 
 native = pytest.mark.skipif(not kernels.available(), reason="native kernels not built")
@@ -34,7 +34,7 @@ def sharp_head(target, quantized: bool) -> Drafter:
                 p.mul_(20)
     head.set_vocab_map(torch.randperm(160, generator=g)[:96].sort().values)
     if quantized:
-        quantize_linears(head, HEAD_FORMAT)
+        quantize_linears(head, head_format(target, head))
         pack_model(head)
     else:
         set_fast_layout(head)   # (as the loader leaves it: [out, in] weights, what peagle's kernels read)

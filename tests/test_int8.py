@@ -312,13 +312,26 @@ def test_greedy_is_torchs_argmax_and_finiteness_in_one_pass():
 
 
 @native
+def test_a_head_is_quantized_to_q4_1_only_where_its_reads_are_a_share_of_a_step(qllama, monkeypatch):
+    """Q4_1 where the head in Q8_0 would be over 5% of a target step's bytes (the default model's head), else
+    Q8_0 (a target whose LM head dwarfs it, as Gemma 3's 262k-row one)."""
+    from peagle.models.loader import head_format
+
+    head = init_drafter(qllama, 1, MASK)
+    assert head_format(qllama, head) == "q4_1"
+    weights = sum(m.weight.numel() for m in head.modules() if isinstance(m, Linear))
+    big = torch.empty(30 * weights, dtype=torch.uint8)   # an LM head of 30 bytes a head weight: 3.5% in Q8_0
+    monkeypatch.setattr(type(qllama), "head_weight", lambda self: big)
+    assert head_format(qllama, head) == "q8_0"
+
+
 def test_a_head_beside_a_target_on_the_integer_path_is_quantized(qllama, tmp_path):
     from peagle.models.drafter import save_drafter
-    from peagle.models.loader import HEAD_FORMAT, load_drafter_for
+    from peagle.models.loader import head_format, load_drafter_for
 
     save_drafter(init_drafter(qllama, 1, MASK, seed=3), tmp_path / "head")
     head = load_drafter_for(qllama, tmp_path, tmp_path / "head")
-    assert all(isinstance(m.weight, QuantTensor) and m.weight.packed and m.weight.format == HEAD_FORMAT
+    assert all(isinstance(m.weight, QuantTensor) and m.weight.packed and m.weight.format == head_format(qllama, head)
                for m in head.modules() if isinstance(m, Linear))
     # `peagle export` loads it as stored (pack=False) and writes it back, compact too: the same weights
     plain = load_drafter_for(qllama, tmp_path, tmp_path / "head", pack=False)

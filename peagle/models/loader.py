@@ -22,12 +22,11 @@ import torch
 from safetensors.torch import save_file
 
 from peagle.models.checkpoint import read_safetensors, split_checkpoint
-from peagle.models.layers import set_precision
+from peagle.models.layers import Linear, set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle import kernels
-from peagle.models.quant import GGUFError, bf16_dots, integer_path, pack_model, quantize_linears, read_gguf
-
-HEAD_FORMAT = "q4_1"  # a head's matrices beside a target on the integer path (drafting reads them every round)
+from peagle.models.quant import (QBLOCK, GGUFError, QuantTensor, bf16_dots, integer_path, pack_model, quantize_linears,
+                                 read_gguf)
 from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype, dtype_name, resolve_device,
                             resolve_dtype, trim_heap)
 
@@ -271,12 +270,24 @@ def default_drafter_path(target_path: Path, method: str = "parallel") -> Path | 
     return None
 
 
+def head_format(target: LlamaModel, head) -> str:
+    """The GGUF format of a head's matrices beside a target on the integer path: Q4_1 where in Q8_0 they would be
+    over 5% of the bytes a target step reads (drafting a visible share of a round: the default model's head, 10.8%;
+    Q4_1 0.2 ms less a round on a Zen 4, acceptance over 40 MT-Bench prompts 1.463 against 1.470), else Q8_0
+    (Gemma 3 270M's, 4.2% beside its 170 MB LM head: acceptance 1.235 in Q4_1 against 1.272, no time saved;
+    BENCHMARKS.md §46)."""
+    size = lambda w: w.blocks.numel() if isinstance(w, QuantTensor) else w.numel() * w.element_size()  # noqa: E731
+    weights = {id(m.weight): m.weight for m in target.modules() if isinstance(m, Linear)}
+    weights.setdefault(id(target.head_weight()), target.head_weight())
+    q8 = sum(m.weight.numel() for m in head.modules() if isinstance(m, Linear)) * 34 // QBLOCK
+    return "q4_1" if q8 > 0.05 * sum(size(w) for w in weights.values()) else "q8_0"
+
+
 def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,
                      method: str = "parallel", pack: bool = True):
     """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
     1-layer head (cached, so every run uses the same one). Beside a target on the integer path its linear
-    weights are quantized to Q4_1 and packed too (its pass reads a quarter of its bf16 bytes; its drafts barely
-    move, BENCHMARKS.md §46; lossless all the same);
+    weights are quantized (:func:`head_format`) and packed too (lossless all the same);
     beside one on the bf16 dot-product path its bf16 weights are packed for it. ``pack=False`` keeps the
     head's weights as stored (``peagle export`` writes them back)."""
     from peagle.models.drafter import load_drafter, save_drafter
@@ -293,7 +304,7 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
     head = load_drafter(path, target.dtype, base_embedding=target.model.embed_tokens.weight.detach(),
                         device=target.lm_weight.device, linear_dtype=target.weight_dtype)
     if pack and integer_path(target):
-        quantize_linears(head, HEAD_FORMAT)
+        quantize_linears(head, head_format(target, head))
     if pack and (integer_path(target) or bf16_dots(target)):
         pack_model(head)
     trim_heap()
