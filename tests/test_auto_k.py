@@ -14,6 +14,7 @@ from peagle.engine.auto_k import AutoK, CostCurve
 from peagle.engine.llm_engine import EngineConfig
 from peagle.engine.sampling import SamplingParams
 from peagle.engine.tree import Tree
+from peagle.models.llama import LlamaModel
 from peagle.models.loader import init_drafter
 
 
@@ -257,8 +258,8 @@ def test_costs_are_timed_round_robin_each_drafter_pass_after_a_target_pass(llama
     import peagle.engine.model_runner as mr
 
     engine = auto_engine(llama, OracleDrafter.of(llama, prompts(1, seed=2)[0], wrong_every=1), "parallel")
-    calls, greedy, propose = [], mr.greedy, mr.ModelRunner.propose
-    monkeypatch.setattr(mr, "greedy", lambda logits: (calls.append(("target", len(logits))), greedy(logits))[1])
+    calls, decode, propose = [], LlamaModel.decode, mr.ModelRunner.propose
+    monkeypatch.setattr(LlamaModel, "decode", lambda self, *a: (calls.append(("target", len(a[-1]))), decode(self, *a))[1])
 
     def drafting(self, spans, *args):   # P-EAGLE's pass as a step drafts: verified rows, then K - 1 mask slots
         calls.append(("drafter", sum(s.num_rows for s in spans) + args[-1] - 1))

@@ -156,8 +156,10 @@ class ModelRunner:
             elif drafter:
                 hidden = torch.zeros(n, d.cfg.hidden_size, dtype=self.dtype, device=dev)
                 greedy(d.logits(d(ids, hidden, pos, self.drafter_caches, meta)[0]))
-            else:
-                greedy(self.target(ids, pos, self.target_caches, meta, pos - ctx)[0])
+            else:   # the target's pass as a step runs it (its argmax in the pass where the pass takes it)
+                logits, _, best = self.target.decode(ids, pos, self.target_caches, meta, pos - ctx)
+                if best is None:
+                    greedy(logits)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             return time.perf_counter() - t0
@@ -176,8 +178,8 @@ class ModelRunner:
         sequences), verification, and drafting of ``tree`` for the next step; one host sync at the end.
         Raises :class:`SamplingError` before any sequence's tokens change if a verified row is not finite."""
         b = self.prepare(work)
-        logits, taps, meta = self.forward(b)
-        y, finite_rows = self.sample(b, logits)
+        logits, taps, meta, best = self.forward(b)
+        y, finite_rows = self.sample(b, logits, best)
         accepted, tokens, path = self.accept(y, b)
         if any(b.partial):  # the drafter reads the prompt's next token where a chunk stops short
             nxt = [seq.tokens[seq.num_cached + n] if p else 0 for (seq, n), p in zip(work, b.partial)]
@@ -240,20 +242,23 @@ class ModelRunner:
                      if any(s.drafts for s in seqs) else None,
                      tree_rows(layout, spans, positions, dev) if any(layout) else None, tables, num_pad)
 
-    def forward(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor, AttnMeta | None]:
-        """The target's pass: logits of the verified rows, the aux hidden states of every row, and the
-        attention metadata (None in the graphed layout)."""
+    def forward(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor, AttnMeta | None, tuple | None]:
+        """The target's pass: logits of the verified rows, the aux hidden states of every row, the attention
+        metadata (None in the graphed layout), and the verified rows' argmax and finiteness where the pass
+        took them (:meth:`LlamaModel.decode`), else None."""
         if b.tables is not None:
             logits, taps = self.graphs.target(b.ids, b.positions, b.tables)
-            return logits[b.logit_rows], taps, None
+            return logits[b.logit_rows], taps, None, None
         meta = AttnMeta(b.spans, self.cfg.block_size, tree=b.tree_rows)
-        return *self.target(b.ids, b.positions, self.target_caches, meta, b.logit_rows), meta
+        logits, taps, best = self.target.decode(b.ids, b.positions, self.target_caches, meta, b.logit_rows)
+        return logits, taps, meta, best
 
-    def sample(self, b: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, b: Batch, logits: torch.Tensor, best: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's token ``y`` at every verified row (argmax, or sampled keyed by the output position)
         after each request's sampling fields (:mod:`peagle.engine.processors`), and whether each row is finite
-        (before them: their -inf entries are the fields', not the model's)."""
-        y, finite_rows = greedy(logits)
+        (before them: their -inf entries are the fields', not the model's); ``best``: the rows' argmax and
+        finiteness where the target's pass took them."""
+        y, finite_rows = best if best is not None else greedy(logits)
         for (seq, _), partial, f, f1 in zip(b.work, b.partial, b.first, b.first[1:]):
             p = seq.params
             if partial or (p.greedy and not p.processed):

@@ -405,6 +405,40 @@ class LlamaModel(nn.Module):
             x = x[rows]
         return self.model.norm(x), torch.cat([taps[i] for i in self.aux_layers], dim=-1)
 
+    def decode(self, ids: torch.Tensor, positions: torch.Tensor, caches: list[KVCache], meta: AttnMeta,
+               rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """:meth:`forward` over a step's rows with each verified row's argmax: (logits of ``rows``, taps,
+        (tokens, finite rows) or None). One native call (``peagle::target_pass``: the embedding, the layers, the
+        final norm, the LM head, the argmax) where :meth:`stacks` holds and the embedding and the LM head are
+        weights it reads as they are (the same bits); else :meth:`forward`, and None."""
+        c = self.cfg
+        probe = torch.empty(0, c.hidden_size, dtype=self.dtype, device=ids.device)  # the layers' input, as the kernels see it
+        if self.fuses():
+            cut = meta.for_layers(positions, caches, probe, c.head_dim, c.num_heads // c.num_kv_heads, self.windows)
+            if self.stacks(probe, caches, cut):
+                weights = self.native_weights()
+                cos, sin = self.rotary.rows(int(positions.max()) + 1, self.dtype)
+                blocks = lambda w: w.blocks if isinstance(w, QuantTensor) else w  # noqa: E731
+                logits, taps, tokens, finite = torch.ops.peagle.target_pass(
+                    ids, blocks(self.model.embed_tokens.weight), weights, cos.view(len(cos), -1), sin.view(len(sin), -1),
+                    [k.k for k in caches], [k.v for k in caches], cut.slot_mapping, cut.table, cut.seq_of_row,
+                    cut.positions, cut.short_rows, cut.block_size, self._stack_windows, c.num_heads, c.head_dim,
+                    c.attn_scale, c.rms_norm_eps, list(self.aux_layers), cut.tree_args.get("tree_base"),
+                    cut.tree_args.get("tree_map"), rows, self.model.norm.weight, blocks(self.head_weight()))
+                return logits, taps, (tokens, finite)
+        logits, taps = self(ids, positions, caches, meta, rows)
+        return logits, taps, None
+
+    def fuses(self) -> bool:
+        """Whether this model's pass may run as one ``peagle::target_pass`` (where :meth:`stacks` holds too):
+        an embedding of GGUF or packed rows or a float32 table, an LM head peagle's linear reads as it is, no
+        logit soft-capping."""
+        e, h = self.model.embed_tokens.weight, self.head_weight()
+        own = all(getattr(type(self), f) is getattr(LlamaModel, f) for f in ("embed", "hidden", "logits"))
+        return (own and self.cfg.final_logit_softcapping is None
+                and e.dtype == torch.float32 and (isinstance(e, QuantTensor) or e.is_contiguous())
+                and (isinstance(h, QuantTensor) or (h.is_contiguous() and not h.is_mkldnn)))
+
     def stacks(self, x: torch.Tensor, caches: list, meta: AttnMeta) -> bool:
         """Whether :meth:`native_stack` runs this pass: peagle's CPU kernels take every op of every layer
         (plain Llama-style layers; rows the attention kernel takes whole, as in decoding and verification)."""
@@ -420,13 +454,18 @@ class LlamaModel(nn.Module):
                      meta: AttnMeta) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Every layer in one call (:func:`native_layers`; a step's ~300 Python and dispatcher round trips
         saved). Returns the last layer's output and the aux layers' inputs."""
+        c = self.cfg
+        return native_layers(x, self.native_weights(), rope, caches, meta, self._stack_windows, c.num_heads,
+                             c.head_dim, c.attn_scale, c.rms_norm_eps, list(self.aux_layers))
+
+    def native_weights(self) -> list:
+        """The layers' weights as ``peagle::decoder_layers`` takes them (:func:`stack_weights`), listed again when
+        they are replaced (loaded, cast); ``_stack_windows`` beside them."""
         layers = self.model.layers
-        if getattr(self, "_stack_key", None) != stack_key(layers):  # the weights were replaced (loaded, cast)
+        if getattr(self, "_stack_key", None) != stack_key(layers):
             self._stack_weights, self._stack_key = stack_weights(layers), stack_key(layers)
             self._stack_windows = [layer.self_attn.sliding_window or 0 for layer in layers]
-        c = self.cfg
-        return native_layers(x, self._stack_weights, rope, caches, meta, self._stack_windows, c.num_heads, c.head_dim,
-                             c.attn_scale, c.rms_norm_eps, list(self.aux_layers))
+        return self._stack_weights
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows entering the first layer (a GGUF table's straight from its blocks: the same rows as

@@ -3,7 +3,7 @@
 // where masked), the attention layout (each row's KV slot from its sequence's block table; rejected rows
 // write the scratch slot), the layers (decoder_layers), the final norm and the LM head at the sampled rows,
 // and the argmax mapped to target ids. The same operators in the same order as ModelRunner.propose's steps
-// (the same bits: tests/test_draft_native.py); what it saves is their ~25 Python and dispatcher round trips,
+// (the same bits: tests/test_fused_passes.py); what it saves is their ~25 Python and dispatcher round trips,
 // each paid on caches the target's pass has just flushed (0.47 ms of a K=1 round's host work on a Zen 4,
 // more than the drafter's own arithmetic; BENCHMARKS.md §46).
 #include <ATen/core/Tensor.h>

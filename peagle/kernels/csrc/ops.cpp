@@ -377,7 +377,7 @@ static at::Tensor pack(const at::Tensor& blocks) {
 
 // Rows ``ids`` of a GGUF matrix (the file's blocks or packed), de-quantized to float32 [n, K]: gguf's values
 // (q * d exact, + m rounded once), as the embedding looks tokens up; of a packed bf16 matrix, its values.
-static at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
+at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
   const WeightView w = weight_view(blocks);
   TORCH_CHECK(quantized(w.wtype) || w.packed, "peagle::dequantize_rows: takes GGUF blocks or a packed bf16 matrix");
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),

@@ -38,6 +38,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 at::Tensor silu_mul(const at::Tensor& gu);
 void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H,
                 const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots);
+// rows ``ids`` of GGUF blocks or a packed bf16 matrix, in float32 (ops.cpp)
+at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids);
 // (values, indices) of each row's maximum, the first of equal ones (layer_ops.cpp)
 std::tuple<at::Tensor, at::Tensor> argmax_rows(const at::Tensor& x);
 // the drafter's batch from the verified one (expand.cpp): ids, positions, rejected, masked, hidden map, sample rows

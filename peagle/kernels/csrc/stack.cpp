@@ -6,6 +6,10 @@
 // input in as ``first_normed``: layer 0 then attends it instead of rms_norm(x), x still its residual.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/isfinite.h>
 #include <torch/library.h>
 
 #include <tuple>
@@ -72,7 +76,51 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
   return {x, tapped};
 }
 
+// target_pass: a target's whole pass over a step's rows, where decoder_layers takes its layers: the rows
+// embedded (GGUF or packed bf16 rows de-quantized, or a float32 table's rows), RoPE's rows of the table,
+// the layers, the taps concatenated, the final norm at the verified rows, the LM head and each of those rows'
+// argmax and finiteness. The same operators in the same order as LlamaModel.forward and greedy() run them
+// (the same bits: tests/test_fused_passes.py); what it saves is their ~10 Python and dispatcher round trips
+// a step, each on caches the weights' stream has just flushed (0.2 ms of a 4.8 ms step on a Zen 4, §46).
+// Returns (logits of ``logit_rows``, taps [T, sum of widths], argmax tokens, finite rows).
+static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> target_pass(
+    const at::Tensor& ids, const at::Tensor& embed, const c10::List<c10::optional<at::Tensor>>& weights,
+    const at::Tensor& cos, const at::Tensor& sin, at::TensorList k_pools, at::TensorList v_pools,
+    const at::Tensor& slots, const at::Tensor& table, const at::Tensor& seq, const at::Tensor& pos,
+    const at::Tensor& rows, int64_t block_size, at::IntArrayRef windows, int64_t heads, int64_t head_dim,
+    double scale, double eps, at::IntArrayRef taps, const c10::optional<at::Tensor>& tree_base,
+    const c10::optional<at::Tensor>& tree_map, const at::Tensor& logit_rows, const at::Tensor& norm,
+    const at::Tensor& lm_head) {
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
+              "peagle::target_pass: ids must be contiguous int64 [rows]");
+  TORCH_CHECK(cos.dim() == 2 && sin.dim() == 2, "peagle::target_pass: cos and sin are the RoPE table [n, head_dim]");
+  at::Tensor logits, tapped, tokens, finite;
+  run_team([&] {
+    at::Tensor x;
+    if (embed.scalar_type() == at::kFloat) {  // a float32 table: its rows, as an embedding lookup copies them
+      TORCH_CHECK(embed.dim() == 2 && embed.is_contiguous(), "peagle::target_pass: the table must be contiguous");
+      x = embed.index_select(0, ids);
+    } else {
+      x = dequantize_rows(embed, ids);
+    }
+    auto [out, taken] = decoder_layers(x, weights, cos.index_select(0, pos), sin.index_select(0, pos), k_pools,
+                                       v_pools, slots, table, seq, pos, rows, block_size, windows, heads, head_dim,
+                                       scale, eps, taps, tree_base, tree_map, c10::nullopt);
+    tapped = taken.empty() ? at::empty({x.size(0), 0}, x.options()) : at::cat(taken, 1);
+    logits = linear(rms_norm(out.index_select(0, logit_rows), norm, eps), lm_head, c10::nullopt, "");
+    auto [values, best] = argmax_rows(logits);
+    tokens = best;
+    finite = at::isfinite(values);
+  });
+  return {logits, tapped, tokens, finite};
+}
+
 TORCH_LIBRARY_FRAGMENT(peagle, m) {
+  m.def("target_pass(Tensor ids, Tensor embed, Tensor?[] weights, Tensor cos, Tensor sin, Tensor(a!)[] k, "
+        "Tensor(b!)[] v, Tensor slots, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, "
+        "int[] windows, int heads, int head_dim, float scale, float eps, int[] taps, Tensor? tree_base, "
+        "Tensor? tree_map, Tensor logit_rows, Tensor norm, Tensor lm_head) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.impl("target_pass", c10::DispatchKey::CPU, TORCH_FN(target_pass));
   m.def("decoder_layers(Tensor x, Tensor?[] weights, Tensor cos, Tensor sin, Tensor(a!)[] k, Tensor(b!)[] v, "
         "Tensor slots, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, int[] windows, int heads, "
         "int head_dim, float scale, float eps, int[] taps, Tensor? tree_base=None, Tensor? tree_map=None, "

@@ -1,6 +1,7 @@
-"""P-EAGLE's drafting pass in one native call (``peagle::draft``, csrc/draft.cpp) against the same pass run
-step by step (``ModelRunner.propose``'s torch path, the reference): the same drafts and the same KV written,
-bit for bit, over ragged batches with accepted and rejected rows, mask slots and a reduced draft vocabulary."""
+"""The target's pass (``peagle::target_pass``, csrc/stack.cpp) and P-EAGLE's drafting pass (``peagle::draft``,
+csrc/draft.cpp) in one native call each, against the same passes run step by step (``LlamaModel.forward`` and
+``greedy``; ``ModelRunner.propose``'s torch path): the same logits, drafts and KV, bit for bit, over ragged batches
+(a prompt cut in pieces, accepted and rejected rows, mask slots, a reduced draft vocabulary)."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +13,8 @@ from test_int8 import quantized_copy
 from peagle import kernels
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.model_runner import ModelRunner
-from peagle.models.attention import Span
+from peagle.engine.sampling import greedy
+from peagle.models.attention import AttnMeta, Span
 from peagle.models.drafter import Drafter
 from peagle.models.layers import set_fast_layout
 from peagle.models.loader import head_format, init_drafter
@@ -85,3 +87,36 @@ def test_the_drafting_pass_in_one_call_gives_the_step_by_step_bits(quantized, mo
         assert all(torch.equal(a, b) for a, b in zip(out[True][1], out[False][1]))
         assert not all(torch.equal(a, b) for a, b in zip(out[True][1], before))  # KV was written
     assert len(calls) == 3
+
+
+@native
+@pytest.mark.parametrize("quantized", [False, True])
+def test_the_targets_pass_in_one_call_gives_the_step_by_step_bits(quantized, monkeypatch):
+    """``peagle::target_pass`` (LlamaModel.decode) against forward() and greedy(): the same logits, taps,
+    tokens, finiteness and KV, over a prompt longer than a span (cut in pieces), a verify pass and one row."""
+    target = quantized_copy(tiny_hf("llama")) if quantized else native_from_hf(tiny_hf("llama"))
+    target.pack_for_inference()
+    assert target.fuses()
+    g, bs = torch.Generator().manual_seed(2), 16
+    caches = target.make_caches(40 * bs, torch.float16 if quantized else torch.float32)
+    spans = [Span(100, 100, list(range(0, 7)), 0), Span(5, 41, [9, 12, 20], 36), Span(1, 18, [30, 31], 17)]
+    ids = torch.randint(0, 150, (106,), generator=g)
+    positions = torch.cat([torch.arange(s.start, s.ctx_len) for s in spans])
+    rows = torch.tensor([99, 100, 101, 102, 103, 104, 105])   # each sequence's verified rows
+    pools = [c.k for c in caches] + [c.v for c in caches]
+    for p in pools:
+        p.copy_(torch.randn(p.shape, generator=g).to(p.dtype))
+    before, out = [p.clone() for p in pools], {}
+    for fused in (True, False):
+        for p, b in zip(pools, before):
+            p.copy_(b)
+        with torch.inference_mode():
+            if fused:
+                logits, taps, best = target.decode(ids, positions, caches, AttnMeta(spans, bs), rows)
+                assert best is not None
+            else:
+                logits, taps = target(ids, positions, caches, AttnMeta(spans, bs), rows)
+                best = greedy(logits)
+        out[fused] = [logits, taps, *best, *(p.clone() for p in pools)]
+    assert all(torch.equal(a, b) for a, b in zip(out[True], out[False]))
+    assert not all(torch.equal(a, b) for a, b in zip(out[True][4:], before))  # KV was written
