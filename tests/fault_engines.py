@@ -23,7 +23,7 @@ def faulty_engine(**kwargs) -> LLMEngine:
                 marked[seq.request_id] = tok.decode(seq.prompt_ids)
         return any(marker in marked[s.request_id] for s in engine.running)
 
-    real_propose, real_forward, real_step = engine.runner.propose, engine.target.forward, engine.step
+    real_propose, real_decode, real_step = engine.runner.propose, engine.target.decode, engine.step
     proposals = [0]
 
     def propose(*args):  # raises in the middle of the third step that drafts for a marked request
@@ -33,14 +33,14 @@ def faulty_engine(**kwargs) -> LLMEngine:
                 raise RuntimeError("injected fault")
         return real_propose(*args)
 
-    def forward(*args, **kw):
-        logits, taps = real_forward(*args, **kw)
-        return (torch.full_like(logits, float("nan")) if running(NAN) else logits), taps
+    def decode(*args):  # the target's pass (its argmax left to the engine where the logits are replaced)
+        logits, taps, best = real_decode(*args)
+        return (torch.full_like(logits, float("nan")), taps, None) if running(NAN) else (logits, taps, best)
 
     def step():  # a marked request takes seconds: still running when its client goes
         if running(SLOW):
             time.sleep(0.03)
         return real_step()
 
-    engine.runner.propose, engine.target.forward, engine.step = propose, forward, step
+    engine.runner.propose, engine.target.decode, engine.step = propose, decode, step
     return engine

@@ -120,3 +120,9 @@ def test_the_targets_pass_in_one_call_gives_the_step_by_step_bits(quantized, mon
         out[fused] = [logits, taps, *best, *(p.clone() for p in pools)]
     assert all(torch.equal(a, b) for a, b in zip(out[True], out[False]))
     assert not all(torch.equal(a, b) for a, b in zip(out[True][4:], before))  # KV was written
+    assert out[True][3].all()
+    with torch.inference_mode():   # NaN logits: the row not finite, as greedy says (float32 weights: the integer
+        target.model.norm.weight[5] = float("nan")   # path's 8-bit activations carry no NaN, as llama.cpp's)
+        logits, _, (_, finite) = target.decode(ids[-1:], positions[-1:], caches, AttnMeta([spans[-1]], bs),
+                                               torch.tensor([0]))
+        assert torch.equal(finite, greedy(logits)[1]) and (quantized or not finite.any())
