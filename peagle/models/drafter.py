@@ -21,7 +21,7 @@ from peagle.models.checkpoint import check_checkpoint, fuse_checkpoint, read_saf
 from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_precision
 from peagle.models.llama import (CheckpointError, DecoderLayer, ModelConfig, native_layers, stack_key, stack_weights,
                                  stackable)
-from peagle.models.quant import QuantTensor
+from peagle.models.quant import QuantTensor, operand, read_as_is
 from peagle.runtime import to_device
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -261,8 +261,7 @@ class Drafter(nn.Module):
                 and longest <= kernels.limits().span_rows and self._stack() is not None
                 and self.embed_tokens.weight.dtype == torch.float32 and self.embed_tokens.weight.is_contiguous()
                 and not isinstance(self.embed_tokens.weight, QuantTensor)
-                and all(isinstance(w, QuantTensor) or (w.is_contiguous() and not w.is_mkldnn)
-                        for w in (self.fc.weight, self.lm_head.weight)))
+                and read_as_is(self.fc.weight) and read_as_is(self.lm_head.weight))
 
     def draft(self, ids: torch.Tensor, positions: torch.Tensor, cu: list[int], num_valid: torch.Tensor,
               bonus: torch.Tensor, taps: torch.Tensor, num_masks: int, spans: list, caches: list[KVCache],
@@ -274,15 +273,14 @@ class Drafter(nn.Module):
         nb = max(len(s.block_table) for s in spans)
         table = to_device([s.block_table + [0] * (nb - len(s.block_table)) for s in spans], dev)
         cos, sin = self.rotary.rows(max(s.ctx_len for s in spans) + num_masks, taps.dtype)
-        blocks = lambda w: w.blocks if isinstance(w, QuantTensor) else w  # noqa: E731
         first = self.midlayer
         return torch.ops.peagle.draft(
             ids, positions, to_device(cu, dev), num_valid, bonus, taps.contiguous(), num_masks, c.mask_token_id,
-            blocks(self.fc.weight), self.fc.bias, mask_feature, self.embed_tokens.weight, first.input_layernorm.weight,
+            operand(self.fc.weight), self.fc.bias, mask_feature, self.embed_tokens.weight, first.input_layernorm.weight,
             first.hidden_norm.weight, first.norm_before_residual, self._stack(), cos.view(len(cos), -1),
             sin.view(len(sin), -1), [k.k for k in caches], [k.v for k in caches], table, block_size,
             caches[0].num_slots, c.num_heads, c.head_dim, first.self_attn.scale, c.rms_norm_eps, self.norm.weight,
-            blocks(self.lm_head.weight), self.d2t)
+            operand(self.lm_head.weight), self.d2t)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)

@@ -18,7 +18,7 @@ from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
 from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference,
                                   pack_weight, packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
-from peagle.models.quant import QuantTensor, bf16_dots, formats, quantized
+from peagle.models.quant import QuantTensor, bf16_dots, formats, operand, quantized, read_as_is
 from peagle.runtime import dtype_name, precision_name
 
 
@@ -228,7 +228,7 @@ def stack_key(layers) -> tuple:
 def stack_weights(layers) -> list[torch.Tensor | None]:
     """Each layer's ten tensors in ``peagle::decoder_layers``' order (a GGUF matrix as its blocks: the operator
     takes them as they are, no per-step unwrapping)."""
-    return [t.blocks if isinstance(t, QuantTensor) else t for layer in layers for t in (
+    return [operand(t) for layer in layers for t in (
         layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias,
         layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias, layer.post_attention_layernorm.weight,
         layer.mlp.gate_up_proj.weight, layer.mlp.gate_up_proj.bias, layer.mlp.down_proj.weight,
@@ -418,13 +418,12 @@ class LlamaModel(nn.Module):
             if self.stacks(probe, caches, cut):
                 weights = self.native_weights()
                 cos, sin = self.rotary.rows(int(positions.max()) + 1, self.dtype)
-                blocks = lambda w: w.blocks if isinstance(w, QuantTensor) else w  # noqa: E731
                 logits, taps, tokens, finite = torch.ops.peagle.target_pass(
-                    ids, blocks(self.model.embed_tokens.weight), weights, cos.view(len(cos), -1), sin.view(len(sin), -1),
+                    ids, operand(self.model.embed_tokens.weight), weights, cos.view(len(cos), -1), sin.view(len(sin), -1),
                     [k.k for k in caches], [k.v for k in caches], cut.slot_mapping, cut.table, cut.seq_of_row,
                     cut.positions, cut.short_rows, cut.block_size, self._stack_windows, c.num_heads, c.head_dim,
                     c.attn_scale, c.rms_norm_eps, list(self.aux_layers), cut.tree_args.get("tree_base"),
-                    cut.tree_args.get("tree_map"), rows, self.model.norm.weight, blocks(self.head_weight()))
+                    cut.tree_args.get("tree_map"), rows, self.model.norm.weight, operand(self.head_weight()))
                 return logits, taps, (tokens, finite)
         logits, taps = self(ids, positions, caches, meta, rows)
         return logits, taps, None
@@ -436,8 +435,7 @@ class LlamaModel(nn.Module):
         e, h = self.model.embed_tokens.weight, self.head_weight()
         own = all(getattr(type(self), f) is getattr(LlamaModel, f) for f in ("embed", "hidden", "logits"))
         return (own and self.cfg.final_logit_softcapping is None
-                and e.dtype == torch.float32 and (isinstance(e, QuantTensor) or e.is_contiguous())
-                and (isinstance(h, QuantTensor) or (h.is_contiguous() and not h.is_mkldnn)))
+                and e.dtype == torch.float32 and read_as_is(e) and read_as_is(h))
 
     def stacks(self, x: torch.Tensor, caches: list, meta: AttnMeta) -> bool:
         """Whether :meth:`native_stack` runs this pass: peagle's CPU kernels take every op of every layer

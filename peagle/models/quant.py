@@ -265,6 +265,16 @@ class QuantTensor(torch.Tensor):
                                   "--quantization none")
 
 
+def operand(w: torch.Tensor | None) -> torch.Tensor | None:
+    """What peagle's native operators take for weight ``w``: a :class:`QuantTensor`'s blocks, else ``w`` itself."""
+    return w.blocks if isinstance(w, QuantTensor) else w
+
+
+def read_as_is(w: torch.Tensor) -> bool:
+    """Whether peagle's linear reads ``w`` as it is (GGUF or packed blocks, or a plain contiguous matrix)."""
+    return isinstance(w, QuantTensor) or (w.is_contiguous() and not w.is_mkldnn)
+
+
 def quantized(w: torch.Tensor) -> bool:
     """Whether ``w`` is GGUF-quantized (a :class:`QuantTensor` of a GGUF format, not packed bf16)."""
     return isinstance(w, QuantTensor) and w.format in FORMATS

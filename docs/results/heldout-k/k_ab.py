@@ -5,7 +5,6 @@ process): does `auto` pick the K that pays on each prompt? Prompt lookup as the 
     python docs/results/heldout-k/k_ab.py [ROUNDS] [K ...]   # e.g. 3 1 2 3 5
 """
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from peagle.models.loader import load_drafter_for, resolve_target
 
 here = Path(__file__).parent
 sys.path.insert(0, str(here.parent / "int8"))
-from interleave import interleaved  # noqa: E402
+from interleave import interleaved, report  # noqa: E402
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 ks = [int(k) for k in sys.argv[2:]] or [1, 2, 3, 5]
@@ -35,15 +34,4 @@ def run(name, i):
 
 
 res, tokens = interleaved(run, names, len(items), rounds)
-print(f"{base.precision}; {rounds} rounds; ratio to `none` (medians per prompt), AL in brackets\n")
-print("| # | kind | tokens | " + " | ".join(names[1:]) + " |\n|---|---|---|" + "---|" * (len(names) - 1))
-tot = {v: [0, 0.0] for v in names}
-for i, it in enumerate(items):
-    rate = {v: statistics.median(n / s for n, s, _ in res[v][i]) for v in names}
-    for v in names:
-        tot[v][0] += sum(n for n, _, _ in res[v][i])
-        tot[v][1] += sum(s for _, s, _ in res[v][i])
-    cells = [f"{rate[v] / rate['none']:.2f}x ({statistics.median(a for _, _, a in res[v][i]):.2f})" for v in names[1:]]
-    print(f"| {i + 1} | {it['kind']} | {len(tokens[i])} | " + " | ".join(cells) + " |")
-none = tot["none"][0] / tot["none"][1]
-print("\noverall: " + ", ".join(f"{v} {tot[v][0] / tot[v][1] / none:.3f}x" for v in names[1:]))
+report(res, tokens, items, names, base.precision, rounds)

@@ -8,6 +8,7 @@
 // more than the drafter's own arithmetic; BENCHMARKS.md §46).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_select.h>
 #include <torch/library.h>
@@ -23,17 +24,6 @@ namespace peagle {
 static void check_f32(const at::Tensor& t, int64_t dim, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == dim && t.is_contiguous(),
               "peagle::draft: ", name, " must be a contiguous float32 tensor of ", dim, " dimensions on the CPU");
-}
-
-// Rows ``idx`` of ``src`` [*, n] into ``dst`` [len(idx), n] (a gather, bit for bit).
-static void gather_rows(const at::Tensor& src, const int64_t* idx, int64_t count, at::Tensor& dst) {
-  const int64_t n = src.size(1), rows = src.size(0);
-  const float* s = src.data_ptr<float>();
-  float* d = dst.data_ptr<float>();
-  for (int64_t r = 0; r < count; ++r) {
-    TORCH_CHECK(0 <= idx[r] && idx[r] < rows, "peagle::draft: row ", idx[r], " outside [0, ", rows, ")");
-    std::memcpy(d + r * n, s + idx[r] * n, n * sizeof(float));
-  }
 }
 
 // Returns the drafts [B, num_masks + 1] as target ids. ``table`` [B, nb]: each sequence's block table (padded);
@@ -61,7 +51,7 @@ static at::Tensor draft(const at::Tensor& ids, const at::Tensor& positions, cons
   TORCH_CHECK(d2t.scalar_type() == at::kLong && d2t.dim() == 1 && d2t.is_contiguous(), "peagle::draft: d2t must be int64");
   const auto [in_ids, pos, rejected, masked, map, sample] = expand(ids, positions, cu, num_valid, bonus, num_masks, mask_id);
   const int64_t R = in_ids.numel(), S = sample.numel();
-  const int64_t *id = in_ids.data_ptr<int64_t>(), *p = pos.data_ptr<int64_t>(), *m = map.data_ptr<int64_t>(),
+  const int64_t *p = pos.data_ptr<int64_t>(), *m = map.data_ptr<int64_t>(),
                 *c = cu.data_ptr<int64_t>(), *tb = table.data_ptr<int64_t>();
   const bool *rj = rejected.data_ptr<bool>(), *ms = masked.data_ptr<bool>();
   const auto i64 = ids.options(), f32 = taps.options();
@@ -69,19 +59,14 @@ static at::Tensor draft(const at::Tensor& ids, const at::Tensor& positions, cons
   run_team([&] {
     // the rows' features: their target rows' projection, or the mask slots' feature
     const at::Tensor feature = linear(taps, fc, fc_bias, "");
-    at::Tensor hidden = at::empty({R, H}, f32), emb = at::empty({R, H}, f32);
+    at::Tensor hidden = at::empty({R, H}, f32);
     float* h = hidden.data_ptr<float>();
     for (int64_t r = 0; r < R; ++r)
       std::memcpy(h + r * H, ms[r] ? mask_feature.data_ptr<float>() : feature.data_ptr<float>() + m[r] * H,
                   H * sizeof(float));
-    gather_rows(embed, id, R, emb);
     // layer 0's attention input [normed embedding, normed feature]; its residual the feature (or its norm)
-    const at::Tensor e = rms_norm(emb, input_norm, eps), f = rms_norm(hidden, hidden_norm, eps);
-    at::Tensor first = at::empty({R, 2 * H}, f32);
-    for (int64_t r = 0; r < R; ++r) {
-      std::memcpy(first.data_ptr<float>() + r * 2 * H, e.data_ptr<float>() + r * H, H * sizeof(float));
-      std::memcpy(first.data_ptr<float>() + r * 2 * H + H, f.data_ptr<float>() + r * H, H * sizeof(float));
-    }
+    const at::Tensor f = rms_norm(hidden, hidden_norm, eps);
+    const at::Tensor first = at::cat({rms_norm(embed.index_select(0, in_ids), input_norm, eps), f}, 1);
     // where each row sits: its sequence, its KV slot (the scratch slot for a rejected row)
     at::Tensor seq = at::empty({R}, i64), slots = at::empty({R}, i64);
     int64_t *sq = seq.data_ptr<int64_t>(), *sl = slots.data_ptr<int64_t>();
@@ -92,16 +77,13 @@ static at::Tensor draft(const at::Tensor& ids, const at::Tensor& positions, cons
         sq[r] = i;
         sl[r] = rj[r] ? num_slots : tb[i * nb + block] * block_size + p[r] % block_size;
       }
-    for (int64_t r = 0; r < R; ++r)
-      TORCH_CHECK(p[r] < cos.size(0), "peagle::draft: position ", p[r], " past the RoPE table (", cos.size(0), " rows)");
     const std::vector<int64_t> windows(k_pools.size(), 0);
     auto [x, unused] = decoder_layers(norm_before_residual ? f : hidden, weights, cos.index_select(0, pos),
                                       sin.index_select(0, pos), k_pools, v_pools, slots, table, seq, pos,
                                       at::arange(R, i64), block_size, windows, heads, head_dim, scale, eps, {},
                                       c10::nullopt, c10::nullopt, first);
     // the drafts: the sampled rows' final norm, LM head and argmax, as target ids
-    at::Tensor rows = at::empty({S, H}, f32);
-    gather_rows(x, sample.data_ptr<int64_t>(), S, rows);
+    const at::Tensor rows = x.index_select(0, sample.view(-1));
     const at::Tensor best = std::get<1>(argmax_rows(linear(rms_norm(rows, norm, eps), lm_head, c10::nullopt, "")));
     out = at::empty({B, num_masks + 1}, i64);
     const int64_t *b = best.data_ptr<int64_t>(), *off = d2t.data_ptr<int64_t>();
