@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
+import mmap
 import os
 from pathlib import Path
 
@@ -79,6 +80,22 @@ def trim_heap() -> None:
     except (OSError, AttributeError):  # not glibc
         return
     trim(0)
+
+
+HUGE_PAGE = 2 << 20
+
+
+def anonymous_memory(size: int, huge: bool = False) -> torch.Tensor:
+    """``size`` bytes (uint8) of fresh private anonymous memory: zeros that take memory only where written (a read
+    of an untouched page maps the shared zero page). ``huge``: asked to be backed by 2 MB pages (Linux's
+    ``MADV_HUGEPAGE``: transparent huge pages are often granted only where asked for) and starting at a 2 MB
+    boundary; a plain mapping where the system takes no such advice. The tensor keeps the mapping alive."""
+    pages = mmap.mmap(-1, size + (HUGE_PAGE if huge else 0), flags=mmap.MAP_PRIVATE)  # (shared would be shmem)
+    if huge and hasattr(mmap, "MADV_HUGEPAGE"):
+        pages.madvise(mmap.MADV_HUGEPAGE)
+    whole = torch.frombuffer(pages, dtype=torch.uint8)
+    at = -whole.data_ptr() % HUGE_PAGE if huge else 0
+    return whole[at:at + size]
 
 
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:

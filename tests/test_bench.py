@@ -556,21 +556,24 @@ def test_a_quantized_engine_meets_the_llama_cpp_file_of_its_format():
 
 
 def test_baseline_quotes_llama_bench_against_our_decode(monkeypatch):
-    """The llama-bench section: tg128 and pp1/pp8/pp16 a file, our `none` over tg128 at the same precision;
-    left out with a note where the binary is missing."""
+    """The llama-bench section: tg128 from an empty context and after our prompts' mean length (``-d``), pp1/pp8/pp16
+    a file, our `none` over each tg128 at the same precision; left out with a note where the binary is missing."""
     from peagle.bench.baseline import llamabench
     from peagle.bench.peers import llamacpp
 
     monkeypatch.setattr(llamacpp, "native_bin", lambda name: None)
     assert "left_out" in llamabench.bench_llama_bench(["Q4_1"], 2, 1, None)
     monkeypatch.setattr(llamacpp, "native_bin", lambda name: Path("/opt/llama") / name)
-    speeds = {(0, 128): 100.0, (1, 0): 90.0, (8, 0): 240.0, (16, 0): 300.0}
-    monkeypatch.setattr(llamacpp, "llama_bench", lambda kind, prompt, gen, reps, threads: {"avg_ts": speeds[prompt, gen]})
-    e2e = {"systems": {"none": {"precision": "Q4_1", "decode_tok_s": 150.0}}}
+    speeds = {(0, 128, 0): 100.0, (0, 128, 61): 75.0, (1, 0, 0): 90.0, (8, 0, 0): 240.0, (16, 0, 0): 300.0}
+    monkeypatch.setattr(llamacpp, "llama_bench", lambda kind, prompt, gen, reps, threads, depth=0:
+                        {"avg_ts": speeds[prompt, gen, depth]})
+    e2e = {"systems": {"none": {"precision": "Q4_1", "decode_tok_s": 150.0}},
+           "prompts": [{"prompt_tokens": 50}, {"prompt_tokens": 72}]}
     res = llamabench.bench_llama_bench(["Q4_1", "BF16"], 2, 1, e2e)
     assert res["rows"][0]["ours_none_vs_tg128"] == 1.5 and "ours_none_vs_tg128" not in res["rows"][1]
+    assert res["rows"][0]["ours_none_vs_tg128_at_depth"] == 2.0
     md = "\n".join(llamabench.markdown_llama_bench({"llama_bench": res}))
-    assert "| Q4_1 | 100.0 | 90.0 | 240.0 | 300.0 | 3.00x | 1.50 |" in md and "| BF16 |" in md
+    assert "| Q4_1 | 100.0 | 75.0 (d61) | 90.0 | 240.0 | 300.0 | 3.00x | 1.50 | 2.00 |" in md and "| BF16 |" in md
 
 
 def test_bench_attack_tiny(tiny_chat_dir, tmp_path, capsys, monkeypatch):

@@ -25,7 +25,8 @@ from peagle.models.loader import default_gguf, load_target, load_tokenizer, reso
 from peagle.models.checkpoint import split_checkpoint
 from peagle.models.llama import ModelConfig, build_target
 from peagle.models.quant import (DEQUANT_ROWS, FORMATS, QBLOCK, GGUFError, QuantTensor, blocks_of, dequantize, formats,
-                                 gguf_tensors, pack, pack_model, pack_owned, read_gguf)
+                                 gguf_tensors, onto_huge_pages, pack, pack_model, pack_owned, read_gguf)
+from peagle.runtime import HUGE_PAGE
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
@@ -149,6 +150,44 @@ def test_packing_owned_blocks_where_they_lie_gives_packs_bytes(fmt):
     same_size = FORMATS[fmt].packed_bytes == 16 * FORMATS[fmt].block_bytes
     owned = blocks.clone()
     assert (pack_owned(owned).data_ptr() == owned.data_ptr()) == same_size
+
+
+def mapping_of(ptr: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds address ``ptr`` (``range``: its addresses)."""
+    fields, inside = {}, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(a, 16) for a in head.split("-"))
+            inside = lo <= ptr < hi
+            if inside:
+                fields["range"] = head
+        elif inside:
+            fields[head.rstrip(":")] = line.split()[1]
+    return fields
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc only")
+def test_packed_weights_move_onto_one_mapping_of_huge_pages_with_their_bytes():
+    """:func:`onto_huge_pages` moves each tensor once (a second reference to one is the same tensor), in place,
+    its bytes kept, into one mapping 2 MB-aligned at its start that asks for huge pages (THPeligible where the
+    system grants them on request); a model loaded for the integer path has its packed weights there."""
+    a, b = torch.randn(700, 1000), torch.arange(3 << 20, dtype=torch.int32)
+    want, ids = (a.clone(), b.clone()), (id(a), id(b))
+    onto_huge_pages([a, b, a])
+    assert (id(a), id(b)) == ids and torch.equal(a, want[0]) and torch.equal(b, want[1])
+    assert a.data_ptr() % HUGE_PAGE == 0 and b.data_ptr() == a.data_ptr() + a.numel() * 4
+    area = mapping_of(a.data_ptr())
+    assert mapping_of(b.data_ptr())["range"] == area["range"]
+    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if os.path.exists(
+        "/sys/kernel/mm/transparent_hugepage/enabled") else "[never]"
+    if "[never]" not in thp and "THPeligible" in area:
+        assert area["THPeligible"] == "1"
+    if kernels.available() and kernels.int_isa() != "none":
+        model = load_target(None, "float32")[0]
+        packed = [p.blocks for p in model.parameters() if isinstance(p, QuantTensor) and p.packed]
+        assert len(packed) > 100 and len({mapping_of(p.data_ptr())["range"] for p in packed}) == 1
+        assert min(p.data_ptr() for p in packed) % HUGE_PAGE == 0
 
 
 @native

@@ -10,7 +10,6 @@ the nodes of token trees (:class:`TreeRows`): each sees its context and its own 
 from __future__ import annotations
 
 import math
-import mmap
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -20,7 +19,7 @@ from torch import nn
 
 from peagle import kernels
 from peagle.models.layers import Linear, RMSNorm, apply_rope
-from peagle.runtime import to_device
+from peagle.runtime import anonymous_memory, to_device
 
 # sequences of at most kernels.limits().span_rows rows (decoding, verifying, drafting) attend in batches of
 MAX_PADDING = 1.25       # sequences whose contexts, padded to the longest, hold at most 25% padding
@@ -300,9 +299,7 @@ def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     Gemma 3's float32 pool otherwise; reads of the rest see the shared zero page); elsewhere ``torch.zeros``."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    size = math.prod(shape) * dtype.itemsize
-    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # private: a read maps the zero page (shared: a new one)
-    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)  # the tensor keeps the map alive
+    return anonymous_memory(math.prod(shape) * dtype.itemsize).view(dtype).view(shape)
 
 
 class KVCache:

@@ -4,7 +4,8 @@ the same files: `none` with `--compute fast` (the default: integer dot products)
 (float32 arithmetic), bfloat16 weights, and `generate`'s defaults (P-EAGLE, K chosen by the engine), with HF
 transformers `generate` in bfloat16 and float32 on the same token ids (greedy). peagle and HF decode 128 tokens after each of the first PROMPTS MT-Bench questions (chat template), greedy, EOS
 ignored; its rate is 127 / (the time after the first token), as llama-bench's tg128 times 128 tokens after
-a warm-up. Rounds interleave every system; medians.
+a warm-up: from an empty context, and after as many tokens as the prompts hold on average (`-d`, the same
+attention work as ours). Rounds interleave every system; medians.
 
     python docs/results/int8/decode.py [ROUNDS] [PROMPTS]     # writes decode.json beside this file
 """
@@ -50,8 +51,8 @@ def hf(dtype, ids):
     return run
 
 
-def bench(kind, p, n):
-    return lambda: [llamacpp.llama_bench(kind, prompt=p, gen=n, reps=3)["avg_ts"]]
+def bench(kind, p, n, depth=0):
+    return lambda: [llamacpp.llama_bench(kind, prompt=p, gen=n, reps=3, depth=depth)["avg_ts"]]
 
 
 systems = {
@@ -64,7 +65,8 @@ systems = {name: run for name, (_, run) in systems.items()}
 token_ids = [LLMEngine.from_pretrained(None, method="none", max_num_seqs=1).encode_prompt(p.text) for p in prompts]
 systems["HF transformers `generate`, bfloat16"] = hf(torch.bfloat16, token_ids)
 systems["HF transformers `generate`, float32"] = hf(torch.float32, token_ids)
-peers = {"llama-bench Q4_1 tg128": bench("Q4_1", 0, N), "llama-bench BF16 tg128": bench("BF16", 0, N)}
+D = round(statistics.mean(len(i) for i in token_ids))  # llama-bench -d: tg128 after as long a context as ours
+peers = {f"llama-bench {kind} tg128{at}": bench(kind, 0, N, d) for kind in ("Q4_1", "BF16") for at, d in (("", 0), (f" @ d{D}", D))}
 batches = {f"llama-bench Q4_1 pp{p}": bench("Q4_1", p, 0) for p in (1, 8, 16)}
 everyone = {**systems, **peers}
 for run in systems.values():
@@ -78,12 +80,13 @@ for name, run in batches.items():
 med = {name: statistics.median(xs) for name, xs in rates.items()}
 Path(__file__).with_name("decode.json").write_text(json.dumps({"rounds": rounds, "prompts": len(prompts),
                                                                 "rates": rates, "medians": med}, indent=1) + "\n")
-q4, bf = med["llama-bench Q4_1 tg128"], med["llama-bench BF16 tg128"]
+refs = [f"llama-bench {kind} tg128{at}" for kind in ("Q4_1", "BF16") for at in ("", f" @ d{D}")]
 hf_bf = med["HF transformers `generate`, bfloat16"]
-print("| system | decode tok/s (median) | against llama-bench tg128 Q4_1 | against BF16 | against HF bf16 |\n"
-      "|---|---|---|---|---|")
+print(f"| system | decode tok/s (median) | against {' | against '.join(refs)} | against HF bf16 |\n|---|---|"
+      + "---|" * (len(refs) + 1))
 for name in everyone:
-    print(f"| {name} | {med[name]:.1f} | {med[name] / q4:.2f}x | {med[name] / bf:.2f}x | {med[name] / hf_bf:.2f}x |")
+    print(f"| {name} | {med[name]:.1f} | " + " | ".join(f"{med[name] / med[r]:.2f}x" for r in refs)
+          + f" | {med[name] / hf_bf:.2f}x |")
 pp1 = med["llama-bench Q4_1 pp1"]
 print("\n| llama-bench Q4_1 batch | tokens/s | time against pp1 |\n|---|---|---|")
 for p in (1, 8, 16):

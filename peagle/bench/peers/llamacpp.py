@@ -58,15 +58,17 @@ def require_native(name: str) -> Path:
     return path
 
 
-def llama_bench(kind: str, prompt: int = 0, gen: int = 128, reps: int = 5, threads: int | None = None) -> dict:
+def llama_bench(kind: str, prompt: int = 0, gen: int = 128, reps: int = 5, threads: int | None = None,
+                depth: int = 0) -> dict:
     """``llama-bench`` on the default model's ``kind`` file: one test (``-p prompt -n gen``), its JSON record
     (``avg_ts`` tokens/s, ``stddev_ts``). ``prompt`` > 0 and ``gen`` 0 is llama.cpp's batch of that many
-    tokens (pp8: what 8 verify rows cost it)."""
+    tokens (pp8: what 8 verify rows cost it). ``depth``: the test after that many tokens of context (``-d``; tg128
+    alone starts from an empty one, where a decode after a prompt attends to the prompt too)."""
     import json
     import subprocess
 
     cmd = [str(require_native("llama-bench")), "-m", str(gguf_file(kind)), "-t", str(threads or os.cpu_count() or 1),
-           "-p", str(prompt), "-n", str(gen), "-r", str(reps), "-o", "json"]
+           "-p", str(prompt), "-n", str(gen), "-d", str(depth), "-r", str(reps), "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out)[0]
 
