@@ -321,8 +321,9 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, o
 def onto_huge_pages(tensors: list[torch.Tensor]) -> None:
     """``tensors`` (each once; CPU ones) moved in place into one mapping backed by 2 MB pages
     (:func:`~peagle.runtime.anonymous_memory`). A decoding step streams every packed weight; on 4 KB pages it
-    also walks ~70,000 page-table entries a step (the default model in bf16), a TLB miss each: a plain step 4-7%
-    faster in bf16, 9% on the GGUF (Zen 4, BENCHMARKS.md §47). The same bytes."""
+    also misses the TLB on each of ~70,000 pages a step (the default model in bf16; llama.cpp maps the file, whose
+    page cache the kernel may keep in large folios): a plain step 5-9% faster, a round of 8 rows 0-3% (Zen 4,
+    BENCHMARKS.md §47). The same bytes."""
     seen, todo = set(), []
     for t in tensors:
         if t.device.type == "cpu" and t.is_contiguous() and t.data_ptr() not in seen:
