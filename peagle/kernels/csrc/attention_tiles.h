@@ -1,5 +1,5 @@
 // Attention over the paged cache for every ISA, over vector traits V (see linear_tiles.h; here also
-// set1, add, sub, mul, exp, exp1, store_n, store_lanes (lanes first .. first+c to p), mask_n, scale, weighted_sum, load_h (L halves), max_of (the largest of n floats)
+// set1, add, sub, mul, exp, exp1, store_n, store_lanes (lanes first .. first+c to p), mask_n, scale, load_h (L halves), max_of (the largest of n floats)
 // and hsum_many: lane i the hsum of vector i); the scalar reference instantiates it with scalar traits of the same lane order and the same
 // operations, so the two give the same bits.
 #pragma once
@@ -8,25 +8,35 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "kernels.h"
 
 namespace peagle {
 
+// L elements of a pool's row as float32: a float32 pool's as they lie, a half pool's converted exactly.
+template <class V>
+static inline typename V::vec load_row(const float* p) { return V::load_x(p); }
+template <class V>
+static inline typename V::vec load_row(const uint16_t* p) { return V::load_h(p); }
+inline float row_value(float x) { return x; }
+inline float row_value(uint16_t x) { return half_to_float(x); }
+
 // out[qi][j] = (q_qi . k_j) * scale for NQ queries and the n keys k_j: each dot product over d in V's lane
 // order (zero-padded tail), as linear_tiles.h accumulates, and its lanes reduced by hsum_many, which adds every
 // vector's lanes in the same pairs: L / NQ keys of each query share a reduction, so one key load serves NQ
 // queries and a score's bits do not depend on NQ (the reference reduces a key alone). out rows hold KEY_BLOCK
-// floats: the last group writes up to L / NQ of them past n, scores of zero keys that no one reads.
-template <class V, int NQ>
-static inline void scores(const float* const* q, const float* const* k, int64_t n, int64_t d, float scale,
+// floats: the last group writes up to L / NQ of them past n, scores of zero keys that no one reads. Keys are
+// float32 rows, or a half pool's rows where d is whole vectors (attend_tiles: converted as they are loaded).
+template <class V, int NQ, class E>
+static inline void scores(const float* const* q, const E* const* k, int64_t n, int64_t d, float scale,
                           float* const* out) {
   constexpr int L = V::LANES, KJ = L / NQ;
   static_assert(L % NQ == 0 && KEY_BLOCK % KJ == 0);
-  static const float none[MAX_HEAD_DIM] = {};  // the keys past n: every lane a whole vector (in registers)
+  static const E none[MAX_HEAD_DIM] = {};  // the keys past n: every lane a whole vector (in registers)
   const int64_t dl = d - d % L;
   for (int64_t j = 0; j < n; j += KJ) {
-    const float* kj[KJ];
+    const E* kj[KJ];
     for (int i = 0; i < KJ; ++i) kj[i] = j + i < n ? k[j + i] : none;
     typename V::vec acc[L];
     for (int i = 0; i < L; ++i) acc[i] = V::zero();
@@ -34,11 +44,11 @@ static inline void scores(const float* const* q, const float* const* k, int64_t 
       typename V::vec qv[NQ];
       for (int qi = 0; qi < NQ; ++qi) qv[qi] = V::load_x(q[qi] + e);
       for (int i = 0; i < KJ; ++i) {
-        const typename V::vec kv = V::load_x(kj[i] + e);
+        const typename V::vec kv = load_row<V>(kj[i] + e);
         for (int qi = 0; qi < NQ; ++qi) acc[qi * KJ + i] = V::fma(qv[qi], kv, acc[qi * KJ + i]);
       }
     }
-    if (dl < d) {
+    if constexpr (std::is_same_v<E, float>) if (dl < d) {
       typename V::vec qv[NQ];
       for (int qi = 0; qi < NQ; ++qi) qv[qi] = V::load_x_tail(q[qi] + dl, d - dl);
       for (int i = 0; i < KJ; ++i) {
@@ -52,8 +62,8 @@ static inline void scores(const float* const* q, const float* const* k, int64_t 
 }
 
 // The scores of Q queries, as many at a time as V's registers hold (4 with 16 lanes, 2 with 8), then fewer.
-template <class V, int NQ = (V::LANES >= 16 ? 4 : 2)>
-static inline void scores_of(const float* const* q, int64_t Q, const float* const* k, int64_t n, int64_t d,
+template <class V, int NQ = (V::LANES >= 16 ? 4 : 2), class E>
+static inline void scores_of(const float* const* q, int64_t Q, const E* const* k, int64_t n, int64_t d,
                              float scale, float* const* out) {
   int64_t qi = 0;
   for (; qi + NQ <= Q; qi += NQ) scores<V, NQ>(q + qi, k, n, d, scale, out + qi);
@@ -103,17 +113,18 @@ static void silu_mul_rows(const float* gu, float* out, int64_t n, int64_t t0, in
 
 // acc[gi][e] += p[gi][j] * v_j[e] for keys j = 0 .. n-1 in order (elementwise fma: any lane width, the
 // same bits).
+template <class E>
 static inline void weighted_sum_scalar(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK],
-                                       const float* const* vrow, int64_t n, int64_t g, int64_t e0, int64_t d) {
+                                       const E* const* vrow, int64_t n, int64_t g, int64_t e0, int64_t d) {
   for (int64_t gi = 0; gi < g; ++gi)
     for (int64_t j = 0; j < n; ++j)
-      for (int64_t e = e0; e < d; ++e) acc[gi][e] = std::fma(p[gi][j], vrow[j][e], acc[gi][e]);
+      for (int64_t e = e0; e < d; ++e) acc[gi][e] = std::fma(p[gi][j], row_value(vrow[j][e]), acc[gi][e]);
 }
 
 // The same in vectors: C d-chunks of NQ queries' accumulators in registers across the keys, each value
 // vector loaded once for the NQ queries (each accumulator still takes its keys' products in key order).
-template <class V, int NQ, int C>
-static inline void weighted_chunk(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
+template <class V, int NQ, int C, class E>
+static inline void weighted_chunk(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const E* const* vrow,
                                   int64_t n, int64_t e) {
   constexpr int L = V::LANES;
   typename V::vec a[NQ][C];
@@ -121,7 +132,7 @@ static inline void weighted_chunk(float (*acc)[MAX_HEAD_DIM], const float (*p)[K
     for (int c = 0; c < C; ++c) a[i][c] = V::load_x(acc[i] + e + c * L);
   for (int64_t j = 0; j < n; ++j) {
     typename V::vec vj[C];
-    for (int c = 0; c < C; ++c) vj[c] = V::load_x(vrow[j] + e + c * L);
+    for (int c = 0; c < C; ++c) vj[c] = load_row<V>(vrow[j] + e + c * L);
     for (int i = 0; i < NQ; ++i) {
       const typename V::vec pj = V::set1(p[i][j]);
       for (int c = 0; c < C; ++c) a[i][c] = V::fma(pj, vj[c], a[i][c]);
@@ -132,8 +143,8 @@ static inline void weighted_chunk(float (*acc)[MAX_HEAD_DIM], const float (*p)[K
 }
 
 // The g queries of C d-chunks from e, NQ at a time (the last ones fewer).
-template <class V, int NQ, int C>
-static inline void weighted_queries(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
+template <class V, int NQ, int C, class E>
+static inline void weighted_queries(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const E* const* vrow,
                                     int64_t n, int64_t g, int64_t e) {
   int64_t gi = 0;
   for (; gi + NQ <= g; gi += NQ) weighted_chunk<V, NQ, C>(acc + gi, p + gi, vrow, n, e);
@@ -144,8 +155,8 @@ static inline void weighted_queries(float (*acc)[MAX_HEAD_DIM], const float (*p)
 
 // weighted_sum for the SIMD traits: four d-chunks of LANES / 4 queries in registers at a time (16 or 8
 // accumulators, four value vectors), the chunks left over one at a time for 8 queries, the tail in scalars.
-template <class V>
-static inline void weighted_sum_simd(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
+template <class V, class E = float>
+static inline void weighted_sum_simd(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const E* const* vrow,
                                      int64_t n, int64_t g, int64_t d) {
   constexpr int L = V::LANES;
   int64_t e = 0;
@@ -154,13 +165,17 @@ static inline void weighted_sum_simd(float (*acc)[MAX_HEAD_DIM], const float (*p
   weighted_sum_scalar(acc, p, vrow, n, g, e, d);
 }
 
-// Rows src[0 .. n) of d elements as float32 rows: float32 pools' rows where they lie; half pools' (the 16-bit KV
-// cache) converted into buf once for every query of the tile, exactly, so a row's bits are the float32 kernel's
-// over the converted pools.
-template <class V>
-static inline void as_float(const float* const* src, int64_t n, int64_t, float*, const float** out) {
-  std::copy(src, src + n, out);
+// acc[gi] += the weights p[gi] times the value rows, in vectors on the SIMD paths, elementwise on the scalar one
+// (the same bits).
+template <class V, class E>
+static inline void weighted_sum(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const E* const* vrow,
+                                int64_t n, int64_t g, int64_t d) {
+  if constexpr (std::is_class_v<typename V::vec>) weighted_sum_scalar(acc, p, vrow, n, g, 0, d);
+  else weighted_sum_simd<V>(acc, p, vrow, n, g, d);
 }
+
+// Rows src[0 .. n) of a half pool (the 16-bit KV cache), d elements, converted into float32 rows in buf, exactly
+// (for keys whose d leaves a tail: scores then read them as float32 rows).
 template <class V>
 static inline void as_float(const uint16_t* const* src, int64_t n, int64_t d, float* buf, const float** out) {
   constexpr int L = V::LANES;
@@ -189,9 +204,20 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
   alignas(64) float acc[MAX_QUERIES][MAX_HEAD_DIM];
   const E* vsrc[KEY_BLOCK];
   const E* ksrc[KEY_BLOCK];
-  const float* vrow[KEY_BLOCK];
   const float* krow[KEY_BLOCK];
-  alignas(64) static thread_local float kbuf[KEY_BLOCK * MAX_HEAD_DIM], vbuf[KEY_BLOCK * MAX_HEAD_DIM];
+  alignas(64) static thread_local float kbuf[KEY_BLOCK * MAX_HEAD_DIM];
+  // the scores of nq queries over a block's nk keys (ksrc), a half pool's rows converted as the products load
+  // them: the same values as converting them first, without a copy (converting first cost 41% of the attention's
+  // samples, §47); into kbuf first only where d leaves a tail of a vector
+  auto key_scores = [&](const float* const* qq, int64_t nq, int64_t nk, float* const* out) {
+    if constexpr (std::is_same_v<E, uint16_t>) {
+      if (d % L) {
+        as_float<V>(ksrc, nk, d, kbuf, krow);
+        return scores_of<V>(qq, nq, krow, nk, d, a.scale, out);
+      }
+    }
+    scores_of<V>(qq, nq, ksrc, nk, d, a.scale, out);
+  };
   // query qi's online-softmax step over its scores s[qi][o .. o+nr) of a block's n (nr > 0): the weights
   // e^(s - mb) in place, zeros around them, their sum in L lanes from its first key (zero-padded)
   auto softmax_step = [&](int64_t qi, int64_t o, int64_t nr, int64_t n) {
@@ -248,11 +274,9 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
             vsrc[j] = Vp + slot * d;
             ksrc[j] = K + slot * d;
           }
-          as_float<V>(ksrc, nr, d, kbuf, krow);
-          as_float<V>(vsrc, nr, d, vbuf, vrow);
-          scores_of<V>(qs + r * g, g, krow, nr, d, a.scale, srow + r * g);
+          key_scores(qs + r * g, g, nr, srow + r * g);
           for (int64_t gi = 0; gi < g; ++gi) softmax_step(r * g + gi, 0, nr, nr);
-          V::weighted_sum(acc + r * g, s + r * g, vrow, nr, g, d);
+          weighted_sum<V>(acc + r * g, s + r * g, vsrc, nr, g, d);
         }
         continue;
       }
@@ -282,8 +306,7 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
           __builtin_prefetch(next_v + e, 0, 2);
         }
       }
-      as_float<V>(ksrc, n, d, kbuf, krow);
-      scores_of<V>(qs, Q, krow, n, d, a.scale, srow);
+      key_scores(qs, Q, n, srow);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t jb = std::max(j0, lo[r]), nr = std::min(j0 + KEY_BLOCK, hi[r]) - jb;
         for (int64_t gi = 0; gi < g; ++gi) {
@@ -293,8 +316,7 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
             std::fill(s[r * g + gi], s[r * g + gi] + n, 0.f);
         }
       }
-      as_float<V>(vsrc, n, d, vbuf, vrow);
-      V::weighted_sum(acc, s, vrow, n, Q, d);
+      weighted_sum<V>(acc, s, vsrc, n, Q, d);
     }
     for (int64_t r = 0; r < R; ++r)
       for (int64_t gi = 0; gi < g; ++gi) {

@@ -139,10 +139,6 @@ struct Avx2 {
     const vec y = _mm256_mul_ps(_mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), set1(1.f)), _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)));
     return _mm256_andnot_ps(zero, y);
   }
-  static void weighted_sum(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
-                           int64_t n, int64_t g, int64_t d) {
-    weighted_sum_simd<Avx2>(acc, p, vrow, n, g, d);
-  }
   static float hsum(vec v) {  // ((0+4)+(2+6)) + ((1+5)+(3+7))
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -113,10 +113,6 @@ struct Avx512 {
     const vec y = _mm512_mul_ps(_mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), set1(1.f)), _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23)));
     return _mm512_maskz_mov_ps(__mmask16(~zero), y);
   }
-  static void weighted_sum(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
-                           int64_t n, int64_t g, int64_t d) {
-    weighted_sum_simd<Avx512>(acc, p, vrow, n, g, d);
-  }
   static float hsum(vec v) {  // (l + l+8) for l < 8, then the 8-lane tree of linear_avx2.cpp
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));

@@ -113,10 +113,6 @@ struct Lanes {
   static void scale(float* acc, float c, int64_t d) {
     for (int64_t e = 0; e < d; ++e) acc[e] *= c;
   }
-  static void weighted_sum(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const float* const* vrow,
-                           int64_t n, int64_t g, int64_t d) {
-    weighted_sum_scalar(acc, p, vrow, n, g, 0, d);
-  }
 };
 
 }  // namespace
