@@ -169,16 +169,24 @@ def mapping_of(ptr: int) -> dict[str, str]:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc only")
 def test_packed_weights_move_onto_one_mapping_of_huge_pages_with_their_bytes():
-    """:func:`onto_huge_pages` moves each tensor once (a second reference to one is the same tensor), in place,
-    its bytes kept, into one mapping 2 MB-aligned at its start that asks for huge pages (THPeligible where the
-    system grants them on request); a model loaded for the integer path has its packed weights there."""
-    a, b = torch.randn(700, 1000), torch.arange(3 << 20, dtype=torch.int32)
-    want, ids = (a.clone(), b.clone()), (id(a), id(b))
-    onto_huge_pages([a, b, a])
-    assert (id(a), id(b)) == ids and torch.equal(a, want[0]) and torch.equal(b, want[1])
-    assert a.data_ptr() % HUGE_PAGE == 0 and b.data_ptr() == a.data_ptr() + a.numel() * 4
-    area = mapping_of(a.data_ptr())
-    assert mapping_of(b.data_ptr())["range"] == area["range"]
+    """:func:`onto_huge_pages` gives each weight's blocks a new home (blocks two weights share, one) with their bytes,
+    in one mapping 2 MB-aligned at its start that asks for huge pages (THPeligible where the system grants them on
+    request), and lets the old ones go: blocks packed where they lay, a view of the file's blocks, no longer hold
+    those alive; a model loaded for the integer path has its packed weights there."""
+    import weakref
+
+    base = torch.randint(0, 255, (4096, 8, 20), dtype=torch.uint8)  # a file's Q4_1 blocks
+    a = QuantTensor(base.view(256, 8, 320), torch.float32)  # packed where they lay: a view, as pack_owned leaves
+    b = QuantTensor(torch.randint(0, 255, (400, 10, 544), dtype=torch.uint8), torch.float32)  # packed Q8_0
+    shared = QuantTensor(b.blocks, torch.float32)
+    want, gone = (a.blocks.clone(), b.blocks.clone()), weakref.ref(base)
+    del base
+    onto_huge_pages([a, b, shared, a])
+    assert torch.equal(a.blocks, want[0]) and torch.equal(b.blocks, want[1]) and shared.blocks is b.blocks
+    assert gone() is None  # the file's blocks freed
+    assert a.blocks.data_ptr() % HUGE_PAGE == 0 and b.blocks.data_ptr() == a.blocks.data_ptr() + a.blocks.numel()
+    area = mapping_of(a.blocks.data_ptr())
+    assert mapping_of(b.blocks.data_ptr())["range"] == area["range"]
     thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if os.path.exists(
         "/sys/kernel/mm/transparent_hugepage/enabled") else "[never]"
     if "[never]" not in thp and "THPeligible" in area:

@@ -314,31 +314,32 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, o
         packed = pack_bf16_rows(w) if shaped else None
         if packed is not None:
             tied.weight = torch.nn.Parameter(QuantTensor(packed, w.dtype), requires_grad=False)
-    onto_huge_pages([p.blocks for p in model.parameters() if isinstance(p, QuantTensor) and p.packed]
-                    + ([tied.weight.blocks] if tied is not None and isinstance(tied.weight, QuantTensor) else []))
+    onto_huge_pages([p for p in model.parameters() if isinstance(p, QuantTensor) and p.packed]
+                    + ([tied.weight] if tied is not None and isinstance(tied.weight, QuantTensor) else []))
 
 
-def onto_huge_pages(tensors: list[torch.Tensor]) -> None:
-    """``tensors`` (each once; CPU ones) moved in place into one mapping backed by 2 MB pages
-    (:func:`~peagle.runtime.anonymous_memory`). A decoding step streams every packed weight; on 4 KB pages it
+def onto_huge_pages(weights: list[QuantTensor]) -> None:
+    """``weights``' blocks (CPU ones; blocks shared by several weights once) moved into one mapping backed by 2 MB
+    pages (:func:`~peagle.runtime.anonymous_memory`). A decoding step streams every packed weight; on 4 KB pages it
     also misses the TLB on each of ~70,000 pages a step (the default model in bf16; llama.cpp maps the file, whose
     page cache the kernel may keep in large folios): a plain step 5-9% faster, a round of 8 rows 0-3% (Zen 4,
-    BENCHMARKS.md §47). The same bytes."""
-    seen, todo = set(), []
-    for t in tensors:
-        if t.device.type == "cpu" and t.is_contiguous() and t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            todo.append(t)
-    span = lambda t: -(-t.numel() * t.element_size() // 64) * 64  # noqa: E731  (cache-line aligned)
-    total = sum(span(t) for t in todo)
+    BENCHMARKS.md §47). The same bytes, in new tensors: a block tensor packed where it lay is a view whose base (the
+    file's blocks) it would keep alive if its storage were swapped in place."""
+    sharing: dict[int, list[QuantTensor]] = {}  # the weights of each blocks tensor
+    for w in weights:
+        if w.blocks.device.type == "cpu" and w.blocks.is_contiguous():
+            sharing.setdefault(w.blocks.data_ptr(), []).append(w)
+    span = lambda b: -(-b.numel() * b.element_size() // 64) * 64  # noqa: E731  (cache-line aligned)
+    total = sum(span(ws[0].blocks) for ws in sharing.values())
     if total < HUGE_PAGE:
         return
     arena, at = anonymous_memory(total, huge=True), 0
-    for t in todo:
-        home = arena[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-        home.copy_(t)
-        t.set_(home.untyped_storage(), home.storage_offset(), t.shape, t.stride())
-        at += span(t)
+    for ws in sharing.values():  # one at a time, each old one freed as it goes: the model is not held twice
+        b = ws[0].blocks
+        home = arena[at:at + b.numel() * b.element_size()].view(b.dtype).view(b.shape).copy_(b)
+        for w in ws:
+            w.blocks = home
+        at += span(b)
 
 
 def pack_bf16_rows(w: torch.Tensor) -> torch.Tensor | None:
