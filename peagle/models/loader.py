@@ -25,8 +25,8 @@ from peagle.models.checkpoint import read_safetensors, split_checkpoint
 from peagle.models.layers import Linear, set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle import kernels
-from peagle.models.quant import (QBLOCK, GGUFError, QuantTensor, bf16_dots, integer_path, pack_model, quantize_linears,
-                                 read_gguf)
+from peagle.models.quant import (FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, operand, pack_model,
+                                 quantize_linears, read_gguf)
 from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype, dtype_name, resolve_device,
                             resolve_dtype, trim_heap)
 
@@ -276,10 +276,10 @@ def head_format(target: LlamaModel, head) -> str:
     Q4_1 0.2 ms less a round on a Zen 4, acceptance over 40 MT-Bench prompts 1.463 against 1.470), else Q8_0
     (Gemma 3 270M's, 4.2% beside its 170 MB LM head: acceptance 1.235 in Q4_1 against 1.272, no time saved;
     BENCHMARKS.md §46)."""
-    size = lambda w: w.blocks.numel() if isinstance(w, QuantTensor) else w.numel() * w.element_size()  # noqa: E731
+    size = lambda w: operand(w).numel() * operand(w).element_size()  # noqa: E731  (a GGUF matrix: its blocks)
     weights = {id(m.weight): m.weight for m in target.modules() if isinstance(m, Linear)}
     weights.setdefault(id(target.head_weight()), target.head_weight())
-    q8 = sum(m.weight.numel() for m in head.modules() if isinstance(m, Linear)) * 34 // QBLOCK
+    q8 = sum(m.weight.numel() for m in head.modules() if isinstance(m, Linear)) * FORMATS["q8_0"].block_bytes // QBLOCK
     return "q4_1" if q8 > 0.05 * sum(size(w) for w in weights.values()) else "q8_0"
 
 
