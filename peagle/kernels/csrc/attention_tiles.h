@@ -155,7 +155,7 @@ static inline void weighted_queries(float (*acc)[MAX_HEAD_DIM], const float (*p)
 
 // weighted_sum for the SIMD traits: four d-chunks of LANES / 4 queries in registers at a time (16 or 8
 // accumulators, four value vectors), the chunks left over one at a time for 8 queries, the tail in scalars.
-template <class V, class E = float>
+template <class V, class E>
 static inline void weighted_sum_simd(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK], const E* const* vrow,
                                      int64_t n, int64_t g, int64_t d) {
   constexpr int L = V::LANES;
