@@ -160,11 +160,12 @@ def tiny_gemma_tokenizer(path) -> None:
 @pytest.mark.parametrize("which", ["default", "gemma"])
 def test_the_tokenizer_keeps_no_python_copy_of_its_vocabulary(which, tmp_path):
     """``load_tokenizer`` drops the Python vocabulary and merges transformers keeps beside the Rust tokenizer
-    it built from them (Gemma's: 262k strings and 515k merges), and the tokenizer encodes, decodes and renders
-    the chat template as transformers' own."""
+    it built from them (Gemma's: 262k strings and 515k merges), and the tokenizer is the class ``AutoTokenizer``
+    chooses (the default model's built directly, without AutoConfig's imports; Gemma's through AutoTokenizer) and
+    encodes, decodes and renders the chat template as transformers' own."""
     from transformers import AutoTokenizer
 
-    from peagle.models.loader import load_tokenizer, resolve_target
+    from peagle.models.loader import generic_tokenizer, load_tokenizer, resolve_target
 
     path = resolve_target(None, weights=False) if which == "default" else tmp_path
     if which == "gemma":
@@ -173,6 +174,7 @@ def test_the_tokenizer_keeps_no_python_copy_of_its_vocabulary(which, tmp_path):
     if which == "gemma" and not hasattr(ref, "_merges"):
         pytest.skip("this transformers keeps no Python copy of a Gemma tokenizer's merges")
     assert not hasattr(tok, "_merges") and not hasattr(tok, "_vocab")
+    assert type(tok) is type(ref) and generic_tokenizer(path) == (which == "default")
     text = "Loading without copies: abc ab cab, a tokenizer's strings once. \u00bd caf\u00e9 \u2713"
     assert tok(text)["input_ids"] == ref(text)["input_ids"]
     if ref.chat_template:

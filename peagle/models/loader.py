@@ -217,13 +217,34 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
     return model.eval(), path
 
 
-def load_tokenizer(path: Path):
-    """``path``'s tokenizer (transformers'), without the Python copies of its vocabulary and merges that
-    transformers 5 keeps beside the Rust tokenizer it built from them (used only to build it: 515k merges and
-    262k strings, about 200 MB on Gemma 3), the C heap trimmed after parsing."""
-    from transformers import AutoTokenizer
+def generic_tokenizer(path: Path) -> bool:
+    """Whether ``AutoTokenizer`` would give ``path`` transformers' generic ``TokenizersBackend`` (a
+    ``tokenizer.json`` whose config names that class, no code of its own, a model type that keeps the class
+    its files name), so it can be built directly: AutoTokenizer first reads the model's config through
+    ``AutoConfig``, which imports the model's modeling stack (~1.7 s of every process's start-up here)."""
+    from transformers.models.auto import tokenization_auto as auto
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+    try:
+        tok_cfg = json.loads((path / "tokenizer_config.json").read_text())
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return False
+    return (tok_cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast")
+            and "auto_map" not in tok_cfg and (path / "tokenizer.json").is_file()
+            and model_type not in auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
+            and "Mistral" not in (auto.TOKENIZER_MAPPING_NAMES.get(model_type) or ""))
+
+
+def load_tokenizer(path: Path):
+    """``path``'s tokenizer (transformers', the class ``AutoTokenizer`` would choose), without the Python copies
+    of its vocabulary and merges that transformers 5 keeps beside the Rust tokenizer it built from them (used
+    only to build it: 515k merges and 262k strings, about 200 MB on Gemma 3), the C heap trimmed after parsing."""
+    if generic_tokenizer(Path(path)):
+        from transformers import TokenizersBackend as Auto
+    else:
+        from transformers import AutoTokenizer as Auto
+
+    tok = Auto.from_pretrained(str(path))
     for name in ("_vocab", "_merges"):
         if isinstance(getattr(tok, name, None), (dict, list)):
             delattr(tok, name)
