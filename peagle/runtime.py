@@ -12,6 +12,7 @@ natively (AVX512_BF16 or AMX), else float32.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import gc
@@ -69,11 +70,30 @@ def configure_cpu() -> None:
     torch.set_num_threads(cpu_threads())
 
 
+def freeze_long_lived() -> None:
+    """Freeze every object alive now for the cyclic collector (``gc.freeze``: never walked again): called where
+    what exists will live as long as the process (the CLI's imports, a model loaded with its tokenizer). Walking
+    those millions of objects again at every full collection cost ~1.5 s of `peagle generate`'s start
+    (BENCHMARKS.md §48). A frozen object is still freed when its last reference goes; only a cycle of them
+    waits, until exit, when they are unfrozen for the interpreter's last collection (native extensions that
+    count their objects, nanobind's, report the rest as leaks)."""
+    gc.freeze()
+    _unfreeze_at_exit()
+
+
+@functools.cache
+def _unfreeze_at_exit() -> None:
+    atexit.register(gc.unfreeze)
+
+
 def trim_heap() -> None:
     """Free what reference cycles hold, then hand the C heap's free pages back to the OS (glibc's
     ``malloc_trim``; elsewhere nothing): parsing a tokenizer or reading a checkpoint frees hundreds of MB of
-    small blocks between live ones, which glibc keeps resident otherwise (Gemma 3's tokenizer: 270 MB)."""
+    small blocks between live ones, which glibc keeps resident otherwise (Gemma 3's tokenizer: 270 MB). The
+    loaders call it as a model and its tokenizer arrive: what survives is theirs, frozen
+    (:func:`freeze_long_lived`)."""
     gc.collect()
+    freeze_long_lived()
     try:
         libc = ctypes.CDLL(None)
         trim = libc.malloc_trim

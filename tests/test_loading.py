@@ -182,3 +182,26 @@ def test_the_tokenizer_keeps_no_python_copy_of_its_vocabulary(which, tmp_path):
         assert tok.apply_chat_template(msgs, tokenize=False) == ref.apply_chat_template(msgs, tokenize=False)
     ids = list(range(0, len(ref), max(1, len(ref) // 500)))
     assert tok.decode(ids) == ref.decode(ids) and tok.get_vocab() == ref.get_vocab()
+
+
+def test_a_loaded_engine_is_frozen_for_the_collector_and_still_freed(tiny_chat_dir):
+    """What the loaders load is frozen (``runtime.trim_heap``: never walked by the cyclic collector again, which
+    walking it again and again cost ~1 s of a start), and an engine dropped is still freed: freezing keeps only
+    reference cycles, and an engine and its models have none."""
+    import gc
+    import weakref
+
+    from peagle.engine.llm_engine import LLMEngine
+
+    gc.unfreeze()
+    engine = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32")
+    assert gc.get_freeze_count() > 0
+    frozen = gc.get_freeze_count()
+    target, runner = weakref.ref(engine.target), weakref.ref(engine.runner)
+    gc.disable()   # no collection on the way: refcounts alone must free them
+    try:
+        del engine
+        assert target() is None and runner() is None
+    finally:
+        gc.enable()
+    assert gc.get_freeze_count() < frozen   # the frozen engine and models among what was freed

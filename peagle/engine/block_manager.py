@@ -17,9 +17,6 @@ class BlockManager:
     def blocks_needed(self, seq: Sequence, num_positions: int) -> int:
         return max(0, -(-num_positions // self.block_size) - len(seq.block_table))
 
-    def can_allocate(self, n: int) -> bool:
-        return len(self.free) >= n
-
     def ensure(self, seq: Sequence, num_positions: int) -> bool:
         """Grow ``seq``'s table to hold positions ``0..num_positions-1``; False if blocks ran out."""
         n = self.blocks_needed(seq, num_positions)
