@@ -116,6 +116,7 @@ static void silu_mul_rows(const float* gu, float* out, int64_t n, int64_t t0, in
 template <class E>
 static inline void weighted_sum_scalar(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK],
                                        const E* const* vrow, int64_t n, int64_t g, int64_t e0, int64_t d) {
+  if (e0 >= d) return;  // no tail (the SIMD paths' usual case): g x n empty loops cost 15% of 8 rows' attention (§48)
   for (int64_t gi = 0; gi < g; ++gi)
     for (int64_t j = 0; j < n; ++j)
       for (int64_t e = e0; e < d; ++e) acc[gi][e] = std::fma(p[gi][j], row_value(vrow[j][e]), acc[gi][e]);

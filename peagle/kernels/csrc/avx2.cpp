@@ -95,7 +95,8 @@ struct Avx2 {
   // lane i = hsum(v[i]), the same additions in the same pairs, 8 reductions sharing each shuffle and add:
   // l + l+4 (two vectors a step), then l + l+2, l + l+1 (within 128-bit lanes); key i comes out at lane
   // i / 2 (even) or 4 + i / 2 (odd), put back in order by one permute
-  static vec hsum_many(const vec* v) {
+  // inlined: called, its 8 accumulators went through the stack (a quarter of one row's attention, §48)
+  __attribute__((always_inline)) static vec hsum_many(const vec* v) {
     vec h[4], w[2];
     for (int i = 0; i < 4; ++i)
       h[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),

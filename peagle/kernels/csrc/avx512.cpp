@@ -79,7 +79,8 @@ struct Avx512 {
   // lane i = hsum(v[i]), the same additions in the same pairs, 16 reductions sharing each shuffle and add:
   // l + l+8 (two vectors a step), then l + l+4, l + l+2, l + l+1 (within 128-bit lanes); the sums come out
   // with key 4t + j at lane 4j + t, put back in order by one permute
-  static vec hsum_many(const vec* v) {
+  // inlined: called, its 16 accumulators went through the stack (a quarter of one row's attention, §48)
+  __attribute__((always_inline)) static vec hsum_many(const vec* v) {
     vec h[8], w[4], z[2];
     for (int i = 0; i < 8; ++i)
       h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
