@@ -221,7 +221,7 @@ def generic_tokenizer(path: Path) -> bool:
     """Whether ``AutoTokenizer`` would give ``path`` transformers' generic ``TokenizersBackend`` (a
     ``tokenizer.json`` whose config names that class, no code of its own, a model type that keeps the class
     its files name), so it can be built directly: AutoTokenizer first reads the model's config through
-    ``AutoConfig``, which imports the model's modeling stack (~1.7 s of every process's start-up here)."""
+    ``AutoConfig``, which imports the model's modeling stack (~1 s of every start-up here, BENCHMARKS.md §48)."""
     from transformers.models.auto import tokenization_auto as auto
 
     try:
