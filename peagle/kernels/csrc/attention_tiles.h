@@ -198,7 +198,7 @@ static inline void as_float(const uint16_t* const* src, int64_t n, int64_t d, fl
 template <class V, class E>
 static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
   constexpr int L = V::LANES;
-  const int64_t g = a.H / a.Hkv, d = a.d, bs = a.block_size;
+  const int64_t G = a.H / a.Hkv, d = a.d, bs = a.block_size;  // G: query heads a KV head serves
   const E *K = static_cast<const E*>(a.k), *Vp = static_cast<const E*>(a.v);
   alignas(64) float s[MAX_QUERIES][KEY_BLOCK];
   float m[MAX_QUERIES], l[MAX_QUERIES];
@@ -239,7 +239,9 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
     m[qi] = mb;
   };
   for (int64_t i = i0; i < i1; ++i) {
-    const int64_t t = i / a.Hkv, h = i % a.Hkv, R = a.tiles[t + 1] - a.tiles[t], Q = R * g;
+    const int64_t t = i / (a.Hkv * a.parts), h = i / a.parts % a.Hkv, part = i % a.parts;
+    const int64_t q0 = h * G + part * G / a.parts, g = h * G + (part + 1) * G / a.parts - q0;  // its query heads
+    const int64_t R = a.tiles[t + 1] - a.tiles[t], Q = R * g;
     const int64_t* rows = a.rows + a.tiles[t];
     const int64_t* blocks = a.table + a.seq[rows[0]] * a.table_stride;
     int64_t lo[MAX_QUERIES], hi[MAX_QUERIES], base[MAX_QUERIES];  // per row: logical keys lo .. hi-1, remapped from base
@@ -254,10 +256,10 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
     }
     const float* qs[MAX_QUERIES];  // query qi = r * g + gi, and its scores' row
     float* srow[MAX_QUERIES];
-    for (int64_t qi = 0; qi < Q; ++qi) qs[qi] = a.q + rows[qi / g] * a.q_stride + (h * g + qi % g) * d, srow[qi] = s[qi];
+    for (int64_t qi = 0; qi < Q; ++qi) qs[qi] = a.q + rows[qi / g] * a.q_stride + (q0 + qi % g) * d, srow[qi] = s[qi];
     for (int64_t qi = 0; qi < Q; ++qi) {
       const bool sink = a.sinks != nullptr;
-      m[qi] = sink ? a.sinks[h * g + qi % g] : -std::numeric_limits<float>::infinity();
+      m[qi] = sink ? a.sinks[q0 + qi % g] : -std::numeric_limits<float>::infinity();
       l[qi] = sink ? 1.f : 0.f;
       std::fill(acc[qi], acc[qi] + d, 0.f);
     }
@@ -321,7 +323,7 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
     }
     for (int64_t r = 0; r < R; ++r)
       for (int64_t gi = 0; gi < g; ++gi) {
-        float* out = a.out + rows[r] * a.H * d + (h * g + gi) * d;
+        float* out = a.out + rows[r] * a.H * d + (q0 + gi) * d;
         for (int64_t e = 0; e < d; ++e) out[e] = acc[r * g + gi][e] / l[r * g + gi];
       }
   }

@@ -327,10 +327,12 @@ struct AttnArgs {
   const float* sinks;      // [H] or nullptr
   float* out;              // [*, H * d]
   int64_t H, Hkv, d, block_size, window;
+  int64_t parts;           // the parts each KV head's query heads are cut into, an item each (1 or 2)
   float scale;
 };
 
-// Work items [i0, i1): item i is (tile i / Hkv, KV head i % Hkv).
+// Work items [i0, i1): item i is (tile i / (Hkv * parts), KV head i / parts % Hkv, part i % parts of its query
+// heads: heads h * g + [part * g / parts, (part + 1) * g / parts), g = H / Hkv).
 void attention_ref(const AttnArgs& a, int64_t i0, int64_t i1, int lanes);  // a row at a time, code of its own
 void attention_scalar(const AttnArgs& a, int64_t i0, int64_t i1);          // the scalar ISA: the tiles, plain lanes
 void attention_avx2(const AttnArgs& a, int64_t i0, int64_t i1);

@@ -355,10 +355,11 @@ static void attend_row(const AttnArgs& a, int64_t row, int64_t h, int64_t gi, in
 }
 
 void attention_ref(const AttnArgs& a, int64_t i0, int64_t i1, int lanes) {
+  const int64_t g = a.H / a.Hkv;
   for (int64_t i = i0; i < i1; ++i) {
-    const int64_t t = i / a.Hkv, h = i % a.Hkv;
+    const int64_t t = i / (a.Hkv * a.parts), h = i / a.parts % a.Hkv, part = i % a.parts;
     for (int64_t r = a.tiles[t]; r < a.tiles[t + 1]; ++r)
-      for (int64_t gi = 0; gi < a.H / a.Hkv; ++gi) attend_row(a, a.rows[r], h, gi, lanes);
+      for (int64_t gi = part * g / a.parts; gi < (part + 1) * g / a.parts; ++gi) attend_row(a, a.rows[r], h, gi, lanes);
   }
 }
 
