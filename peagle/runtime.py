@@ -73,7 +73,7 @@ def configure_cpu() -> None:
 def freeze_long_lived() -> None:
     """Freeze every object alive now for the cyclic collector (``gc.freeze``: never walked again): called where
     what exists will live as long as the process (the CLI's imports, a model loaded with its tokenizer). Walking
-    those millions of objects again at every full collection cost ~1.5 s of `peagle generate`'s start
+    those millions of objects again at every full collection cost ~1 s of `peagle generate`'s start
     (BENCHMARKS.md §48). A frozen object is still freed when its last reference goes; only a cycle of them
     waits, until exit, when they are unfrozen for the interpreter's last collection (native extensions that
     count their objects, nanobind's, report the rest as leaks)."""
