@@ -26,6 +26,11 @@ struct VnniTiles {
   static constexpr int RSTREAM = W::LANES == 16 && SUMS == 1 && F.planes == 0 ? 8 : RMAX;
   static constexpr int stream_columns(int) { return QGROUP / W::LANES; }  // one packed group
   static constexpr int columns(int R) { return (W::columns(R) + SUMS - 1) / SUMS; }  // the sums' registers
+  // Whether a tile prefetches the next tile's weights: not where one read stream (one packed group wide) feeds
+  // fewer than 6 rows, which the hardware prefetcher keeps ahead of alone, the software's requests only adding
+  // to it (Zen 4, engine steps, the two builds alternating: 1 row 0.95-0.99x, 2-3 rows 0.93-0.96x, 4-6 rows
+  // level, 8 rows 1.09x without them; BENCHMARKS.md §49)
+  static constexpr bool prefetches(int R, int G) { return G > stream_columns(R) || R >= 6; }
 
   static ivec bcast4(const int8_t* p) {  // four int8 activations in every lane
     int32_t v;
@@ -44,7 +49,7 @@ struct VnniTiles {
   // Rows [m, m+R) x units [u, u+G): R*G (q6_k: 2R*G) int32 vectors per chunk (starting from the row's
   // -offset * s, so they end at the weight's own dot product), R*G float32 accumulators; each weight vector
   // is loaded (its nibbles split, its bit planes added) once for all R rows, and the next tile's weights
-  // prefetched while these compute.
+  // prefetched while these compute (where prefetches(R, G)).
   template <int R, int G>
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
     constexpr int64_t PB = packed_chunk(T), QOFF = packed_quants(T), PARTS = QGROUP / W::LANES;
@@ -68,7 +73,8 @@ struct VnniTiles {
         const int64_t part = (u + j) % PARTS;
         const uint8_t* s = a.w + ((u + j) / PARTS * nb + b) * PB;
         const uint8_t* next = a.w + ((u + G + j) / PARTS * nb + b) * PB;  // every 64-byte line holds each part
-        for (int64_t l = 0; l < PB; l += 64) __builtin_prefetch(next + l, 0, 3);
+        if constexpr (prefetches(R, G))
+          for (int64_t l = 0; l < PB; l += 64) __builtin_prefetch(next + l, 0, 3);
         p[j] = s + QOFF + 4 * W::LANES * part;
       }
       // each weight vector loaded (and split) once for the R rows, each row's four activations broadcast
