@@ -3,10 +3,12 @@ alternating bursts of ~0.1 s, so both see the same minute of this host's noise; 
 
     python pair_ab.py A.so B.so CONFIG [BURSTS]     CONFIG: none@300, k1@300, k7@1000, ...
     STREAM_BYTES=0,0 python pair_ab.py ...           (both processes' tiles one group wide, as on most Zen 4 runs)
+    WEIGHTS=bfloat16 python pair_ab.py ...           (the GGUF's weights de-quantized to bf16, not its blocks)
 """
 import statistics, subprocess, sys, time, json
 
 def child(so, config):
+    import os, torch
     from pathlib import Path
     from peagle import kernels
     kernels.LIBRARY = Path(so); kernels._fingerprint = lambda: kernels.STAMP.read_text()
@@ -16,9 +18,9 @@ def child(so, config):
     from peagle.prompts import dataset_path, read_prompt_file
     name, plen = config.split("@"); plen = int(plen)
     k = 0 if name == "none" else int(name[1:])
+    how = dict(dtype=os.environ["WEIGHTS"], quantization="none") if os.environ.get("WEIGHTS") else {}
     e = LLMEngine.from_pretrained(None, method="none" if k == 0 else "parallel", k=max(k, 1), max_num_seqs=1,
-                                  prompt_lookup_max=0)
-    import os, torch
+                                  prompt_lookup_max=0, **how)
     if os.environ.get("STREAM_BYTES"):  # the tiles' shape fixed, not timed at start-up per process
         torch.ops.peagle.set_stream_bytes(*map(int, os.environ["STREAM_BYTES"].split(",")))
     texts = [p.text for p in read_prompt_file(dataset_path("mt-bench", None), "mt-bench")]
