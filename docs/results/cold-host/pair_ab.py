@@ -2,8 +2,10 @@
 alternating bursts of ~0.1 s, so both see the same minute of this host's noise; paired ratios per burst.
 
     python pair_ab.py A.so B.so CONFIG [BURSTS]     CONFIG: none@300, k1@300, k7@1000, ...
-    STREAM_BYTES=0,0 python pair_ab.py ...           (both processes' tiles one group wide, as on most Zen 4 runs)
+    STREAM_BYTES=0,0 python pair_ab.py ...           (both processes' tiles one group wide, as on most Zen 4 runs;
+                                                      0,0/0,16777216: A's one group wide, B's wide for taller passes)
     WEIGHTS=bfloat16 python pair_ab.py ...           (the GGUF's weights de-quantized to bf16, not its blocks)
+    PAIR_TREES=TREE_A,TREE_B python pair_ab.py A.so A.so ...   (two checkouts' Python over one build)
 """
 import statistics, subprocess, sys, time, json
 
@@ -21,8 +23,9 @@ def child(so, config):
     how = dict(dtype=os.environ["WEIGHTS"], quantization="none") if os.environ.get("WEIGHTS") else {}
     e = LLMEngine.from_pretrained(None, method="none" if k == 0 else "parallel", k=max(k, 1), max_num_seqs=1,
                                   prompt_lookup_max=0, **how)
-    if os.environ.get("STREAM_BYTES"):  # the tiles' shape fixed, not timed at start-up per process
-        torch.ops.peagle.set_stream_bytes(*map(int, os.environ["STREAM_BYTES"].split(",")))
+    if os.environ.get("STREAM_BYTES"):  # the tiles' shape fixed, not timed at start-up per process (A/B: each its own)
+        sides = os.environ["STREAM_BYTES"].split("/")
+        torch.ops.peagle.set_stream_bytes(*map(int, sides[int(os.environ.get("PAIR_SIDE", 0)) % len(sides)].split(",")))
     texts = [p.text for p in read_prompt_file(dataset_path("mt-bench", None), "mt-bench")]
     ids = [t for text in texts for t in e.encode_prompt(text)]
     n = 0
@@ -48,8 +51,12 @@ if sys.argv[1] == "--child":
     child(sys.argv[2], sys.argv[3]); sys.exit()
 a, b, config = sys.argv[1:4]
 bursts = int(sys.argv[4]) if len(sys.argv) > 4 else 30
-procs = [subprocess.Popen([sys.executable, __file__, "--child", so, config], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for so in (a, b)]
+import os
+trees = os.environ.get("PAIR_TREES", "").split(",")   # A's and B's checkouts (their Python), else this one
+envs = [dict(os.environ, PAIR_SIDE=str(i), **({"PYTHONPATH": t} if t else {}))
+        for i, t in enumerate(trees if len(trees) == 2 else ["", ""])]
+procs = [subprocess.Popen([sys.executable, __file__, "--child", so, config], stdin=subprocess.PIPE, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for so, env in zip((a, b), envs)]
 for p in procs: assert p.stdout.readline().strip() == "ready"
 res = {0: [], 1: []}
 for i in range(bursts):
