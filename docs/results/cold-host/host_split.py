@@ -8,7 +8,7 @@ from pathlib import Path
 import peagle.models.llama as L
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
-items = [json.loads(l) for l in Path(__file__).parent.parent / "int8" / "heldout.jsonl".read_text().splitlines()]
+items = [json.loads(l) for l in (Path(__file__).parent.parent / "int8" / "heldout.jsonl").read_text().splitlines()]
 e = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1)
 native = torch.ops.peagle.target_pass
 marks = {}
