@@ -222,13 +222,14 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
   // still fewer than two items a thread (one sequence's one to three rows: 3 KV heads on 2 threads, one thread
   // doing two): each KV head's query heads cut in two items, which read the head's keys each (a query's
   // arithmetic is its own whichever item computes it: the same bits)
-  const int64_t parts = int64_t(tiles.size() - 1) * Hkv < 2 * split_threads() && H / Hkv > 1 ? 2 : 1;
+  const int64_t head_items = int64_t(tiles.size() - 1) * Hkv;  // (tile, KV head) pairs
+  const int64_t parts = head_items < 2 * split_threads() && H / Hkv > 1 ? 2 : 1;
   AttnArgs a{q.data_ptr<float>(), q.stride(0), k.data_ptr(), v.data_ptr(), k.scalar_type() == at::kHalf, table.data_ptr<int64_t>(),
              table.size(1), rp, tiles.data(), sp, pos.data_ptr<int64_t>(),
              tree ? tree_base->data_ptr<int64_t>() : nullptr, tree ? tree_map->data_ptr<int64_t>() : nullptr, W,
              sk.defined() ? sk.data_ptr<float>() : nullptr, out.data_ptr<float>(), H, Hkv, d, block_size, window,
              parts, float(scale)};
-  const int64_t items = int64_t(tiles.size() - 1) * Hkv * parts;
+  const int64_t items = head_items * parts;
   parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { kernel(a, i0, i1); });
   return out;
 }

@@ -72,9 +72,10 @@ struct VnniTiles {
       for (int j = 0; j < G; ++j) {
         const int64_t part = (u + j) % PARTS;
         const uint8_t* s = a.w + ((u + j) / PARTS * nb + b) * PB;
-        const uint8_t* next = a.w + ((u + G + j) / PARTS * nb + b) * PB;  // every 64-byte line holds each part
-        if constexpr (prefetches(R, G))
+        if constexpr (prefetches(R, G)) {
+          const uint8_t* next = a.w + ((u + G + j) / PARTS * nb + b) * PB;  // every 64-byte line holds each part
           for (int64_t l = 0; l < PB; l += 64) __builtin_prefetch(next + l, 0, 3);
+        }
         p[j] = s + QOFF + 4 * W::LANES * part;
       }
       // each weight vector loaded (and split) once for the R rows, each row's four activations broadcast
