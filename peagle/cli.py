@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -36,7 +37,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                        kv_cache_dtype=args.kv_cache_dtype,
                                        speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
                                        else "chain", speculative_tree_budget=args.speculative_tree_budget,
-                                       prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min)
+                                       prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
+                                       response_lookup=args.response_lookup)
     ids = engine.encode_prompt(args.prompt, chat=args.chat)
     t0 = time.perf_counter()
     out = engine.generate([ids], params)[0]
@@ -76,8 +78,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def _structured(args: argparse.Namespace):
     """``generate``'s structured-output flag as the engine takes it (None: free text)."""
-    from pathlib import Path
-
     from peagle.engine.grammar import StructuredOutput
 
     if args.json_schema:
@@ -135,7 +135,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        long_prefill_step_ms=args.long_prefill_step_ms or None,
                        speculative_token_tree=spec["speculative_token_tree"],
                        speculative_tree_budget=spec["speculative_tree_budget"],
-                       prompt_lookup_max=spec["prompt_lookup_max"], prompt_lookup_min=spec["prompt_lookup_min"])
+                       prompt_lookup_max=spec["prompt_lookup_max"], prompt_lookup_min=spec["prompt_lookup_min"],
+                       response_lookup=spec["response_lookup"])
     EngineConfig(method=spec["method"], num_speculative_tokens=spec["k"], **engine_args)  # refused here, before loading
     # the engine is built and run in a process of its own (peagle/serve/engine_core.py says why)
     async_engine = AsyncEngine(EngineSpec(dict(target=args.target, drafter=spec["drafter"], method=spec["method"],
@@ -183,6 +184,22 @@ def cmd_synth(args: argparse.Namespace) -> int:
                      sample_temperature=args.sample_temperature, chat=args.chat)
     print(f"wrote {run.responses} responses ({run.response_tokens} tokens, {run.tokens_per_s:.1f} tokens/s on "
           f"{engine.device} in {engine.precision}) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_index_responses(args: argparse.Namespace) -> int:
+    from peagle.engine.lookup import ResponseLookup
+    from peagle.train.synth import response_token_ids
+
+    responses = response_token_ids(Path(args.data))
+    if not responses:
+        raise ValueError(f"no responses in {args.data} (a `peagle synth` output folder)")
+    vocab = args.vocab_size or max(max(r, default=0) for r in responses) + 1
+    table = ResponseLookup.build(responses, vocab, args.min_count)
+    table.save(args.out)
+    print(f"indexed {len(responses)} responses ({table.meta['tokens']} tokens): {sum(map(len, table.keys))} "
+          f"contexts of 1..{table.orders} tokens, {Path(args.out).stat().st_size / 1e6:.1f} MB in {args.out}",
+          file=sys.stderr)
     return 0
 
 
@@ -297,6 +314,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from peagle.bench import attack, baseline, offline, serve, serving, structured, sweep
     from peagle.engine.auto_k import parse_k
+    from peagle.engine.lookup import RESPONSES_FILE
     from peagle.runtime import (DEVICE_HELP, DTYPE_CHOICES, add_kv_args, add_lookup_args, add_runtime_args,
                                 add_tree_args)
     from peagle.serve.limits import CHARS_PER_TOKEN, ServerLimits
@@ -415,6 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wrap prompts in the model's chat template (default: on); --no-chat gives plain text, "
                         "as a base model (Gemma 3 270M) is prompted")
     y.set_defaults(func=cmd_synth)
+
+    r = sub.add_parser("index-responses", help="the table of what followed each context in the target's own "
+                       "responses (a `peagle synth` folder): drafts where the text itself proposes none")
+    r.add_argument("data", help="a `peagle synth` output folder")
+    r.add_argument("--out", required=True, help=f"the table's file; beside a head as {RESPONSES_FILE} it is found "
+                   "by response_lookup auto")
+    r.add_argument("--vocab-size", type=int, default=None, help="the target's (default: the largest id seen + 1)")
+    r.add_argument("--min-count", type=int, default=3, help="contexts seen fewer times are left out")
+    r.set_defaults(func=cmd_index_responses)
 
     d = sub.add_parser("init-drafter", help="write a randomly initialised head for a target (vLLM format)")
     _add_target_args(d)

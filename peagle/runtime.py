@@ -213,7 +213,8 @@ def to_device(data: list, device: torch.device, dtype: torch.dtype = torch.long)
 
 
 def add_lookup_args(p) -> None:
-    """``--prompt-lookup-max/-min``: drafts from the text itself beside the head's (vLLM's n-gram keys)."""
+    """``--prompt-lookup-max/-min``: drafts from the text itself beside the head's (vLLM's n-gram keys);
+    ``--response-lookup``: from the target's earlier responses."""
     from peagle.engine.config import EngineConfig
 
     p.add_argument("--prompt-lookup-max", type=int, default=EngineConfig.prompt_lookup_max,
@@ -221,6 +222,9 @@ def add_lookup_args(p) -> None:
                         "what followed them then; the longest n looked up (default %(default)s; 0: off)")
     p.add_argument("--prompt-lookup-min", type=int, default=EngineConfig.prompt_lookup_min,
                    help="the shortest n looked up (default %(default)s)")
+    p.add_argument("--response-lookup", default=EngineConfig.response_lookup,
+                   help="where the text proposes nothing: drafts from the target's earlier responses, a table "
+                        "(`peagle index-responses`): auto (the one beside the head, if any), none, or its path")
 
 
 def add_tree_args(p) -> None:

@@ -38,11 +38,12 @@ TARGET = CostCurve([1, 8, 16, 64, 256], [1.0, 1.1, 1.6, 4.0, 14.0])
 DRAFTER = CostCurve([1, 8, 16, 64, 256], [0.05, 0.06, 0.09, 0.25, 0.9])
 
 
-def make_engine(target, drafter, method="parallel", k=4, **kw) -> LLMEngine:
-    """An engine whose drafts are the head's alone unless ``prompt_lookup_max`` says otherwise: the oracle
-    heads' tests control every draft (test_lookup.py runs the lookup beside them)."""
+def make_engine(target, drafter, method="parallel", k=4, responses=None, **kw) -> LLMEngine:
+    """An engine whose drafts are the head's alone unless ``prompt_lookup_max`` or a table of ``responses`` says
+    otherwise: the oracle heads' tests control every draft (test_lookup.py and test_response_lookup.py run the
+    text's and the table's beside them)."""
     kw.setdefault("prompt_lookup_max", 0)
-    return LLMEngine(target, drafter, EngineConfig(method=method, num_speculative_tokens=k, **kw))
+    return LLMEngine(target, drafter, EngineConfig(method=method, num_speculative_tokens=k, **kw), responses=responses)
 
 
 def fixed_costs(engine: LLMEngine) -> LLMEngine:

@@ -307,24 +307,27 @@ def test_a_step_without_the_heads_drafts_counts_what_the_text_drafted_alone():
     assert len(auto.choose(1)) == 0
 
 
-def test_a_short_matchs_drafts_are_verified_only_while_they_pay_their_rows():
-    """The text's drafts from a short match, verified alone, cost rows a plain step does not read: where 4 rows
-    cost 1.4x one (a Zen 4's curve), 3 of them must yield 0.4 tokens a step. Tried first (a pseudo-step at one
-    token), refused once they yield less, tried again as that evidence fades; dearer at a larger batch."""
+@pytest.mark.parametrize("gate,other", [("short", "responses"), ("responses", "short")])
+def test_gated_drafts_are_verified_only_while_they_pay_their_rows(gate, other):
+    """The text's drafts from a short match, and the earlier responses' drafts, verified alone, cost rows a plain
+    step does not read: where 4 rows cost 1.4x one (a Zen 4's curve), 3 of them must yield 0.4 tokens a step.
+    Tried first (a pseudo-step at one token), refused once they yield less, tried again as that evidence fades;
+    dearer at a larger batch; each kind weighed by its own hits."""
     auto = AutoK(8, True, CostCurve([1, 4, 16], [1.0, 1.4, 4.0]), DRAFTER)
-    assert auto.lookup_pays(3, 1)
+    assert auto.lookup_pays(3, 1, gate)
     for _ in range(20):
-        auto.record_lookup(0, short=True)
-    assert not auto.lookup_pays(3, 1) and auto.lookup_steps == auto.short_steps == 20
+        auto.record_lookup(0, gate)
+    assert not auto.lookup_pays(3, 1, gate) and auto.lookup_steps == auto.gated[gate][1] == 20
+    assert auto.lookup_pays(3, 1, other)     # the other kind's own evidence: none yet
     for _ in range(20):
-        auto.record_lookup(1, short=True)
-    assert auto.lookup_pays(3, 1)            # half of them accepted: 0.5 tokens a step
-    assert not auto.lookup_pays(3, 4)        # 16 rows cost 2.9x four: not at 0.5
-    auto.record_lookup(3)                    # a long match's hits are not a short one's
-    assert auto.short_tokens == 20 and auto.lookup_tokens == 23
+        auto.record_lookup(1, gate)
+    assert auto.lookup_pays(3, 1, gate)      # half of them accepted: 0.5 tokens a step
+    assert not auto.lookup_pays(3, 4, gate)  # 16 rows cost 2.9x four: not at 0.5
+    auto.record_lookup(3)                    # a long match's hits are not a gated kind's
+    assert auto.gated[gate][0] == 20 and auto.lookup_tokens == 23 and auto.gated[other] == [0.0, 0.0]
     for _ in range(20):
-        auto.record_lookup(0, short=True)
-    assert not auto.lookup_pays(3, 1)
+        auto.record_lookup(0, gate)
+    assert not auto.lookup_pays(3, 1, gate)
     for _ in range(300):                     # steps without such drafts: the evidence fades to the prior
         auto.choose(1)
-    assert auto.lookup_pays(3, 1)
+    assert auto.lookup_pays(3, 1, gate)

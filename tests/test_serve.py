@@ -267,8 +267,8 @@ def test_full_queue_answers_503(server):
 
 def test_speculative_config_parsing():
     chain = {"speculative_token_tree": "chain", "speculative_tree_budget": 16, "prompt_lookup_max": 4,
-             "prompt_lookup_min": 2}
-    assert speculative_config(None) == {"method": "none", "k": 1, "drafter": None, **chain}
+             "prompt_lookup_min": 2, "response_lookup": "auto"}
+    assert speculative_config(None) == {"method": "none", "k": 1, "drafter": None, **chain, "response_lookup": "none"}
     assert speculative_config('{"method": "eagle3", "model": "h", "num_speculative_tokens": 5, '
                               '"parallel_drafting": true}') == {"method": "parallel", "k": 5, "drafter": "h", **chain}
     assert speculative_config({"method": "eagle3"}) == {"method": "eagle3", "k": "auto", "drafter": None, **chain}
@@ -280,13 +280,14 @@ def test_speculative_config_parsing():
     assert explicit["speculative_token_tree"] == "[(0,), (1,), (0, 0)]"
     lookup = speculative_config({"parallel_drafting": True, "prompt_lookup_max": 0, "prompt_lookup_min": 1})
     assert (lookup["prompt_lookup_max"], lookup["prompt_lookup_min"]) == (0, 1)   # vLLM's n-gram keys; 0: off
+    assert speculative_config({"method": "ngram", "response_lookup": "none"})["response_lookup"] == "none"
     assert speculative_config({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}) == {
         "method": "ngram", "k": 4, "drafter": None, **chain, "prompt_lookup_max": 3}
     for bad, msg in [("{", "not valid JSON"), ('{"methd": "eagle3"}', "unknown"), ('{"method": "medusa"}', "not supported"),
                      ('{"num_speculative_tokens": 0}', ">= 1"), ('{"num_speculative_tokens": "max"}', "auto"), ('{"parallel_drafting": "yes"}', "true or false"),
                      ("[1]", "JSON object"), ('{"speculative_token_tree": 3}', "rank paths"),
                      ('{"speculative_tree_budget": "big"}', "integer"), ('{"prompt_lookup_min": 1.5}', "integer"),
-                     ('{"method": "ngram", "model": "h"}', "no model")]:
+                     ('{"method": "ngram", "model": "h"}', "no model"), ('{"response_lookup": 3}', "response_lookup must")]:
         with pytest.raises(ValueError, match=msg):
             speculative_config(bad)
 

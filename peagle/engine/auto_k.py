@@ -82,10 +82,9 @@ class AutoK:
     # (prompt lookup), decayed as the counts are: tokens accepted, and sequence-steps they are over
     lookup_tokens: float = 0.0
     lookup_steps: float = 0.0
-    # ... and of those, the steps whose drafts came from a short match (the fewest the text proposes): verified only
-    # while they pay (lookup_pays)
-    short_tokens: float = 0.0
-    short_steps: float = 0.0
+    # ... and of those, the steps whose drafts are verified only while they pay (lookup_pays), by where the drafts
+    # came from: "short" (a short match in the text), "responses" (the target's earlier responses): [tokens, steps]
+    gated: dict[str, list[float]] = field(default_factory=lambda: {"short": [0.0, 0.0], "responses": [0.0, 0.0]})
     steps: int = 0
     scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per tree size
     interval: int = 0           # steps from one probe to the next (set from probe_every)
@@ -108,22 +107,24 @@ class AutoK:
             if r is not None and r < self.ranks:
                 self.accepted[i][r] += 1.0
 
-    def record_lookup(self, accepted: int, short: bool = False) -> None:
-        """One sequence's round after a step at K = 0: the lookup's drafts it verified alone (0: none); ``short``:
-        drafts from a short match."""
+    def record_lookup(self, accepted: int, gate: str | None = None) -> None:
+        """One sequence's round after a step at K = 0: the text's drafts it verified alone (0: none); ``gate``:
+        where drafts verified only while they pay came from (``short``, ``responses``)."""
         self.lookup_tokens += accepted
         self.lookup_steps += 1.0
-        if short:
-            self.short_tokens += accepted
-            self.short_steps += 1.0
+        if gate is not None:
+            counts = self.gated[gate]
+            counts[0] += accepted
+            counts[1] += 1.0
 
-    def lookup_pays(self, drafts: int, batch: int) -> bool:
-        """Whether ``drafts`` of the text's own from a short match, verified alone by each of ``batch`` sequences,
-        pay their rows: the tokens such steps have yielded (after one pseudo-step at one token: they are tried, and
-        tried again as the counts decay) against the rows' price over a plain step on the target's cost curve
-        (where 4 rows cost 1.4x one, a Zen 4's, such drafts must yield 0.4 tokens a step)."""
-        yielded = (self.short_tokens + 1.0) / (self.short_steps + 1.0)
-        return yielded >= self.target(batch * (drafts + 1)) / self.target(batch) - 1.0
+    def lookup_pays(self, drafts: int, batch: int, gate: str = "short") -> bool:
+        """Whether ``drafts`` of ``gate``'s kind (a short match in the text, the earlier responses), verified alone
+        by each of ``batch`` sequences, pay their rows: the tokens such steps have yielded (after one pseudo-step at
+        one token: they are tried, and tried again as the counts decay) against the rows' price over a plain step
+        on the target's cost curve (where 4 rows cost 1.4x one, a Zen 4's, such drafts must yield 0.4 tokens a
+        step)."""
+        tokens, steps = self.gated[gate]
+        return (tokens + 1.0) / (steps + 1.0) >= self.target(batch * (drafts + 1)) / self.target(batch) - 1.0
 
     def acceptance(self) -> list[list[float]]:
         """Per position and rank: the chance the candidate is accepted when its parent was. A position
@@ -198,7 +199,8 @@ class AutoK:
         self.accepted = [[a * self.decay for a in acc] for acc in self.accepted]
         self.tried = [t * self.decay for t in self.tried]
         self.lookup_tokens, self.lookup_steps = self.lookup_tokens * self.decay, self.lookup_steps * self.decay
-        self.short_tokens, self.short_steps = self.short_tokens * self.decay, self.short_steps * self.decay
+        for counts in self.gated.values():
+            counts[0], counts[1] = counts[0] * self.decay, counts[1] * self.decay
         if self.steps <= self.warmup:
             return Tree(())
         nodes, expected = self.plan()

@@ -28,6 +28,11 @@ class EngineConfig:
     # followed them take the head's place at the positions they cover; prompt_lookup_max 0 turns it off
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
+    # ... and where the text proposes nothing in a step the head's drafting is skipped, what most often followed the
+    # last tokens in the target's earlier responses (peagle/engine/lookup.py's ResponseLookup): "auto" (the table
+    # beside the head in use, or the target's shipped head, where there is one), a table's path, or "none".
+    # LLMEngine takes the table loaded; from_pretrained, the CLI and the server load it by this key
+    response_lookup: str = "auto"
     max_num_seqs: int = 8
     max_model_len: int | None = None        # default: the target's max_position_embeddings, capped at 8192
     max_num_batched_tokens: int = 2048      # tokens per step: decode and verify rows first, then prefill chunks
@@ -73,6 +78,8 @@ class EngineConfig:
         if self.prompt_lookup_max and not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min must be in 1..prompt_lookup_max ({self.prompt_lookup_max}), "
                              f"got {self.prompt_lookup_min}")
+        if not isinstance(self.response_lookup, str) or not self.response_lookup:
+            raise ValueError(f"response_lookup is 'auto', 'none' or a table's path, got {self.response_lookup!r}")
         m = self.max_speculative_tokens
         if m is not None and (not isinstance(m, int) or m < 1):
             raise ValueError(f"max_speculative_tokens must be an integer >= 1, got {m!r}")

@@ -20,6 +20,7 @@ from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
 from peagle.engine.detokenizer import Detokenizer
 from peagle.engine.grammar import Grammars
+from peagle.engine.lookup import ResponseLookup
 from peagle.engine.graphs import StepGraphs
 from peagle.engine.model_runner import ModelRunner
 from peagle.engine.sampling import SamplingParams
@@ -35,7 +36,7 @@ from peagle.runtime import configure_cpu
 
 class LLMEngine:
     def __init__(self, target: LlamaModel, drafter: Drafter | None, config: EngineConfig, tokenizer=None,
-                 eos_token_ids: Iterable[int] | None = None):
+                 eos_token_ids: Iterable[int] | None = None, responses: ResponseLookup | None = None):
         self.target, self.drafter, self.cfg, self.tokenizer = target, drafter, config, tokenizer
         self.device, self.dtype, self.weight_dtype = target.lm_weight.device, target.dtype, target.weight_dtype
         if self.device.type == "cpu":
@@ -50,7 +51,7 @@ class LLMEngine:
         self.runner = ModelRunner(target, drafter, config, b, blocks.num_blocks, eos)
         auto = AutoK(b.k_max, config.method == "parallel", *self.runner.measure_costs(), ranks=b.ranks, warmup=6,
                      budget=config.speculative_tree_budget if b.token_tree == "auto" else None) if config.auto else None
-        self.scheduler = Scheduler(config, b, blocks, eos, auto)
+        self.scheduler = Scheduler(config, b, blocks, eos, auto, responses)
         self._grammars: Grammars | None = None   # made for the first structured output
 
     @torch.inference_mode()
@@ -132,15 +133,17 @@ class LLMEngine:
         on ``device``, the weights in ``dtype`` (see :mod:`peagle.runtime`: ``auto`` is CUDA when present,
         bf16 there, bf16 weights with float32 arithmetic on the CPU), a GGUF target's quantized matrices
         kept as they ship unless ``quantization`` is ``none``, run through integer dot products unless ``compute``
-        is ``exact`` (:func:`peagle.models.loader.load_target`)."""
-        from peagle.models.loader import load_drafter_for, load_target, load_tokenizer, resolve_target
+        is ``exact`` (:func:`peagle.models.loader.load_target`), and the response lookup table its config names."""
+        from peagle.models.loader import (load_drafter_for, load_response_lookup, load_target, load_tokenizer,
+                                          resolve_target)
 
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)
         # the tokenizer first: what parsing it frees is handed back before the weights arrive, not on top of them
         tokenizer = load_tokenizer(resolve_target(target, weights=False))
         model, path = load_target(target, dtype, device=device, quantization=quantization, compute=compute)
         head = load_drafter_for(model, path, drafter, tokenizer, method) if config.uses_head else None
-        return cls(model, head, config, tokenizer)
+        responses = load_response_lookup(config, path, drafter, model.cfg.vocab_size)
+        return cls(model, head, config, tokenizer, responses=responses)
 
     def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
         """Token ids of ``prompt`` (a user message, or a list of chat messages), wrapped in the chat

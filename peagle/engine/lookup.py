@@ -8,6 +8,13 @@ pattern) is where a weak head misses and this hits (BENCHMARKS.md §39). Verific
 draft, so the output is unchanged."""
 from __future__ import annotations
 
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
 # the drafts the text's own proposal puts in a step without the head's (where auto skips it; K=auto with method
 # ngram): as many as the suffix it matched is long, at least LOOKUP_LEAST, at most LOOKUP_MOST. Verifying them
 # costs rows, not a drafter pass, and a long match is seldom cut short: over 72 ShareGPT and GSM8K-train
@@ -61,3 +68,127 @@ def with_lookup(candidates: list[list[int]], proposal: list[int]) -> list[list[i
     for d, t in enumerate(proposal[:len(out)]):
         out[d] = [t] + [c for c in out[d] if c != t][:len(out[d]) - 1]
     return out
+
+
+# drafts from the target's earlier responses (ResponseLookup) verified alone: at most this many, each position's
+# token the one that most often followed the longest context seen, drafting stopped where the chance that all so
+# far are right (the product of each one's share of what followed) falls below RESPONSE_LEAST_CHANCE. Replayed on
+# the greedy outputs of the 12 held-out prompts and MT-Bench's 80 first turns, priced by a Zen 4's row costs:
+# prompt lookup alone 1.169x / 1.438x plain decoding, with the shipped table where it finds nothing 1.313x /
+# 1.626x; 1, 3 or 4 drafts and a least chance of 0.15 or 0.5 up to 3% less, contexts seen twice kept (a table 42%
+# larger) level (BENCHMARKS.md §50, docs/results/responses/replay.txt)
+RESPONSE_MOST = 2
+RESPONSE_LEAST_CHANCE = 0.3
+RESPONSES_FILE = "responses-lookup.npz"   # beside a head: the table of the responses it was trained on
+
+
+class ResponseLookup:
+    """What followed each context of 1..``orders`` tokens in a corpus of the target's own responses (the ones
+    ``peagle synth`` writes to train heads): the most frequent next token and its share. It drafts where the text
+    itself does not repeat, the phrases a model writes in every answer (REST's datastore; vLLM's suffix
+    decoding keeps the same from the requests it served). A context is its tokens' ids packed into one
+    integer (exact, no hash), each order's sorted for a binary search; contexts seen once, or whose most frequent
+    follower has a share below ``least_share``, are left out."""
+
+    def __init__(self, keys: list[np.ndarray], tokens: list[np.ndarray], shares: list[np.ndarray], bits: int,
+                 meta: dict | None = None):
+        self.keys, self.tokens, self.shares, self.bits = keys, tokens, shares, bits
+        self.orders = len(keys)
+        self.meta = meta or {}
+
+    @staticmethod
+    def orders_for(vocab_size: int) -> tuple[int, int]:
+        """(bits a token takes, the longest context that packs into 64 bits; at most 4)."""
+        bits = max(1, (vocab_size - 1).bit_length())
+        return bits, min(4, 64 // bits)
+
+    @classmethod
+    def build(cls, responses: list[list[int]], vocab_size: int, min_count: int = 3,
+              least_share: float = 0.1) -> "ResponseLookup":
+        bits, orders = cls.orders_for(vocab_size)
+        flat = np.concatenate([np.asarray(r + [-1], dtype=np.int64) for r in responses] or [np.zeros(0, np.int64)])
+        keys, tokens, shares = [], [], []
+        for n in range(1, orders + 1):
+            m = max(len(flat) - n, 0)
+            key, ok = np.zeros(m, dtype=np.uint64), np.ones(m, dtype=bool)
+            for j in range(n):   # the context's tokens, the first one highest
+                w = flat[j:j + m]
+                ok &= w >= 0
+                key = (key << np.uint64(bits)) | np.maximum(w, 0).astype(np.uint64)
+            nxt = flat[n:n + m]
+            ok &= nxt >= 0
+            key, nxt = key[ok], nxt[ok]
+            order = np.lexsort((nxt, key))
+            key, nxt = key[order], nxt[order]
+            pair = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]) | (nxt[1:] != nxt[:-1])]) if len(key) else \
+                np.zeros(0, np.int64)
+            count = np.diff(np.r_[pair, len(key)])
+            pkey, ptok = key[pair], nxt[pair]
+            first = np.flatnonzero(np.r_[True, pkey[1:] != pkey[:-1]]) if len(pkey) else np.zeros(0, np.int64)
+            total = np.add.reduceat(count, first) if len(first) else count
+            best = np.maximum.reduceat(count, first) if len(first) else count
+            ctx = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(pkey)]))
+            top = np.flatnonzero(count == best[ctx])       # pairs with the most followers (ties: the lowest token)
+            top = top[np.r_[True, ctx[top][1:] != ctx[top][:-1]]] if len(top) else top
+            keep = (total >= min_count) & (best >= least_share * total)
+            keys.append(pkey[first][keep])
+            tokens.append(ptok[top][keep].astype(np.uint16 if bits <= 16 else np.int32))
+            shares.append((best[keep] * 255 // total[keep]).astype(np.uint8))
+        meta = {"vocab_size": vocab_size, "responses": len(responses), "tokens": int(sum(map(len, responses))),
+                "min_count": min_count, "least_share": least_share}
+        return cls(keys, tokens, shares, bits, meta)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """An ``.npz`` file, written whole or not at all (a temporary file renamed)."""
+        arrays = {f"{name}{n + 1}": a[n] for name, a in (("keys", self.keys), ("tokens", self.tokens),
+                                                         ("shares", self.shares)) for n in range(self.orders)}
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez_compressed(tmp, bits=np.asarray(self.bits), meta=np.asarray(json.dumps(self.meta)), **arrays)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, vocab_size: int) -> "ResponseLookup":
+        """The table in ``path``, checked against the target's vocabulary: a table of another tokenizer's ids
+        would draft nonsense (lossless all the same, but slower), so it is refused with the reason."""
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                bits, meta = int(f["bits"]), json.loads(str(f["meta"]))
+                orders = sum(1 for k in f.files if k.startswith("keys"))
+                keys = [f[f"keys{n}"] for n in range(1, orders + 1)]
+                tokens = [f[f"tokens{n}"] for n in range(1, orders + 1)]
+                shares = [f[f"shares{n}"] for n in range(1, orders + 1)]
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: not a response lookup table ({e})") from None
+        if meta.get("vocab_size") != vocab_size:
+            raise ValueError(f"{path}: a table of a {meta.get('vocab_size')}-token vocabulary, the target has "
+                             f"{vocab_size}")
+        if not orders or any(len({len(keys[n]), len(tokens[n]), len(shares[n])}) != 1 for n in range(orders)):
+            raise ValueError(f"{path}: a response lookup table with missing or mismatched arrays")
+        return cls(keys, tokens, shares, bits, meta)
+
+    def follower(self, context: list[int]) -> tuple[int, float] | None:
+        """The most frequent token after the longest suffix of ``context`` (up to ``orders`` tokens) in the
+        table, with its share of what followed; None where no suffix is."""
+        for n in range(min(self.orders, len(context)), 0, -1):
+            key = 0
+            for t in context[len(context) - n:]:
+                key = key << self.bits | t
+            keys = self.keys[n - 1]
+            i = int(np.searchsorted(keys, np.uint64(key)))
+            if i < len(keys) and int(keys[i]) == key:
+                return int(self.tokens[n - 1][i]), int(self.shares[n - 1][i]) / 255
+        return None
+
+    def propose(self, tokens: list[int], k: int, least_chance: float = RESPONSE_LEAST_CHANCE) -> list[int]:
+        """Up to ``k`` tokens to follow ``tokens``, each the most frequent follower of the context so far (the
+        drafts before it included), while the product of their shares stays at least ``least_chance``."""
+        context, out, chance = list(tokens[-self.orders:]), [], 1.0
+        while len(out) < k:
+            hit = self.follower(context)
+            if hit is None or chance * hit[1] < least_chance:
+                break
+            chance *= hit[1]
+            out.append(hit[0])
+            context = context[1:] + [hit[0]] if len(context) == self.orders else context + [hit[0]]
+        return out

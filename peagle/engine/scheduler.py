@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from peagle.engine.auto_k import AutoK
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
-from peagle.engine.lookup import LOOKUP_BATCH, LOOKUP_LEAST, LOOKUP_MOST, PromptLookup, with_lookup
+from peagle.engine.lookup import (LOOKUP_BATCH, LOOKUP_LEAST, LOOKUP_MOST, RESPONSE_MOST, PromptLookup,
+                                  ResponseLookup, with_lookup)
 from peagle.engine.model_runner import Verified
 from peagle.engine.processors import allowed_tree
 from peagle.engine.sequence import BONUS, CORRECTED, PLAIN, Sequence, SpecStats, Status
@@ -34,8 +35,9 @@ class StepResult:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, bounds: Bounds, blocks: BlockManager, eos_token_ids: set[int],
-                 auto: AutoK | None):
+                 auto: AutoK | None, responses: ResponseLookup | None = None):
         self.cfg, self.bounds, self.blocks, self.eos_token_ids, self.auto = config, bounds, blocks, eos_token_ids, auto
+        self.responses = responses if bounds.k_max else None   # drafts from the target's earlier responses
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # engine-wide totals, for metrics
@@ -162,7 +164,7 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.release(seq)
         seq.set_drafts(Tree(()), [])
-        seq.lookup_only, seq.head_candidates = False, None
+        seq.lookup_only, seq.head_candidates = "", None
         seq.take_lag()
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
@@ -190,9 +192,9 @@ class Scheduler:
             per_depth = seq.tree.nodes_per_depth
             seq.stats.record(per_depth, v.accepted)
             self.stats.record(per_depth, v.accepted)
-            if self.auto and (seq.lookup_only or seq.lookup is not None and not per_depth):
+            if self.auto and (seq.lookup_only or self._text_drafts_on(seq) and not per_depth):
                 # what a step without the head's drafts yielded
-                self.auto.record_lookup(v.accepted, seq.lookup_only and len(seq.drafts) <= LOOKUP_LEAST)
+                self.auto.record_lookup(v.accepted, seq.lookup_only if seq.lookup_only in self.auto.gated else None)
             elif self.auto and per_depth:   # auto weighs the head's drafting by its own hits
                 self.auto.record(ranks_of(v.tokens, seq.candidates if seq.head_candidates is None
                                           else seq.head_candidates))
@@ -214,25 +216,41 @@ class Scheduler:
     def _next_drafts(self, seq: Sequence, v: Verified, tree: Tree) -> None:
         """What the next step verifies: ``tree`` from the head's candidates; where the text repeats, what
         followed it then in their place (the head's kept: auto weighs the head's own hits); where the drafter
-        skipped this step, the text's own proposal alone (rows to verify, no drafter pass; under ``auto`` a short
-        match's only while such drafts pay their rows); what the grammar forbids costs no row."""
-        cands, seq.head_candidates, seq.lookup_only = v.candidates, None, False
+        skipped this step, drafts from the text alone (:meth:`_text_drafts`: rows to verify, no drafter pass);
+        what the grammar forbids costs no row."""
+        cands, seq.head_candidates, seq.lookup_only = v.candidates, None, ""
         if seq.lookup is not None and cands:
             cands = with_lookup(cands, seq.lookup.propose(seq.tokens, len(cands)))
             seq.head_candidates = v.candidates if cands != v.candidates else None
         seq.set_drafts(tree.cut(self._num_drafts(seq, tree.depth)), cands)
-        if seq.lookup is not None and not tree.depth:
+        if not tree.depth and self._text_drafts_on(seq):
+            proposal, kind = self._text_drafts(seq)
+            k = self._num_drafts(seq, len(proposal))
+            if kind == "match" and k <= LOOKUP_LEAST:   # a long match cut by the request's end is a short one
+                kind = "short"
+            if k and (kind == "match" or not self.auto or self.auto.lookup_pays(k, len(self.running), kind)):
+                seq.set_drafts(Tree.chain(k), [[t] for t in proposal])
+                seq.lookup_only = kind
+        if seq.matcher is not None and seq.drafts:
+            seq.set_drafts(allowed_tree(seq), seq.candidates)
+
+    def _text_drafts_on(self, seq: Sequence) -> bool:
+        return seq.lookup is not None or self.responses is not None
+
+    def _text_drafts(self, seq: Sequence) -> tuple[list[int], str]:
+        """Drafts verified alone where the drafter skipped a step, and where they came from: the text's own
+        (``match``; under ``auto`` by its match, verified only while they pay where short), else where the text
+        proposes nothing, the target's earlier responses' (``responses``, verified only while they pay)."""
+        if seq.lookup is not None:
             chosen = self.lookup_by_match
             most = LOOKUP_MOST if len(self.running) <= LOOKUP_BATCH else LOOKUP_LEAST
             proposal = seq.lookup.propose(seq.tokens, min(most, self.bounds.k_max) if chosen else self.bounds.k_max,
                                           by_match=chosen)
-            k = self._num_drafts(seq, len(proposal))
-            # short or long by the drafts verified (a long match cut by the request's end is a short one), as recorded
-            if k and (k > LOOKUP_LEAST or not self.auto or self.auto.lookup_pays(k, len(self.running))):
-                seq.set_drafts(Tree.chain(k), [[t] for t in proposal])
-                seq.lookup_only = True
-        if seq.matcher is not None and seq.drafts:
-            seq.set_drafts(allowed_tree(seq), seq.candidates)
+            if proposal:
+                return proposal, "match"
+        if self.responses is not None:
+            return self.responses.propose(seq.tokens, min(RESPONSE_MOST, self.bounds.k_max)), "responses"
+        return [], "match"
 
     def observe(self, work: Work, tree: Tree, seconds: float) -> None:
         """The step's time: per prefill token where it fed a long prompt (:meth:`long_share`), and where a

@@ -89,7 +89,9 @@ class Sequence:
         self.tree = Tree(())          # this tree, in its order (a chain: K nodes, one a depth)
         self.candidates: list[list[int]] = []   # the drafter's [position][rank] candidates they came from
         self.lookup: PromptLookup | None = None   # drafts from its own text (the engine's prompt_lookup_*)
-        self.lookup_only = False      # its drafts came from the lookup alone, in a step the drafter skipped
+        # where its drafts came from, in a step the drafter skipped ("match", "short": the text; "responses": the
+        # target's earlier responses; "": the head, or none)
+        self.lookup_only = ""
         self.head_candidates: list[list[int]] | None = None   # the head's, where the lookup's took their place
         # rows the drafter has not read (steps at K = 0): (ids, positions, target taps), read when
         # drafting resumes so its KV has no holes

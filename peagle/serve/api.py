@@ -292,12 +292,13 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     (vLLM's key: ``"chain"``, ``"auto"`` or an explicit list of rank paths) and peagle's
     ``speculative_tree_budget`` shape P-EAGLE's drafts (:class:`peagle.engine.llm_engine.EngineConfig`), and
     vLLM's n-gram keys ``prompt_lookup_max``/``prompt_lookup_min`` set the drafts from the text itself beside
-    the head's (0: off)."""
+    the head's (0: off), and peagle's ``response_lookup`` those from the target's earlier responses (``auto``,
+    ``none`` or a table's path)."""
     from peagle.engine.config import EngineConfig
 
     lookup = {"prompt_lookup_max": EngineConfig.prompt_lookup_max, "prompt_lookup_min": EngineConfig.prompt_lookup_min}
     none = {"method": "none", "k": 1, "drafter": None, "speculative_token_tree": "chain", "speculative_tree_budget": 16,
-            **lookup}
+            "response_lookup": "none", **lookup}
     if raw is None or raw == "":
         return none
     try:
@@ -307,7 +308,7 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise ValueError("--speculative-config must be a JSON object")
     allowed = {"method", "model", "num_speculative_tokens", "parallel_drafting", "speculative_token_tree",
-               "speculative_tree_budget", *lookup}
+               "speculative_tree_budget", "response_lookup", *lookup}
     unknown = sorted(set(cfg) - allowed)
     if unknown:
         raise ValueError(f"unknown --speculative-config keys {unknown}; allowed: {sorted(allowed)}")
@@ -334,6 +335,9 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     budget = cfg.get("speculative_tree_budget", 16)
     if not isinstance(budget, int) or isinstance(budget, bool):
         raise ValueError(f"speculative_tree_budget must be an integer, got {budget!r}")
+    responses = cfg.get("response_lookup", EngineConfig.response_lookup)
+    if not isinstance(responses, str) or not responses:
+        raise ValueError(f"response_lookup must be \"auto\", \"none\" or a table's path, got {responses!r}")
     for key in lookup:
         n = cfg.get(key, lookup[key])
         if not isinstance(n, int) or isinstance(n, bool):
@@ -341,4 +345,4 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
         lookup[key] = n
     return {"method": "ngram" if method == "ngram" else "parallel" if parallel else "eagle3", "k": k, "drafter": model,
             "speculative_token_tree": tree if isinstance(tree, str) else str([tuple(p) for p in tree]),
-            "speculative_tree_budget": budget, **lookup}
+            "speculative_tree_budget": budget, "response_lookup": responses, **lookup}

@@ -38,6 +38,11 @@ def shards(out_dir: Path) -> list[Path]:
                   key=lambda p: p.name.split(".")[0])
 
 
+def response_token_ids(out_dir: Path) -> list[list[int]]:
+    """Every response's token ids in a folder's shards (``peagle index-responses`` tables them)."""
+    return [r["response_token_ids"] for shard in shards(out_dir) for r in _records(shard)]
+
+
 def _records(shard: Path) -> Iterator[dict]:
     with (gzip.open(shard, "rt") if shard.suffix == ".gz" else open(shard)) as fh:
         for line in fh:
