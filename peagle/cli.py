@@ -439,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("data", help="a `peagle synth` output folder")
     r.add_argument("--out", required=True, help=f"the table's file; beside a head as {RESPONSES_FILE} it is found "
                    "by response_lookup auto")
-    r.add_argument("--vocab-size", type=int, default=None, help="the target's (default: the largest id seen + 1)")
+    r.add_argument("--vocab-size", type=int, default=None,
+                   help="ids the table may hold (default: the largest id seen + 1); a target with fewer refuses it")
     r.add_argument("--min-count", type=int, default=3, help="contexts seen fewer times are left out")
     r.set_defaults(func=cmd_index_responses)
 

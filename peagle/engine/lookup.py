@@ -149,8 +149,9 @@ class ResponseLookup:
 
     @classmethod
     def load(cls, path: str | os.PathLike, vocab_size: int) -> "ResponseLookup":
-        """The table in ``path``, checked against the target's vocabulary: a table of another tokenizer's ids
-        would draft nonsense (lossless all the same, but slower), so it is refused with the reason."""
+        """The table in ``path``, checked against the target's vocabulary: a table with ids the target does not
+        have (another tokenizer's: its drafts would be nonsense, lossless all the same but slower) is refused with
+        the reason."""
         try:
             with np.load(path, allow_pickle=False) as f:
                 bits, meta = int(f["bits"]), json.loads(str(f["meta"]))
@@ -160,7 +161,7 @@ class ResponseLookup:
                 shares = [f[f"shares{n}"] for n in range(1, orders + 1)]
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
             raise ValueError(f"{path}: not a response lookup table ({e})") from None
-        if meta.get("vocab_size") != vocab_size:
+        if not isinstance(meta.get("vocab_size"), int) or meta["vocab_size"] > vocab_size:
             raise ValueError(f"{path}: a table of a {meta.get('vocab_size')}-token vocabulary, the target has "
                              f"{vocab_size}")
         if not orders or any(len({len(keys[n]), len(tokens[n]), len(shares[n])}) != 1 for n in range(orders)):
