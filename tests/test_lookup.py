@@ -145,7 +145,7 @@ def test_auto_sees_only_the_heads_hits_whoever_drafted(llama, drafting):
 
     def spy(seq, v, tree):
         next_drafts(seq, v, tree)
-        alone.append(seq.lookup_only)
+        alone.append(seq.drafts_from)
 
     sched._next_drafts = spy
     auto.record = lambda ranks: (recorded.append(ranks), record(ranks))
@@ -156,7 +156,7 @@ def test_auto_sees_only_the_heads_hits_whoever_drafted(llama, drafting):
 
     def spy_step():
         nonlocal lookup_rows
-        lookup_rows = any(seq.lookup_only for seq in engine.running)
+        lookup_rows = any(seq.drafts_from for seq in engine.running)
         return step()
 
     lookup_rows, engine.step = False, spy_step
@@ -235,7 +235,7 @@ def test_drafts_verified_alone_are_as_long_as_their_match_where_one_sequence_dec
 
     def spy(self, seq, v, tree):
         next_drafts(self, seq, v, tree)
-        if seq.lookup_only:
+        if seq.drafts_from:
             seen.append((list(seq.tokens), list(seq.drafts), seq.tokens_left))
 
     monkeypatch.setattr(Scheduler, "_next_drafts", spy)
@@ -274,7 +274,7 @@ def test_under_auto_a_short_matchs_drafts_wait_for_rows_they_can_pay(llama, monk
 
     def spy(self, seq, v, tree):
         next_drafts(self, seq, v, tree)
-        if seq.lookup_only:
+        if seq.drafts_from:
             seen.append(len(seq.drafts))
 
     monkeypatch.setattr(Scheduler, "_next_drafts", spy)

@@ -183,7 +183,7 @@ def test_the_tables_drafts_are_accepted_and_the_output_is_plain_decodings(llama,
 
     def spy(self, seq, v, tree):
         next_drafts(self, seq, v, tree)
-        if seq.lookup_only == "responses":
+        if seq.drafts_from == "responses":
             seen.append(list(seq.drafts) == self.responses.propose(seq.tokens, len(seq.drafts)))
 
     monkeypatch.setattr(Scheduler, "_next_drafts", spy)

@@ -44,7 +44,7 @@ class Scheduler:
         self.last_tree: Tree | None = None   # the tree of the drafts the next step verifies
         self.long_step_tokens = 0            # this step's prefill tokens, where a long prompt is among them
         self.prefill_token_s: float | None = None  # seconds per prefill token of the last step that did
-        self.verified_lookup_only = False    # the last step verified drafts the drafter did not make
+        self.verified_alone = False          # the last step verified drafts the drafter did not make
         # the engine chooses how many of the text's drafts to verify alone (auto; ngram at K auto), or K does
         self.lookup_by_match = auto is not None or config.num_speculative_tokens == "auto"
 
@@ -164,7 +164,7 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.release(seq)
         seq.set_drafts(Tree(()), [])
-        seq.lookup_only, seq.head_candidates = "", None
+        seq.drafts_from, seq.head_candidates = "", None
         seq.take_lag()
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
@@ -184,7 +184,7 @@ class Scheduler:
         """Take in what the step verified (``tree``: what it drafted): KV now valid, tokens emitted, the
         next drafts kept, the statistics counted; finished sequences retired and their blocks freed."""
         result = StepResult()
-        self.verified_lookup_only = any(seq.lookup_only for seq, _ in work)   # rows no drafting shape priced
+        self.verified_alone = any(seq.drafts_from for seq, _ in work)   # rows no drafting shape priced
         for (seq, n), v in zip(work, verified):
             seq.num_cached += n + v.accepted      # the new tokens and the accepted drafts have KV now
             if not v.tokens:                      # a prompt chunk before the last: nothing emitted
@@ -192,9 +192,9 @@ class Scheduler:
             per_depth = seq.tree.nodes_per_depth
             seq.stats.record(per_depth, v.accepted)
             self.stats.record(per_depth, v.accepted)
-            if self.auto and (seq.lookup_only or self._text_drafts_on(seq) and not per_depth):
+            if self.auto and (seq.drafts_from or self._proposes(seq) and not per_depth):
                 # what a step without the head's drafts yielded
-                self.auto.record_lookup(v.accepted, seq.lookup_only if seq.lookup_only in self.auto.gated else None)
+                self.auto.record_lookup(v.accepted, seq.drafts_from if seq.drafts_from in self.auto.gated else None)
             elif self.auto and per_depth:   # auto weighs the head's drafting by its own hits
                 self.auto.record(ranks_of(v.tokens, seq.candidates if seq.head_candidates is None
                                           else seq.head_candidates))
@@ -216,28 +216,29 @@ class Scheduler:
     def _next_drafts(self, seq: Sequence, v: Verified, tree: Tree) -> None:
         """What the next step verifies: ``tree`` from the head's candidates; where the text repeats, what
         followed it then in their place (the head's kept: auto weighs the head's own hits); where the drafter
-        skipped this step, drafts from the text alone (:meth:`_text_drafts`: rows to verify, no drafter pass);
+        skipped this step, drafts from the text alone (:meth:`_proposal`: rows to verify, no drafter pass);
         what the grammar forbids costs no row."""
-        cands, seq.head_candidates, seq.lookup_only = v.candidates, None, ""
+        cands, seq.head_candidates, seq.drafts_from = v.candidates, None, ""
         if seq.lookup is not None and cands:
             cands = with_lookup(cands, seq.lookup.propose(seq.tokens, len(cands)))
             seq.head_candidates = v.candidates if cands != v.candidates else None
         seq.set_drafts(tree.cut(self._num_drafts(seq, tree.depth)), cands)
-        if not tree.depth and self._text_drafts_on(seq):
-            proposal, kind = self._text_drafts(seq)
+        if not tree.depth and self._proposes(seq):
+            proposal, kind = self._proposal(seq)
             k = self._num_drafts(seq, len(proposal))
             if kind == "match" and k <= LOOKUP_LEAST:   # a long match cut by the request's end is a short one
                 kind = "short"
             if k and (kind == "match" or not self.auto or self.auto.lookup_pays(k, len(self.running), kind)):
                 seq.set_drafts(Tree.chain(k), [[t] for t in proposal])
-                seq.lookup_only = kind
+                seq.drafts_from = kind
         if seq.matcher is not None and seq.drafts:
             seq.set_drafts(allowed_tree(seq), seq.candidates)
 
-    def _text_drafts_on(self, seq: Sequence) -> bool:
+    def _proposes(self, seq: Sequence) -> bool:
+        """Whether anything but the head drafts for ``seq``: its text (prompt lookup) or the response table."""
         return seq.lookup is not None or self.responses is not None
 
-    def _text_drafts(self, seq: Sequence) -> tuple[list[int], str]:
+    def _proposal(self, seq: Sequence) -> tuple[list[int], str]:
         """Drafts verified alone where the drafter skipped a step, and where they came from: the text's own
         (``match``; under ``auto`` by its match, verified only while they pay where short), else where the text
         proposes nothing, the target's earlier responses' (``responses``, verified only while they pay)."""
@@ -260,7 +261,7 @@ class Scheduler:
             self.prefill_token_s = seconds / self.long_step_tokens
         last = self.last_tree
         if self.auto and last is not None and (len(tree), tree.depth) == (len(last), last.depth) \
-                and all(n == 1 for _, n in work) and not self.verified_lookup_only:
+                and all(n == 1 for _, n in work) and not self.verified_alone:
             self.auto.observe(tree, len(work), seconds)
         self.last_tree = tree
 

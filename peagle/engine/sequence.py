@@ -91,7 +91,7 @@ class Sequence:
         self.lookup: PromptLookup | None = None   # drafts from its own text (the engine's prompt_lookup_*)
         # where its drafts came from, in a step the drafter skipped ("match", "short": the text; "responses": the
         # target's earlier responses; "": the head, or none)
-        self.lookup_only = ""
+        self.drafts_from = ""
         self.head_candidates: list[list[int]] | None = None   # the head's, where the lookup's took their place
         # rows the drafter has not read (steps at K = 0): (ids, positions, target taps), read when
         # drafting resumes so its KV has no holes

@@ -32,7 +32,7 @@ for it in items:
     s = e.add_request(base.encode_prompt(it["prompt"]), SamplingParams(max_tokens=128))
     e.step()   # the prefill
     while not s.finished:
-        cur.clear(); rows = len(s.drafts) + 1; kind = s.lookup_only or "-"
+        cur.clear(); rows = len(s.drafts) + 1; kind = s.drafts_from or "-"
         t = time.perf_counter(); e.step(); dt = time.perf_counter() - t
         stats[rows, "propose" in cur, kind].append((dt, cur.get("forward", 0), cur.get("propose", 0), accepted[-1]))
 print("| rows verified, drafts from | head drafts next | steps | step ms | forward ms | propose ms | host ms | tokens a step | drafts accepted: 0 / 1 / 2 / 3+ |")
