@@ -105,7 +105,10 @@ def test_a_table_saves_and_loads_whole_or_says_why_not(tmp_path):
     for a, b in zip(table.keys + table.tokens + table.shares, back.keys + back.tokens + back.shares):
         assert np.array_equal(a, b) and a.dtype == b.dtype
     assert back.meta == table.meta and back.meta["responses"] == len(rs)
-    assert ResponseLookup.load(path, 49152).follower(rs[0][:3]) == table.follower(rs[0][:3])   # a wider one: fits
+    wider = ResponseLookup.load(path, 49152)   # a target with more ids: its table fits, and its new ids are not in it
+    assert wider.follower(rs[0][:3]) == table.follower(rs[0][:3])
+    assert wider.follower(rs[0][:3] + [40000]) is None and wider.follower([rs[0][0], 1 << 9 | rs[0][1]]) is None
+    assert wider.follower([1 << 9 | rs[0][0], rs[0][1]]) == table.follower([rs[0][1]])
     with pytest.raises(ValueError, match="300-token vocabulary, the target has 299"):
         ResponseLookup.load(path, 299)
     cut = tmp_path / "cut.npz"

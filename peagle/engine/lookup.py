@@ -171,8 +171,10 @@ class ResponseLookup:
     def follower(self, context: list[int]) -> tuple[int, float] | None:
         """The most frequent token after the longest suffix of ``context`` (up to ``orders`` tokens) in the
         table, with its share of what followed; None where no suffix is."""
-        for n in range(min(self.orders, len(context)), 0, -1):
-            key = 0
+        context = context[-self.orders:]
+        wide = max((i for i, t in enumerate(context) if t >> self.bits), default=-1)
+        for n in range(len(context) - wide - 1, 0, -1):   # (no context holds an id wider than the table's: one of the
+            key = 0                                       # target's it never saw)
             for t in context[len(context) - n:]:
                 key = key << self.bits | t
             keys = self.keys[n - 1]
