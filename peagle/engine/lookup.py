@@ -188,10 +188,9 @@ class ResponseLookup:
         drafts before it included), while the product of their shares stays at least ``least_chance``."""
         context, out, chance = list(tokens[-self.orders:]), [], 1.0
         while len(out) < k:
-            hit = self.follower(context)
+            hit = self.follower(context + out)
             if hit is None or chance * hit[1] < least_chance:
                 break
             chance *= hit[1]
             out.append(hit[0])
-            context = context[1:] + [hit[0]] if len(context) == self.orders else context + [hit[0]]
         return out

@@ -2,21 +2,26 @@
 docs/results/int8/heldout.py (greedy, up to 128 tokens) in one engine (P-EAGLE, K by `auto`, prompt lookup on),
 each decode step classed by the rows its target pass verifies and whether it drafts for the next, with the
 medians of the step, its target pass (`forward`) and its drafting (`propose`), and the drafts it accepted.
+`--table` (§50, docs/results/responses/step_classes.txt): with the shipped response table, and each class split by
+where its drafts came from (`-`: the head's or none; `match` / `short`: the text's; `responses`: the table's).
 
-    python docs/results/cold-host/step_classes.py
+    python docs/results/cold-host/step_classes.py [--table]
 """
-import json, statistics, time
+import json, statistics, sys, time
 from collections import defaultdict
 from pathlib import Path
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
-from peagle.models.loader import load_drafter_for, resolve_target
+from peagle.models.loader import load_drafter_for, load_response_lookup, resolve_target
+
+table = "--table" in sys.argv[1:]
 
 items = [json.loads(l) for l in (Path(__file__).parent.parent / "int8" / "heldout.jsonl").read_text().splitlines()]
 base = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1)
 head = load_drafter_for(base.target, resolve_target(None, weights=False), None, base.tokenizer)
 e = LLMEngine(base.target, head, EngineConfig(method="parallel", num_speculative_tokens="auto", max_num_seqs=1),
-              base.tokenizer)
+              base.tokenizer, responses=load_response_lookup(EngineConfig(), resolve_target(None, weights=False), None,
+                                                             base.target.cfg.vocab_size) if table else None)
 r, cur, accepted = e.runner, {}, []
 for name in ("forward", "propose"):
     def timed(*a, _orig=getattr(r, name), _name=name, **k):
@@ -29,10 +34,10 @@ for it in items:
     s = e.add_request(base.encode_prompt(it["prompt"]), SamplingParams(max_tokens=128))
     e.step()   # the prefill
     while not s.finished:
-        cur.clear(); rows = len(s.drafts) + 1
+        cur.clear(); rows = f"{len(s.drafts) + 1} {s.drafts_from or '-'}" if table else len(s.drafts) + 1
         t = time.perf_counter(); e.step(); dt = time.perf_counter() - t
         stats[rows, "propose" in cur].append((dt, cur.get("forward", 0), cur.get("propose", 0), accepted[-1]))
-print("| rows verified | drafts next | steps | step ms | forward ms | propose ms | host ms | tokens a step | drafts accepted: 0 / 1 / 2 / 3+ |")
+print(f"| rows verified{', drafts from' if table else ''} | {'head drafts' if table else 'drafts'} next | steps | step ms | forward ms | propose ms | host ms | tokens a step | drafts accepted: 0 / 1 / 2 / 3+ |")
 print("|---|---|---|---|---|---|---|---|---|")
 for (rows, drafts), v in sorted(stats.items()):
     step, fwd, prop = (statistics.median(x[j] for x in v) * 1e3 for j in range(3))

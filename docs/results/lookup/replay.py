@@ -41,21 +41,26 @@ def cut_at_end(lookup: PromptLookup, tokens: list[int], proposal: list[int]) -> 
     return proposal
 
 
-def replay(rec: dict, by_match: bool, most: int, periodic: bool) -> float:
-    """Output tokens per plain step's cost."""
+def replay(rec: dict, by_match: bool, most: int, periodic: bool, table: tuple | None = None, cost: dict = COST,
+           host: float = HOST) -> float:
+    """Output tokens per plain step's cost; ``table``: (a ResponseLookup, its most drafts, its least chance), drafting
+    where the lookup finds nothing (docs/results/responses/replay.py); ``cost``, ``host``: another CPU's prices."""
     tokens, out = list(rec["prompt"]) + rec["out"][:1], rec["out"]
-    lookup, cost, i = PromptLookup(2, 4), 1.0, 1
+    lookup, spent, i = PromptLookup(2, 4), 1.0, 1
     while i < len(out):
-        proposal = lookup.propose(tokens, min(most, len(out) - i - 1), by_match)
+        left = len(out) - i - 1
+        proposal = lookup.propose(tokens, min(most, left), by_match)
         if not periodic:
             proposal = cut_at_end(lookup, tokens, proposal)
+        if not proposal and table is not None and left > 0:
+            proposal = table[0].propose(tokens, min(table[1], left), table[2])
         a = 0
         while a < len(proposal) and proposal[a] == out[i + a]:
             a += 1
         tokens += out[i:i + a + 1]
         i += a + 1
-        cost += COST[1 + len(proposal)] + (HOST if proposal else 0.0)
-    return len(out) / cost
+        spent += cost[1 + len(proposal)] + (host if proposal else 0.0)
+    return len(out) / spent
 
 
 def main():

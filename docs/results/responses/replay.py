@@ -1,7 +1,8 @@
 """The response table's drafts replayed without timing noise (as docs/results/lookup/replay.py does for prompt
 lookup): the greedy outputs of plain decoding of the shipped GGUF on the 12 held-out prompts and MT-Bench's 80
 first turns (128 tokens), stepped through as a lone request under `auto` steps where the head's drafting is
-skipped (prompt lookup by the match; where it finds nothing, the table's proposal), each step priced by the rows
+skipped (prompt lookup by the match; where it finds nothing, the table's proposal: that script's replay with
+the table), each step priced by the rows
 it verifies on a Zen 4's in-pass cost curve (1 row 1.00, 2 1.085, 3 1.17, 4 1.25, then +0.085 a row) plus 0.03 of
 a step's host work where it verifies drafts. Prints: the table's size and the replayed speed against plain decoding
 (mean over prompts, worst prompt) by the table's settings, and how often the table's first draft was the target's
@@ -14,32 +15,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lookup"))
-from replay import HELDOUT, outputs  # noqa: E402
+from replay import HELDOUT, outputs, replay  # noqa: E402
 
-from peagle.engine.lookup import PromptLookup, ResponseLookup  # noqa: E402
+from peagle.engine.lookup import ResponseLookup  # noqa: E402
 from peagle.train.synth import response_token_ids  # noqa: E402
 
 COST = {1: 1.0, 2: 1.085, 3: 1.17, 4: 1.25, 5: 1.34, 6: 1.42, 7: 1.5, 8: 1.6}
 HOST = 0.03
 ROOT = Path(__file__).resolve().parents[3]
 MTBENCH = ROOT.parent / "shared" / "data" / "bench" / "mt_bench" / "question.jsonl"
-
-
-def replay(rec: dict, table: ResponseLookup | None, most: int, chance: float) -> float:
-    tokens, out = list(rec["prompt"]) + rec["out"][:1], rec["out"]
-    lookup, cost, i = PromptLookup(2, 4), 1.0, 1
-    while i < len(out):
-        left = len(out) - i - 1
-        proposal = lookup.propose(tokens, min(7, left), True)
-        if not proposal and table is not None and left > 0:
-            proposal = table.propose(tokens, min(most, left), chance)
-        a = 0
-        while a < len(proposal) and proposal[a] == out[i + a]:
-            a += 1
-        tokens += out[i:i + a + 1]
-        i += a + 1
-        cost += COST[1 + len(proposal)] + (HOST if proposal else 0.0)
-    return len(out) / cost
 
 
 def main():
@@ -53,7 +37,7 @@ def main():
     def row(name, table, most=2, chance=0.3):
         cells = []
         for recs in sets.values():
-            r = [replay(rec, table, most, chance) for rec in recs]
+            r = [replay(rec, True, 7, True, None if table is None else (table, most, chance), COST, HOST) for rec in recs]
             cells.append(f"{sum(r) / len(r):.3f} (worst {min(r):.3f})")
         print(f"| {name} | " + " | ".join(cells) + " |")
 
