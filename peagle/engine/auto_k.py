@@ -8,7 +8,8 @@ that maximises expected tokens per second for the batch: ``B * E[tokens | tree] 
 product along its path, and the best tree of n nodes is the n best nodes (:func:`best_first`), so
 one ordering prices every size from 0 (no drafting) to the budget. The costs come from the engine's
 own target and drafter passes, timed over a range of row counts when the engine starts, corrected
-by the step times measured since (per tree size, a running ratio): as the batch grows, rows get
+by the step times measured since (per count of drafts a sequence verified, the head's or those verified
+alone, a running ratio): as the batch grows, or another tenant takes the cores' arithmetic, rows get
 dearer and the tree shrinks. An empty tree is plain decoding: the drafter is skipped, and the rows it
 missed are read in its next pass when drafting resumes (the engine keeps their target taps), so its
 KV has no holes. That catch-up pass is a cost of resuming: spread over a probe interval, it is added
@@ -86,7 +87,7 @@ class AutoK:
     # came from: "short" (a short match in the text), "responses" (the target's earlier responses): [tokens, steps]
     gated: dict[str, list[float]] = field(default_factory=lambda: {"short": [0.0, 0.0], "responses": [0.0, 0.0]})
     steps: int = 0
-    scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per tree size
+    scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per drafts verified
     interval: int = 0           # steps from one probe to the next (set from probe_every)
     next_probe: int = 0
     _seconds: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
@@ -121,10 +122,11 @@ class AutoK:
         """Whether ``drafts`` of ``gate``'s kind (a short match in the text, the earlier responses), verified alone
         by each of ``batch`` sequences, pay their rows: the tokens such steps have yielded (after one pseudo-step at
         one token: they are tried, and tried again as the counts decay) against the rows' price over a plain step
-        on the target's cost curve (where 4 rows cost 1.4x one, a Zen 4's, such drafts must yield 0.4 tokens a
-        step)."""
+        on the target's cost curve, as the steps timed since correct it (where 4 rows cost 1.4x one, a Zen 4's,
+        such drafts must yield 0.4 tokens a step)."""
         tokens, steps = self.gated[gate]
-        return (tokens + 1.0) / (steps + 1.0) >= self.target(batch * (drafts + 1)) / self.target(batch) - 1.0
+        price = self.corrected_seconds(drafts, 0, batch) / self.corrected_seconds(0, 0, batch) - 1.0
+        return (tokens + 1.0) / (steps + 1.0) >= price
 
     def acceptance(self) -> list[list[float]]:
         """Per position and rank: the chance the candidate is accepted when its parent was. A position
@@ -149,8 +151,8 @@ class AutoK:
         return self._seconds[key]
 
     def _step_seconds(self, nodes: int, depth: int, batch: int) -> float:
-        if depth == 0:
-            return self.target(batch)   # the drafter catches up on these rows when drafting resumes
+        if depth == 0:   # no drafting (the drafter catches up on these rows when it resumes): plain decoding, or
+            return self.target(batch * (nodes + 1))   # drafts from the text or the responses verified alone
         rows = batch * (depth + 1)
         if self.parallel:
             drafting = self.drafter(rows + batch * (depth - 1))
@@ -158,18 +160,23 @@ class AutoK:
             drafting = self.drafter(rows) + (depth - 1) * self.drafter(batch)
         return self.target(batch * (nodes + 1)) + drafting
 
-    def observe(self, tree: Tree, batch: int, seconds: float) -> None:
-        """A steady decode step that verified ``tree`` and drafted it again took ``seconds``: keep the
-        model's error at this size. It covers what timing bare passes at start-up leaves out (many
-        sequences' attention, the host's per-sequence work, a busy machine). A step is never faster than
-        its work, so noise only adds: the error follows a new low at once and a higher time as a running
-        ratio (a slow start or a burst of other tenants fades rather than stays)."""
-        n, r = len(tree), seconds / self.step_seconds(len(tree), tree.depth, batch)
-        old = self.scale.get(n)
-        self.scale[n] = r if old is None or r < old else 0.9 * old + 0.1 * r
+    def observe(self, verified: int, tree: Tree, batch: int, seconds: float) -> None:
+        """A steady decode step that verified ``verified`` drafts a sequence (the head's, or drafts verified
+        alone) and drafted ``tree`` took ``seconds``: keep the model's error at that many verified drafts. It
+        covers what timing bare passes at start-up leaves out (many sequences' attention, the host's
+        per-sequence work, a busy machine) and what changes after it: on a VM whose cores another tenant
+        shares, extra rows (integer products) grew dearer than a one-row pass (a wait on memory) for minutes
+        (BENCHMARKS.md §51), and the steps verifying the text's or the responses' drafts, most steps where the
+        head is weak, are what shows it. A step is never faster than its work, so noise only adds: the error
+        follows a new low at once and a higher time as a running ratio (a slow start or a burst of other
+        tenants fades rather than stays)."""
+        r = seconds / self.step_seconds(verified, tree.depth, batch)
+        old = self.scale.get(verified)
+        self.scale[verified] = r if old is None or r < old else 0.9 * old + 0.1 * r
 
     def corrected_seconds(self, nodes: int, depth: int, batch: int) -> float:
-        """The modelled step time, scaled by the error measured at this size (or the nearest size measured)."""
+        """The modelled step time, scaled by the error measured at this many verified drafts a sequence (or the
+        nearest count measured)."""
         near = min(self.scale, key=lambda j: (abs(j - nodes), j), default=None)
         return self.step_seconds(nodes, depth, batch) * (self.scale[near] if near is not None else 1.0)
 

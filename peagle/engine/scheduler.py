@@ -41,10 +41,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # engine-wide totals, for metrics
-        self.last_tree: Tree | None = None   # the tree of the drafts the next step verifies
+        self.timed: int | None = None        # this step's drafts a sequence, where auto may time it (observe)
         self.long_step_tokens = 0            # this step's prefill tokens, where a long prompt is among them
         self.prefill_token_s: float | None = None  # seconds per prefill token of the last step that did
-        self.verified_alone = False          # the last step verified drafts the drafter did not make
         # the engine chooses how many of the text's drafts to verify alone (auto; ngram at K auto), or K does
         self.lookup_by_match = auto is not None or config.num_speculative_tokens == "auto"
 
@@ -174,8 +173,13 @@ class Scheduler:
         if not self.cfg.uses_head:   # (ngram: the text drafts alone, after the step)
             return Tree(())
         if self.auto:
-            return self.auto.choose(len(work), sum(seq.draft_lag_rows for seq, _ in work), self.prefill_token_s,
-                                    max(seq.tokens_left for seq, _ in work))
+            missed = sum(seq.draft_lag_rows for seq, _ in work)
+            tree = self.auto.choose(len(work), missed, self.prefill_token_s, max(seq.tokens_left for seq, _ in work))
+            # a steady decode step is timed: each sequence verifying as many drafts, no catch-up in its drafting
+            verified = {len(seq.drafts) if n == 1 else -1 for seq, n in work}
+            self.timed = verified.pop() if len(verified) == 1 and -1 not in verified and not (
+                missed and tree.depth) else None
+            return tree
         tree = self.bounds.token_tree
         return tree if isinstance(tree, Tree) else Tree.chain(self.bounds.k_max)
 
@@ -184,7 +188,6 @@ class Scheduler:
         """Take in what the step verified (``tree``: what it drafted): KV now valid, tokens emitted, the
         next drafts kept, the statistics counted; finished sequences retired and their blocks freed."""
         result = StepResult()
-        self.verified_alone = any(seq.drafts_from for seq, _ in work)   # rows no drafting shape priced
         for (seq, n), v in zip(work, verified):
             seq.num_cached += n + v.accepted      # the new tokens and the accepted drafts have KV now
             if not v.tokens:                      # a prompt chunk before the last: nothing emitted
@@ -255,15 +258,12 @@ class Scheduler:
 
     def observe(self, work: Work, tree: Tree, seconds: float) -> None:
         """The step's time: per prefill token where it fed a long prompt (:meth:`long_share`), and where a
-        steady decode step verified a tree of the size and depth it drafted (what a step costs by), ``auto``
-        corrects its model with it (trees change shape from step to step; their sizes repeat)."""
+        steady decode step verified as many drafts in every sequence (the head's or the ones verified alone) and
+        drafted ``tree`` without a catch-up (what a step costs by), ``auto`` corrects its model with it."""
         if self.long_step_tokens:  # the step's time over its prefill tokens (the other rows' cost included)
             self.prefill_token_s = seconds / self.long_step_tokens
-        last = self.last_tree
-        if self.auto and last is not None and (len(tree), tree.depth) == (len(last), last.depth) \
-                and all(n == 1 for _, n in work) and not self.verified_alone:
-            self.auto.observe(tree, len(work), seconds)
-        self.last_tree = tree
+        if self.auto and self.timed is not None:
+            self.auto.observe(self.timed, tree, len(work), seconds)
 
     def _num_drafts(self, seq: Sequence, k: int) -> int:
         """K, less where the request is about to hit max_tokens or max_model_len; 0 where it asked for none."""

@@ -4,11 +4,15 @@ variants of the engine rather than builds of the kernels). Each process answers 
 `peagle generate` would (a fresh engine per request, greedy, 128 tokens at most; the start-up cost curves timed
 once per process and reused), for PASSES passes over the 12; its tokens and step times are summed per burst.
 Prints each variant's rate against `none` over all its steps (every variant decodes the same tokens), and each
-prompt's.
+prompt's. Variants: `defaults`, `no-table` (the defaults without the response table), `ngram`, `nohead` (the defaults
+with `auto` never drafting with the head: what its probes and drafts cost, §51), and `old-<variant>`: that variant
+run by the checkout at $BASE (another commit's engine, e.g. a `git worktree`, its kernels' build linked in).
+$PROMPTS=mtbench20: 20 of MT-Bench's first turns (every fourth) instead of the held-out prompts.
 
-    python docs/results/responses/burst_ab.py [PASSES] [VARIANT ...]   # variants: defaults no-table ngram (default all)
+    python docs/results/responses/burst_ab.py [PASSES] [VARIANT ...]   # default: defaults no-table ngram
 """
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,15 +28,24 @@ def child(variant: str, passes: int) -> None:
     from peagle.engine.sampling import SamplingParams
     from peagle.models.loader import load_drafter_for, load_response_lookup, resolve_target
 
-    items = [json.loads(line) for line in (HERE.parent / "int8" / "heldout.jsonl").read_text().splitlines()]
+    if os.environ.get("PROMPTS") == "mtbench20":
+        questions = HERE.parents[3] / "shared" / "data" / "bench" / "mt_bench" / "question.jsonl"
+        items = [{"prompt": q["turns"][0]} for q in map(json.loads, open(questions))][::4][:20]
+    else:
+        items = [json.loads(line) for line in (HERE.parent / "int8" / "heldout.jsonl").read_text().splitlines()]
     base = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1)
     path = resolve_target(None, weights=False)
     head = load_drafter_for(base.target, path, None, base.tokenizer)
     table = load_response_lookup(EngineConfig(), path, None, base.target.cfg.vocab_size)
     ids = [base.encode_prompt(it["prompt"]) for it in items]
     measure, costs = ModelRunner.measure_costs, {}
-    ModelRunner.measure_costs = lambda self, *a: costs.setdefault("c", measure(self, *a))
+    ModelRunner.measure_costs = lambda self, *a: costs["c"] if costs else costs.setdefault("c", measure(self, *a))
     method = {"none": "none", "ngram": "ngram"}.get(variant, "parallel")
+    if variant == "nohead":   # auto weighs the head every step as the defaults do, and never drafts with it
+        from peagle.engine.auto_k import AutoK
+        from peagle.engine.tree import Tree
+        choose = AutoK.choose
+        AutoK.choose = lambda self, *a: (choose(self, *a), Tree(()))[1]
 
     def requests():
         for _ in range(passes):
@@ -71,8 +84,10 @@ if len(sys.argv) > 1 and sys.argv[1] == "--child":
     sys.exit()
 passes = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 variants = ["none", *(sys.argv[2:] or ["defaults", "no-table", "ngram"])]
-procs = [subprocess.Popen([sys.executable, __file__, "--child", v, str(passes)], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for v in variants]
+procs = [subprocess.Popen([sys.executable, __file__, "--child", v.removeprefix("old-"), str(passes)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         env={**os.environ, "PYTHONPATH": os.environ["BASE"]} if v.startswith("old-") else None)
+         for v in variants]
 for p in procs:
     assert p.stdout.readline().strip() == "ready"
 bursts = {v: [] for v in variants}
@@ -96,8 +111,8 @@ for v, p in zip(variants, procs):
     per_prompt[v] = [t / s for t, s in json.loads(p.stdout.readline())]
     p.wait()
 rate = {v: sum(t for t, _ in b) / sum(s for _, s in b) for v, b in bursts.items()}
-print(f"{passes} passes over the 12 held-out prompts; tokens/s of each variant over all its steps, against `none`, "
-      "and each prompt's (all its passes):")
+print(f"{passes} passes over the {len(per_prompt['none'])} {os.environ.get('PROMPTS', 'held-out')} prompts; tokens/s "
+      "of each variant over all its steps, against `none`, and each prompt's (all its passes):")
 for v in variants[1:]:
     each = [r / n for r, n in zip(per_prompt[v], per_prompt["none"])]
     print(f"  {v}: {rate[v]:.1f} tok/s against {rate['none']:.1f}: {rate[v] / rate['none']:.3f}x; worst prompt "
