@@ -177,9 +177,9 @@ def test_measured_step_times_correct_the_cost_model():
     set_counts(auto, [30.0, 0, 0, 0], [100.0, 0, 0, 0])
     assert len(auto.choose(4)) >= 1
     for _ in range(20):
-        auto.observe(1, Tree.chain(1), 4, 1.5 * auto.step_seconds(1, 1, 4))
-        auto.observe(0, Tree.chain(0), 4, auto.step_seconds(0, 0, 4))
-    assert auto.scale[1] == pytest.approx(1.5) and len(auto.choose(4)) == 0
+        auto.observe(8, Tree.chain(1), 4, 1.5 * auto.step_seconds(1, 1, 4))
+        auto.observe(4, Tree.chain(0), 4, auto.step_seconds(0, 0, 4))
+    assert auto.scale[8] == pytest.approx(1.5) and len(auto.choose(4)) == 0
 
 
 def test_steps_verifying_drafts_alone_price_the_rows_for_the_head_and_the_gate():
@@ -191,9 +191,11 @@ def test_steps_verifying_drafts_alone_price_the_rows_for_the_head_and_the_gate()
     auto.gated["responses"] = [6.0, 20.0]
     assert len(auto.choose(1)) >= 1 and auto.lookup_pays(1, 1, "responses")
     for _ in range(20):
-        auto.observe(1, Tree(()), 1, 1.5 * auto.step_seconds(1, 0, 1))
-        auto.observe(0, Tree(()), 1, auto.step_seconds(0, 0, 1))
-    assert auto.scale == {1: pytest.approx(1.5), 0: pytest.approx(1.0)}
+        auto.observe(2, Tree(()), 1, 1.5 * auto.step_seconds(1, 0, 1))
+        auto.observe(1, Tree(()), 1, auto.step_seconds(0, 0, 1))
+    assert auto.scale == {2: pytest.approx(1.5), 1: pytest.approx(1.0)}
+    # one sequence's rows do not price a batch's: sixteen sequences' rows are nearest the 2-row steps' alike
+    assert auto.corrected_seconds(1, 0, 16) / auto.corrected_seconds(0, 0, 16) == pytest.approx(TARGET(32) / TARGET(16))
     set_counts(auto, [30.0, 0, 0, 0], [100.0, 0, 0, 0])
     auto.gated["responses"] = [6.0, 20.0]
     assert len(auto.choose(1)) == 0 and not auto.lookup_pays(1, 1, "responses")
@@ -301,10 +303,10 @@ def test_timing_error_follows_lows_at_once_and_highs_slowly():
     auto = AutoK(8, True, TARGET, DRAFTER)
     plain, t = Tree(()), TARGET(1)
     for seconds in (1.35 * t, 1.3 * t, 1.0 * t):
-        auto.observe(0, plain, 1, seconds)
-    assert auto.scale[0] == pytest.approx(1.0)
-    auto.observe(0, plain, 1, 2.0 * t)   # one step slowed by another tenant
-    assert auto.scale[0] == pytest.approx(1.1)
+        auto.observe(1, plain, 1, seconds)
+    assert auto.scale[1] == pytest.approx(1.0)
+    auto.observe(1, plain, 1, 2.0 * t)   # one step slowed by another tenant
+    assert auto.scale[1] == pytest.approx(1.1)
 
 
 def test_a_step_without_the_heads_drafts_counts_what_the_text_drafted_alone():

@@ -8,8 +8,8 @@ that maximises expected tokens per second for the batch: ``B * E[tokens | tree] 
 product along its path, and the best tree of n nodes is the n best nodes (:func:`best_first`), so
 one ordering prices every size from 0 (no drafting) to the budget. The costs come from the engine's
 own target and drafter passes, timed over a range of row counts when the engine starts, corrected
-by the step times measured since (per count of drafts a sequence verified, the head's or those verified
-alone, a running ratio): as the batch grows, or another tenant takes the cores' arithmetic, rows get
+by the step times measured since (per rows verified, the head's drafts or those verified alone, a
+running ratio): as the batch grows, or another tenant takes the cores' arithmetic, rows get
 dearer and the tree shrinks. An empty tree is plain decoding: the drafter is skipped, and the rows it
 missed are read in its next pass when drafting resumes (the engine keeps their target taps), so its
 KV has no holes. That catch-up pass is a cost of resuming: spread over a probe interval, it is added
@@ -87,7 +87,7 @@ class AutoK:
     # came from: "short" (a short match in the text), "responses" (the target's earlier responses): [tokens, steps]
     gated: dict[str, list[float]] = field(default_factory=lambda: {"short": [0.0, 0.0], "responses": [0.0, 0.0]})
     steps: int = 0
-    scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per drafts verified
+    scale: dict[int, float] = field(default_factory=dict)   # measured / modelled step time, per rows verified
     interval: int = 0           # steps from one probe to the next (set from probe_every)
     next_probe: int = 0
     _seconds: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
@@ -143,41 +143,42 @@ class AutoK:
         return nodes, [1.0 + s for s in accumulate(probs, initial=0.0)]
 
     def step_seconds(self, nodes: int, depth: int, batch: int) -> float:
-        """A steady-state step: verify B*(nodes+1) rows, then draft ``depth`` positions for the next one
-        (kept per shape: the curves are fixed, and every step prices each tree size)."""
-        key = (nodes, depth, batch)
+        """A steady-state step: verify B*(nodes+1) rows, then draft ``depth`` positions for the next one."""
+        return self.pass_seconds(batch * (nodes + 1), depth, batch)
+
+    def pass_seconds(self, rows: int, depth: int, batch: int) -> float:
+        """A step whose target pass verifies ``rows`` rows of ``batch`` sequences, then drafts ``depth`` positions
+        for each; at depth 0 none (plain decoding, or drafts verified alone: the drafter catches up on these rows
+        when it resumes). Kept per shape: the curves are fixed, and every step prices each tree size."""
+        key = (rows, depth, batch)
         if key not in self._seconds:
-            self._seconds[key] = self._step_seconds(nodes, depth, batch)
+            drafting, fed = 0.0, batch * (depth + 1)
+            if depth and self.parallel:
+                drafting = self.drafter(fed + batch * (depth - 1))
+            elif depth:
+                drafting = self.drafter(fed) + (depth - 1) * self.drafter(batch)
+            self._seconds[key] = self.target(rows) + drafting
         return self._seconds[key]
 
-    def _step_seconds(self, nodes: int, depth: int, batch: int) -> float:
-        if depth == 0:   # no drafting (the drafter catches up on these rows when it resumes): plain decoding, or
-            return self.target(batch * (nodes + 1))   # drafts from the text or the responses verified alone
-        rows = batch * (depth + 1)
-        if self.parallel:
-            drafting = self.drafter(rows + batch * (depth - 1))
-        else:
-            drafting = self.drafter(rows) + (depth - 1) * self.drafter(batch)
-        return self.target(batch * (nodes + 1)) + drafting
-
-    def observe(self, verified: int, tree: Tree, batch: int, seconds: float) -> None:
-        """A steady decode step that verified ``verified`` drafts a sequence (the head's, or drafts verified
-        alone) and drafted ``tree`` took ``seconds``: keep the model's error at that many verified drafts. It
-        covers what timing bare passes at start-up leaves out (many sequences' attention, the host's
-        per-sequence work, a busy machine) and what changes after it: on a VM whose cores another tenant
-        shares, extra rows (integer products) grew dearer than a one-row pass (a wait on memory) for minutes
-        (BENCHMARKS.md §51), and the steps verifying the text's or the responses' drafts, most steps where the
-        head is weak, are what shows it. A step is never faster than its work, so noise only adds: the error
-        follows a new low at once and a higher time as a running ratio (a slow start or a burst of other
+    def observe(self, rows: int, tree: Tree, batch: int, seconds: float) -> None:
+        """A steady decode step whose target pass verified ``rows`` rows (each sequence's token and its drafts:
+        the head's, or drafts verified alone) and that drafted ``tree`` took ``seconds``: keep the model's error
+        at that many rows. It covers what timing bare passes at start-up leaves out (many sequences'
+        attention, the host's per-sequence work, a busy machine) and what changes after it: on a VM whose cores
+        another tenant shares, extra rows (integer products) grew dearer than a one-row pass (a wait on memory)
+        for minutes (BENCHMARKS.md §51), and the steps verifying the text's or the responses' drafts, most steps
+        where the head is weak, are what shows it. A step is never faster than its work, so noise only adds: the
+        error follows a new low at once and a higher time as a running ratio (a slow start or a burst of other
         tenants fades rather than stays)."""
-        r = seconds / self.step_seconds(verified, tree.depth, batch)
-        old = self.scale.get(verified)
-        self.scale[verified] = r if old is None or r < old else 0.9 * old + 0.1 * r
+        r = seconds / self.pass_seconds(rows, tree.depth, batch)
+        old = self.scale.get(rows)
+        self.scale[rows] = r if old is None or r < old else 0.9 * old + 0.1 * r
 
     def corrected_seconds(self, nodes: int, depth: int, batch: int) -> float:
-        """The modelled step time, scaled by the error measured at this many verified drafts a sequence (or the
-        nearest count measured)."""
-        near = min(self.scale, key=lambda j: (abs(j - nodes), j), default=None)
+        """The modelled step time, scaled by the error measured at its rows (or the nearest row count measured:
+        one sequence's rows do not price a batch's)."""
+        rows = batch * (nodes + 1)
+        near = min(self.scale, key=lambda j: (abs(j - rows), j), default=None)
         return self.step_seconds(nodes, depth, batch) * (self.scale[near] if near is not None else 1.0)
 
     def catch_up_seconds(self, rows: int, prefill_row_s: float | None = None) -> float:

@@ -41,7 +41,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = SpecStats()  # engine-wide totals, for metrics
-        self.timed: int | None = None        # this step's drafts a sequence, where auto may time it (observe)
+        self.timed: int | None = None        # the rows this step verifies, where auto times it (observe)
         self.long_step_tokens = 0            # this step's prefill tokens, where a long prompt is among them
         self.prefill_token_s: float | None = None  # seconds per prefill token of the last step that did
         # the engine chooses how many of the text's drafts to verify alone (auto; ngram at K auto), or K does
@@ -175,10 +175,9 @@ class Scheduler:
         if self.auto:
             missed = sum(seq.draft_lag_rows for seq, _ in work)
             tree = self.auto.choose(len(work), missed, self.prefill_token_s, max(seq.tokens_left for seq, _ in work))
-            # a steady decode step is timed: each sequence verifying as many drafts, no catch-up in its drafting
-            verified = {len(seq.drafts) if n == 1 else -1 for seq, n in work}
-            self.timed = verified.pop() if len(verified) == 1 and -1 not in verified and not (
-                missed and tree.depth) else None
+            # a decode step is timed by the rows it verifies, where its drafting has no catch-up to do
+            decoding = all(n == 1 for _, n in work) and not (missed and tree.depth)
+            self.timed = sum(len(seq.drafts) + 1 for seq, _ in work) if decoding else None
             return tree
         tree = self.bounds.token_tree
         return tree if isinstance(tree, Tree) else Tree.chain(self.bounds.k_max)
@@ -258,8 +257,8 @@ class Scheduler:
 
     def observe(self, work: Work, tree: Tree, seconds: float) -> None:
         """The step's time: per prefill token where it fed a long prompt (:meth:`long_share`), and where a
-        steady decode step verified as many drafts in every sequence (the head's or the ones verified alone) and
-        drafted ``tree`` without a catch-up (what a step costs by), ``auto`` corrects its model with it."""
+        decode step verified its rows (the head's drafts or the ones verified alone) and drafted ``tree`` without
+        a catch-up (what a step costs by), ``auto`` corrects its model with it."""
         if self.long_step_tokens:  # the step's time over its prefill tokens (the other rows' cost included)
             self.prefill_token_s = seconds / self.long_step_tokens
         if self.auto and self.timed is not None:
