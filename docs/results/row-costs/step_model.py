@@ -3,10 +3,11 @@ under `generate`'s defaults (a fresh engine per request, greedy, 128 tokens), ea
 drafts came from (`plain`: none; `head`; `match`/`short`: the text's; `responses`: the table's), the rows it verified
 and whether it drafted with the head after it; the step's median time against a plain step's, and the start-up
 curve's model of it (the target's pass over its rows, the drafter's pass where it drafted; a catch-up left out)
-against the curve's one row. Then the last engine's measured corrections (`scale`: measured / modelled, by the drafts
-a sequence verified). BENCHMARKS.md §51.
+against the curve's one row. Then the last engine's measured corrections (`scale`: measured / modelled, by the rows a
+step verified; before §51 by the tree it verified, 0 for plain steps). BENCHMARKS.md §51.
 
-    python docs/results/row-costs/step_model.py
+    python docs/results/row-costs/step_model.py               # step_model.txt
+    PYTHONPATH=<a checkout of 04d14b7> python docs/results/row-costs/step_model.py   # step_model_before.txt
 """
 import json
 import statistics
@@ -47,5 +48,5 @@ for (kind, rows, depth), v in sorted(steps.items()):
     dt = statistics.median(x for x, _ in v)
     print(f"| {kind} | {rows} | {'yes' if depth else 'no'} | {len(v)} | {dt * 1e3:.2f} | {dt / plain:.2f}x | "
           f"{statistics.median(m for _, m in v):.2f}x |")
-print("the last engine's corrections (drafts verified: measured / modelled):",
+print("the last engine's corrections (rows verified: measured / modelled):",
       {k: round(v, 3) for k, v in sorted(auto.scale.items())})
