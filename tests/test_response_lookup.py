@@ -211,3 +211,47 @@ def test_the_tables_drafts_are_accepted_and_the_output_is_plain_decodings(llama,
         with pytest.raises(AssertionError, match="accepted"):
             watch.check(got, ref, rate=0.2)
 
+
+
+def test_drafts_the_gate_declines_are_scored_against_the_tokens_that_come(llama, monkeypatch):
+    """With rows priced far above what the table's drafts could yield (4 rows 9x one), ``auto`` verifies none of
+    them, and scores each declined proposal against the tokens the target then emits: its gate counts, for every
+    proposal whose fate is told, as many hits as lead the output from where it would have started (the reference
+    reads them off the finished output), some of them hits (the table holds these very responses), and the output
+    is plain decoding's."""
+    from peagle.engine.auto_k import AutoK, CostCurve
+
+    ps = prompts(3, seed=6)
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, params)]
+    table = ResponseLookup.build(ref, llama.cfg.vocab_size, min_count=1)
+    next_drafts, declined, scored = Scheduler._next_drafts, [], []
+
+    def spy(self, seq, v, tree):
+        before = len(seq.declined)
+        next_drafts(self, seq, v, tree)
+        assert seq.drafts_from != "responses"
+        for _, drafts, kind in seq.declined[before:]:   # the table's proposal from here, as it would be verified
+            assert kind == "responses" and drafts == self.responses.propose(seq.tokens, len(drafts))
+            declined.append((seq, len(seq.tokens), drafts))
+
+    monkeypatch.setattr(Scheduler, "_next_drafts", spy)
+    record_gate = AutoK.record_gate
+    monkeypatch.setattr(AutoK, "record_gate", lambda self, hits, gate: (scored.append((gate, hits)),
+                                                                         record_gate(self, hits, gate)))
+    for p, r in zip(ps, ref):
+        declined.clear(), scored.clear()
+        head = OracleDrafter.of(llama, references([p], [r]), wrong_every=1)
+        engine = fixed_costs(head.bind(make_engine(llama, head, "parallel", "auto", table, prompt_lookup_max=0)))
+        engine.scheduler.auto.target = CostCurve([1, 4, 64], [1.0, 9.0, 144.0])
+        assert engine.generate([p], params)[0].token_ids == r
+        expect = []
+        for seq, start, drafts in declined:
+            came = seq.tokens[start:start + len(drafts)]
+            hits = 0
+            while hits < len(came) and came[hits] == drafts[hits]:
+                hits += 1
+            if hits < len(came) or len(came) == len(drafts):
+                expect.append(("responses", hits))
+        assert declined and scored == expect
+        assert sum(h for _, h in scored) > 0
