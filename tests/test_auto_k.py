@@ -350,9 +350,3 @@ def test_gated_drafts_are_verified_only_while_they_pay_their_rows(gate, other):
     for _ in range(300):                     # steps without such drafts: the evidence fades to the prior
         auto.choose(1)
     assert auto.lookup_pays(3, 1, gate)
-    for _ in range(20):
-        auto.record_lookup(0, gate)
-    steps = auto.lookup_steps
-    for _ in range(20):                      # declined drafts scored as hits (no step of their own): reopened
-        auto.record_gate(1, gate)
-    assert auto.lookup_pays(3, 1, gate) and auto.lookup_steps == steps

@@ -114,17 +114,9 @@ class AutoK:
         self.lookup_tokens += accepted
         self.lookup_steps += 1.0
         if gate is not None:
-            self.record_gate(accepted, gate)
-
-    def record_gate(self, accepted: int, gate: str) -> None:
-        """Drafts of ``gate``'s kind: verified, or declined by :meth:`lookup_pays` and scored against the tokens the
-        target then emitted (as many as lead them: what verifying them would have accepted). Declined ones cost no
-        row and count as verified ones do, so a closed gate goes on learning: before, it reopened only as its
-        counts decayed, some 30 steps blind where the table's drafts had started to pay again (BENCHMARKS.md
-        §52)."""
-        counts = self.gated[gate]
-        counts[0] += accepted
-        counts[1] += 1.0
+            counts = self.gated[gate]
+            counts[0] += accepted
+            counts[1] += 1.0
 
     def lookup_pays(self, drafts: int, batch: int, gate: str = "short") -> bool:
         """Whether ``drafts`` of ``gate``'s kind (a short match in the text, the earlier responses), verified alone

@@ -205,8 +205,6 @@ class Scheduler:
             seq.origins += [*range(1, v.accepted + 1),
                             PLAIN if not depth else BONUS if v.accepted == depth else CORRECTED]
             self._append(seq, v.tokens)
-            if seq.declined:
-                self._score_declined(seq)
             if not seq.finished:   # (a finished one's drafts were dropped)
                 self._next_drafts(seq, v, tree)
             result.updated.append(seq)
@@ -235,25 +233,8 @@ class Scheduler:
             if k and (kind == "match" or not self.auto or self.auto.lookup_pays(k, len(self.running), kind)):
                 seq.set_drafts(Tree.chain(k), [[t] for t in proposal])
                 seq.drafts_from = kind
-            elif k:   # not verified: scored against the tokens that come all the same
-                seq.declined.append((seq.num_tokens, proposal[:k], kind))
         if seq.matcher is not None and seq.drafts:
             seq.set_drafts(allowed_tree(seq), seq.candidates)
-
-    def _score_declined(self, seq: Sequence) -> None:
-        """The declined proposals whose fate the tokens emitted so far tell (a draft that differs, or all of them
-        matched), counted by ``auto``'s gate as verified ones are: as many accepted as lead the tokens that came.
-        Free (no row), so the gate's counts follow the text while it is closed. Those a finished request leaves
-        untold are dropped."""
-        left = []
-        for start, drafts, kind in seq.declined:
-            came = seq.tokens[start:start + len(drafts)]
-            hits = next((i for i, (d, t) in enumerate(zip(drafts, came)) if d != t), len(came))
-            if hits < len(came) or len(came) == len(drafts):
-                self.auto.record_gate(hits, kind)
-            elif not seq.finished:
-                left.append((start, drafts, kind))
-        seq.declined = left
 
     def _proposes(self, seq: Sequence) -> bool:
         """Whether anything but the head drafts for ``seq``: its text (prompt lookup) or the response table."""

@@ -93,9 +93,6 @@ class Sequence:
         # target's earlier responses; "": the head, or none)
         self.drafts_from = ""
         self.head_candidates: list[list[int]] | None = None   # the head's, where the lookup's took their place
-        # proposals auto's gate declined: (the position of their first token, the drafts, where they came from),
-        # scored against the tokens that come (Scheduler._score_declined)
-        self.declined: list[tuple[int, list[int], str]] = []
         # rows the drafter has not read (steps at K = 0): (ids, positions, target taps), read when
         # drafting resumes so its KV has no holes
         self.draft_lag: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
