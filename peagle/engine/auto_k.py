@@ -91,6 +91,7 @@ class AutoK:
     interval: int = 0           # steps from one probe to the next (set from probe_every)
     next_probe: int = 0
     _seconds: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
+    _near: dict[int, int] = field(default_factory=dict, repr=False)   # rows -> the nearest row count in scale
 
     def __post_init__(self):
         self.interval = self.next_probe = self.probe_every
@@ -172,14 +173,18 @@ class AutoK:
         tenants fades rather than stays)."""
         r = seconds / self.pass_seconds(rows, tree.depth, batch)
         old = self.scale.get(rows)
+        if old is None:
+            self._near.clear()   # a row count measured for the first time: the nearest ones change
         self.scale[rows] = r if old is None or r < old else 0.9 * old + 0.1 * r
 
     def corrected_seconds(self, nodes: int, depth: int, batch: int) -> float:
         """The modelled step time, scaled by the error measured at its rows (or the nearest row count measured:
         one sequence's rows do not price a batch's)."""
         rows = batch * (nodes + 1)
-        near = min(self.scale, key=lambda j: (abs(j - rows), j), default=None)
-        return self.step_seconds(nodes, depth, batch) * (self.scale[near] if near is not None else 1.0)
+        near = self._near.get(rows)
+        if near is None:   # (every step prices every tree size: looked up once per row count)
+            near = self._near[rows] = min(self.scale, key=lambda j: (abs(j - rows), j), default=0)
+        return self.step_seconds(nodes, depth, batch) * self.scale.get(near, 1.0)
 
     def catch_up_seconds(self, rows: int, prefill_row_s: float | None = None) -> float:
         """The drafter's pass over ``rows`` missed rows. Past the row counts timed at start-up the curve (a few
