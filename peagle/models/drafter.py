@@ -10,7 +10,6 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from safetensors.torch import save_file
@@ -28,21 +27,6 @@ from peagle.runtime import to_device
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ACCEPTED_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
 MASK_ID_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")  # vLLM's lookup order
-
-
-class DraftWeights(NamedTuple):
-    """The fixed operands of ``peagle::draft`` (:meth:`Drafter.draft_weights`)."""
-    fc: torch.Tensor
-    fc_bias: torch.Tensor | None
-    embed: torch.Tensor
-    input_norm: torch.Tensor
-    hidden_norm: torch.Tensor
-    norm_before_residual: bool
-    layers: list
-    scale: float
-    norm: torch.Tensor
-    head: torch.Tensor
-    d2t: torch.Tensor
 
 
 class DrafterMismatchError(ValueError):
@@ -274,25 +258,10 @@ class Drafter(nn.Module):
         c = self.cfg
         return (type(self).forward is Drafter.forward and type(self).logits is Drafter.logits
                 and kernels.native(taps, c.head_dim, c.num_heads // c.num_kv_heads) and isinstance(caches[0], KVCache)
-                and longest <= kernels.limits().span_rows and self.draft_weights() is not None)
-
-    def draft_weights(self) -> DraftWeights | None:
-        """What ``peagle::draft`` takes that stays put while the weights do, None where they do not fuse (layers that
-        do not stack, an embedding not a contiguous float32 table, ``fc`` or the LM head not read as they are); made
-        again when they are replaced (loaded, cast). Kept for the reason the target keeps its pass's
-        (``LlamaModel.pass_weights``): each attribute chain between two passes costs, the host's caches cold."""
-        e, fc, head, first = self.embed_tokens.weight, self.fc.weight, self.lm_head.weight, self.midlayer
-        key = (id(e), id(fc), id(head), id(first.input_layernorm.weight), id(self.norm.weight), id(self.d2t),
-               stack_key([first, *self.layers.values()]))
-        if getattr(self, "_draft", (None,))[0] != key:
-            w, layers = None, self._stack()
-            if (layers is not None and e.dtype == torch.float32 and e.is_contiguous() and not isinstance(e, QuantTensor)
-                    and read_as_is(fc) and read_as_is(head)):
-                w = DraftWeights(operand(fc), self.fc.bias, e, first.input_layernorm.weight, first.hidden_norm.weight,
-                                 first.norm_before_residual, layers, first.self_attn.scale, self.norm.weight,
-                                 operand(head), self.d2t)
-            self._draft = (key, w)
-        return self._draft[1]
+                and longest <= kernels.limits().span_rows and self._stack() is not None
+                and self.embed_tokens.weight.dtype == torch.float32 and self.embed_tokens.weight.is_contiguous()
+                and not isinstance(self.embed_tokens.weight, QuantTensor)
+                and read_as_is(self.fc.weight) and read_as_is(self.lm_head.weight))
 
     def draft(self, ids: torch.Tensor, positions: torch.Tensor, cu: list[int], num_valid: torch.Tensor,
               bonus: torch.Tensor, taps: torch.Tensor, num_masks: int, spans: list, caches: list[KVCache],
@@ -300,15 +269,18 @@ class Drafter(nn.Module):
         """P-EAGLE's drafts ``[B, num_masks + 1]`` (target ids) of the verified batch in one native call
         (``peagle::draft``, where :meth:`fuses`): the expansion, ``fc``, the layers, the final norm, the LM head
         and the argmax, the same operators in the same order as ``ModelRunner.propose`` runs them one by one."""
-        c, dev, w = self.cfg, taps.device, self.draft_weights()
+        c, dev = self.cfg, taps.device
         nb = max(len(s.block_table) for s in spans)
         table = to_device([s.block_table + [0] * (nb - len(s.block_table)) for s in spans], dev)
         cos, sin = self.rotary.rows(max(s.ctx_len for s in spans) + num_masks, taps.dtype)
+        first = self.midlayer
         return torch.ops.peagle.draft(
             ids, positions, to_device(cu, dev), num_valid, bonus, taps.contiguous(), num_masks, c.mask_token_id,
-            w.fc, w.fc_bias, mask_feature, w.embed, w.input_norm, w.hidden_norm, w.norm_before_residual, w.layers,
-            cos.view(len(cos), -1), sin.view(len(sin), -1), [k.k for k in caches], [k.v for k in caches], table,
-            block_size, caches[0].num_slots, c.num_heads, c.head_dim, w.scale, c.rms_norm_eps, w.norm, w.head, w.d2t)
+            operand(self.fc.weight), self.fc.bias, mask_feature, self.embed_tokens.weight, first.input_layernorm.weight,
+            first.hidden_norm.weight, first.norm_before_residual, self._stack(), cos.view(len(cos), -1),
+            sin.view(len(sin), -1), [k.k for k in caches], [k.v for k in caches], table, block_size,
+            caches[0].num_slots, c.num_heads, c.head_dim, first.self_attn.scale, c.rms_norm_eps, self.norm.weight,
+            operand(self.lm_head.weight), self.d2t)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)

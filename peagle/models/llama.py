@@ -46,17 +46,6 @@ class UnsupportedModelError(ValueError):
     pass
 
 
-class PassWeights(NamedTuple):
-    """The fixed operands of ``peagle::target_pass`` (:meth:`LlamaModel.pass_weights`)."""
-    probe: torch.Tensor         # the layers' input as the kernels see it (its dtype and device; no rows)
-    embed: torch.Tensor
-    layers: list
-    windows: list[int]
-    aux: list[int]
-    norm: torch.Tensor
-    head: torch.Tensor
-
-
 @dataclass
 class ModelConfig:
     """The fields of a HF ``config.json`` that the supported families need, normalised across versions."""
@@ -422,39 +411,22 @@ class LlamaModel(nn.Module):
         (tokens, finite rows) or None). One native call (``peagle::target_pass``: the embedding, the layers, the
         final norm, the LM head, the argmax) where :meth:`stacks` holds and the embedding and the LM head are
         weights it reads as they are (the same bits); else :meth:`forward`, and None."""
-        c, w = self.cfg, self.pass_weights(ids.device)
-        if w is not None:
-            cut = meta.for_layers(positions, caches, w.probe, c.head_dim, c.num_heads // c.num_kv_heads, self.windows)
-            if self.stacks(w.probe, caches, cut):
-                # (a position's table row exists below each span's end: no reduction over the positions needed)
-                cos, sin = self.rotary.rows(max(s.ctx_len for s in meta.spans), w.probe.dtype)
+        c = self.cfg
+        probe = torch.empty(0, c.hidden_size, dtype=self.dtype, device=ids.device)  # the layers' input, as the kernels see it
+        if self.fuses():
+            cut = meta.for_layers(positions, caches, probe, c.head_dim, c.num_heads // c.num_kv_heads, self.windows)
+            if self.stacks(probe, caches, cut):
+                weights = self.native_weights()
+                cos, sin = self.rotary.rows(int(positions.max()) + 1, self.dtype)
                 logits, taps, tokens, finite = torch.ops.peagle.target_pass(
-                    ids, w.embed, w.layers, cos.view(len(cos), -1), sin.view(len(sin), -1),
+                    ids, operand(self.model.embed_tokens.weight), weights, cos.view(len(cos), -1), sin.view(len(sin), -1),
                     [k.k for k in caches], [k.v for k in caches], cut.slot_mapping, cut.table, cut.seq_of_row,
-                    cut.positions, cut.short_rows, cut.block_size, w.windows, c.num_heads, c.head_dim,
-                    c.attn_scale, c.rms_norm_eps, w.aux, cut.tree_args.get("tree_base"),
-                    cut.tree_args.get("tree_map"), rows, w.norm, w.head)
+                    cut.positions, cut.short_rows, cut.block_size, self._stack_windows, c.num_heads, c.head_dim,
+                    c.attn_scale, c.rms_norm_eps, list(self.aux_layers), cut.tree_args.get("tree_base"),
+                    cut.tree_args.get("tree_map"), rows, self.model.norm.weight, operand(self.head_weight()))
                 return logits, taps, (tokens, finite)
         logits, taps = self(ids, positions, caches, meta, rows)
         return logits, taps, None
-
-    def pass_weights(self, device: torch.device) -> PassWeights | None:
-        """What ``peagle::target_pass`` takes that stays put while the weights do, None where the pass does not fuse
-        (:meth:`fuses`, layers that do not stack); made again when they are replaced (loaded, cast). Kept because each attribute chain and
-        small tensor made between two passes costs here: the pass leaves the host's caches cold, and a decode step's
-        Python around it read ~0.4 ms of a 4.8 ms step on a Zen 4 (BENCHMARKS.md §52)."""
-        if not self.layers_stack:
-            return None
-        e, h = self.model.embed_tokens.weight, self.head_weight()
-        key = (stack_key(self.model.layers), id(e), id(h), id(self.model.norm.weight), self.aux_layers, device)
-        if getattr(self, "_pass", (None,))[0] != key:
-            w = None
-            if self.fuses():
-                layers = self.native_weights()
-                w = PassWeights(torch.empty(0, self.cfg.hidden_size, dtype=e.dtype, device=device), operand(e),
-                                layers, self._stack_windows, list(self.aux_layers), self.model.norm.weight, operand(h))
-            self._pass = (key, w)
-        return self._pass[1]
 
     def fuses(self) -> bool:
         """Whether this model's pass may run as one ``peagle::target_pass`` (where :meth:`stacks` holds too):
@@ -468,18 +440,13 @@ class LlamaModel(nn.Module):
     def stacks(self, x: torch.Tensor, caches: list, meta: AttnMeta) -> bool:
         """Whether :meth:`native_stack` runs this pass: peagle's CPU kernels take every op of every layer
         (plain Llama-style layers; rows the attention kernel takes whole, as in decoding and verification)."""
-        c = self.cfg
-        return (self.layers_stack and kernels.native(x, c.head_dim, c.num_heads // c.num_kv_heads) and x.dim() == 2
-                and meta.kernel_ok
-                and isinstance(caches[0], KVCache) and not meta.long_groups)
-
-    @property
-    def layers_stack(self) -> bool:
-        """Whether ``peagle::decoder_layers`` computes these layers (plain Llama-style ones, one rotary table)."""
         if getattr(self, "_stackable", None) is None:
             self._stackable = self.local_rotary is None and all(
                 type(layer) is DecoderLayer for layer in self.model.layers) and stackable(self.model.layers)
-        return self._stackable
+        c = self.cfg
+        return (self._stackable and kernels.native(x, c.head_dim, c.num_heads // c.num_kv_heads) and x.dim() == 2
+                and meta.kernel_ok
+                and isinstance(caches[0], KVCache) and not meta.long_groups)
 
     def native_stack(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], caches: list[KVCache],
                      meta: AttnMeta) -> tuple[torch.Tensor, list[torch.Tensor]]:
