@@ -126,3 +126,40 @@ def test_the_targets_pass_in_one_call_gives_the_step_by_step_bits(quantized, mon
         logits, _, (_, finite) = target.decode(ids[-1:], positions[-1:], caches, AttnMeta([spans[-1]], bs),
                                                torch.tensor([0]))
         assert torch.equal(finite, greedy(logits)[1]) and (quantized or not finite.any())
+
+
+@native
+def test_the_fused_passes_read_the_weights_the_models_hold_now():
+    """The passes' layer weights are listed once and listed again when replaced (``native_weights``, ``_stack``);
+    weights replaced after a pass (as a load or a cast replaces them: the LM heads, the final norms, the last layer's
+    matrix), one at a time, are the ones the next pass reads: the same bits as the step-by-step passes over the new
+    weights, not the first ones."""
+    target = native_from_hf(tiny_hf("llama"))
+    target.pack_for_inference()
+    head = sharp_head(target, False)
+    engine = LLMEngine(target, head, EngineConfig(method="parallel", num_speculative_tokens=4, max_num_seqs=3,
+                                                  prompt_lookup_max=0))
+    runner, g, bs = engine.runner, torch.Generator().manual_seed(3), engine.runner.cfg.block_size
+    spans, ids, positions, rows = [Span(5, 41, [9, 12, 20], 36)], torch.randint(0, 150, (5,), generator=g), \
+        torch.arange(36, 41), torch.arange(5)
+    batch = verified_batch(runner, 2, g)
+
+    def passes():
+        with torch.inference_mode():
+            logits, _, _ = target.decode(ids, positions, runner.target_caches, AttnMeta(spans, bs), rows)
+            reference, _ = target(ids, positions, runner.target_caches, AttnMeta(spans, bs), rows)
+            drafts = runner.propose(*batch, 3)
+            runner.fused_drafting = False
+            step_by_step = runner.propose(*batch, 3)
+            del runner.fused_drafting
+        assert torch.equal(logits, reference) and torch.equal(drafts, step_by_step)
+        return logits, drafts
+
+    before = passes()
+    for m, drafter in ((target.model.norm, False), (target.model.layers[-1].mlp.down_proj, False),
+                       (target.lm_head or target.model.embed_tokens, False), (head.lm_head, True), (head.norm, True)):
+        with torch.no_grad():   # one at a time: each must be seen on its own
+            m.weight = torch.nn.Parameter(m.weight.flip(0).contiguous(), requires_grad=False)
+        after = passes()
+        assert not torch.equal(before[drafter], after[drafter]), m
+        before = after

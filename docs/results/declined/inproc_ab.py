@@ -7,7 +7,8 @@ against `none`'s (every variant decodes the same tokens), its step count, and ea
 Variants: `none`, `ngram`, `defaults`, and the defaults with changes joined by `+`: `nohead` (`auto` never drafts
 with the head), `ungated` (the text's short matches and the table's drafts verified whenever proposed, as `ngram`
 does, not only while `auto`'s gate finds they pay), `lowprior` (a fresh engine's prior for the head's first
-position 0.2, not 0.5), `noprobe` (no probes: the head drafts only where
+position 0.2, not 0.5), `sparse` (probes from step 32, their interval
+doubling to 128, not 16 to 64), `noprobe` (no probes: the head drafts only where
 `auto`'s model says it pays now), `blind` (at 6bde5a4, reverted: the gate's declined drafts not
 scored against the tokens that come, as before and after it), e.g. `defaults+nohead+ungated`.
 
@@ -57,6 +58,9 @@ def run(v: str, i: int) -> None:
     e = LLMEngine(base.target, head if method == "parallel" else None, cfg, base.tokenizer, responses=table)
     if "+noprobe" in v:
         e.scheduler.auto.next_probe = 10 ** 9
+    if "+sparse" in v:
+        a = e.scheduler.auto
+        a.probe_every, a.probe_max, a.interval, a.next_probe = 32, 128, 32, 32
     if "+lowprior" in v:
         e.scheduler.auto.accepted[0][0] = 0.2 * e.scheduler.auto.prior
     e.add_request(ids[i], SamplingParams(max_tokens=128))
