@@ -12,9 +12,12 @@ doubling to 128, not 16 to 64), `noprobe` (no probes: the head drafts only where
 `auto`'s model says it pays now), `blind` (at 6bde5a4, reverted: the gate's declined drafts not
 scored against the tokens that come, as before and after it), e.g. `defaults+nohead+ungated`.
 
+$PROMPTS=mtbench20: 20 of MT-Bench's first turns (every fourth) instead of the held-out prompts.
+
     python docs/results/declined/inproc_ab.py [PASSES] [VARIANT ...]   # default: 2 none ngram defaults
 """
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,8 +33,12 @@ from peagle.models.loader import load_drafter_for, load_response_lookup, resolve
 
 passes = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 variants = sys.argv[2:] or ["none", "ngram", "defaults"]
-items = [json.loads(line) for line in
-         (Path(__file__).resolve().parent.parent / "int8" / "heldout.jsonl").read_text().splitlines()]
+if os.environ.get("PROMPTS") == "mtbench20":   # 20 of MT-Bench's first turns (every fourth), as burst_ab.py's
+    questions = Path(__file__).resolve().parents[4] / "shared" / "data" / "bench" / "mt_bench" / "question.jsonl"
+    items = [{"prompt": q["turns"][0]} for q in map(json.loads, open(questions))][::4][:20]
+else:
+    items = [json.loads(line) for line in
+             (Path(__file__).resolve().parent.parent / "int8" / "heldout.jsonl").read_text().splitlines()]
 base = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1)
 path = resolve_target(None, weights=False)
 head = load_drafter_for(base.target, path, None, base.tokenizer)
@@ -81,7 +88,7 @@ for p in range(passes):
         for v in variants[r:] + variants[:r]:
             run(v, i)
 rate = {v: t / s for v, (t, s, _) in total.items()}
-print(f"{passes} passes over the {len(ids)} held-out prompts, variants alternating request by request in one process; "
+print(f"{passes} passes over the {len(ids)} {os.environ.get('PROMPTS', 'held-out')} prompts, variants alternating request by request in one process; "
       "tokens/s over all steps, against `none`, and each prompt's:")
 for v in variants:
     each = [(a / b) / (c / d) for (a, b), (c, d) in zip(per_prompt[v], per_prompt[variants[0]])]
