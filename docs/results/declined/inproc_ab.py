@@ -16,36 +16,18 @@ $PROMPTS=mtbench20: 20 of MT-Bench's first turns (every fourth) instead of the h
 
     python docs/results/declined/inproc_ab.py [PASSES] [VARIANT ...]   # default: 2 none ngram defaults
 """
-import json
 import os
 import sys
 import time
-from pathlib import Path
+
+from common import alternating, engine, ids
 
 from peagle.engine.auto_k import AutoK
-from peagle.engine.config import EngineConfig
-from peagle.engine.llm_engine import LLMEngine
-from peagle.engine.model_runner import ModelRunner
-from peagle.engine.sampling import SamplingParams
 from peagle.engine.scheduler import Scheduler
 from peagle.engine.tree import Tree
-from peagle.models.loader import load_drafter_for, load_response_lookup, resolve_target
 
 passes = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 variants = sys.argv[2:] or ["none", "ngram", "defaults"]
-if os.environ.get("PROMPTS") == "mtbench20":   # 20 of MT-Bench's first turns (every fourth), as burst_ab.py's
-    questions = Path(__file__).resolve().parents[4] / "shared" / "data" / "bench" / "mt_bench" / "question.jsonl"
-    items = [{"prompt": q["turns"][0]} for q in map(json.loads, open(questions))][::4][:20]
-else:
-    items = [json.loads(line) for line in
-             (Path(__file__).resolve().parent.parent / "int8" / "heldout.jsonl").read_text().splitlines()]
-base = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1)
-path = resolve_target(None, weights=False)
-head = load_drafter_for(base.target, path, None, base.tokenizer)
-table = load_response_lookup(EngineConfig(), path, None, base.target.cfg.vocab_size)
-ids = [base.encode_prompt(it["prompt"]) for it in items]
-measure, costs = ModelRunner.measure_costs, {}
-ModelRunner.measure_costs = lambda self, *a: costs["c"] if costs else costs.setdefault("c", measure(self, *a))
 current = [""]
 choose, pays = AutoK.choose, AutoK.lookup_pays
 AutoK.choose = lambda self, *a: Tree(()) if "+nohead" in current[0] else choose(self, *a)
@@ -60,9 +42,7 @@ per_prompt = {v: [[0, 0.0] for _ in ids] for v in variants}
 
 def run(v: str, i: int) -> None:
     current[0] = v
-    method = {"none": "none", "ngram": "ngram"}.get(v, "parallel")   # (defaults, defaults+...)
-    cfg = EngineConfig(method=method, num_speculative_tokens=1 if method == "none" else "auto", max_num_seqs=1)
-    e = LLMEngine(base.target, head if method == "parallel" else None, cfg, base.tokenizer, responses=table)
+    e, _ = engine(v, ids[i])   # (defaults+...: the defaults, changed below)
     if "+noprobe" in v:
         e.scheduler.auto.next_probe = 10 ** 9
     if "+sparse" in v:
@@ -70,7 +50,6 @@ def run(v: str, i: int) -> None:
         a.probe_every, a.probe_max, a.interval, a.next_probe = 32, 128, 32, 32
     if "+lowprior" in v:
         e.scheduler.auto.accepted[0][0] = 0.2 * e.scheduler.auto.prior
-    e.add_request(ids[i], SamplingParams(max_tokens=128))
     while e.has_unfinished():
         t = time.perf_counter()
         done = sum(len(s.output_ids) for s in e.step().finished)
@@ -82,11 +61,8 @@ def run(v: str, i: int) -> None:
         per_prompt[v][i][1] += dt
 
 
-for p in range(passes):
-    for i in range(len(ids)):
-        r = (i + p) % len(variants)
-        for v in variants[r:] + variants[:r]:
-            run(v, i)
+for v, i in alternating(passes, variants):
+    run(v, i)
 rate = {v: t / s for v, (t, s, _) in total.items()}
 print(f"{passes} passes over the {len(ids)} {os.environ.get('PROMPTS', 'held-out')} prompts, variants alternating request by request in one process; "
       "tokens/s over all steps, against `none`, and each prompt's:")
