@@ -94,13 +94,14 @@ class OracleDrafter(Drafter):
         tags = [by_block.get(span.block_table[0], -1) for span in meta.spans for _ in range(span.num_rows)]
         return torch.tensor(tags + [-1] * (rows - len(tags)), dtype=torch.float32)[:, None]
 
-    def forward(self, ids, hidden, positions, caches, meta):
+    def forward(self, ids, hidden, positions, caches, meta, keep=None):
         normed, prenorm = super().forward(ids, hidden, positions, caches, meta)
         tag = positions.to(normed.dtype)[:, None]  # the row at position p predicts token p + 2
         if isinstance(self.reference, dict):
             tag = torch.cat([tag, self._sequence_tags(meta, tag.shape[0]).to(normed.device, normed.dtype)], 1)
         n = tag.shape[1]
-        return torch.cat([tag, normed[:, n:]], 1), torch.cat([tag, prenorm[:, n:]], 1)
+        normed, prenorm = torch.cat([tag, normed[:, n:]], 1), torch.cat([tag, prenorm[:, n:]], 1)
+        return (normed, prenorm) if keep is None else (normed[keep], prenorm[keep])
 
     def reference_of(self, row: torch.Tensor) -> list[int]:
         if not isinstance(self.reference, dict):

@@ -168,10 +168,10 @@ def test_drafter_never_reads_unwritten_kv(llama, method):
     every output of a row that writes KV (context, bonus and mask rows, which hold every draft) is
     exactly what it is with zeroed pools (keys outside a context only ever get zero weight)."""
     class Recording(Drafter):
-        def forward(self, ids, hidden, positions, caches, meta):
+        def forward(self, ids, hidden, positions, caches, meta, keep=None):   # (every row's output, recorded)
             normed, pre = super().forward(ids, hidden, positions, caches, meta)
             self.seen.append(normed.clone() if meta.no_write is None else normed[~meta.no_write])
-            return normed, pre
+            return (normed, pre) if keep is None else (normed[keep], pre[keep])
 
     random_head = init_drafter(llama, 2, MASK, seed=4)
     runs = []

@@ -23,10 +23,10 @@ from peagle.models.quant import pack_model, quantize_linears
 native = pytest.mark.skipif(not kernels.available(), reason="native kernels not built")
 
 
-def sharp_head(target, quantized: bool) -> Drafter:
-    """A random 1-layer head whose outputs a wrong row, position, slot or mask would change: norms and
+def sharp_head(target, quantized: bool, num_layers: int = 1) -> Drafter:
+    """A random head whose outputs a wrong row, position, slot or mask would change: norms and
     biases away from their defaults, peaked attention, a draft vocabulary of 96 of the 160 ids, scattered."""
-    head = init_drafter(target, 1, MASK, draft_vocab_size=96)
+    head = init_drafter(target, num_layers, MASK, draft_vocab_size=96)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in head.named_parameters():
@@ -58,15 +58,26 @@ def verified_batch(runner: ModelRunner, num_masks: int, g: torch.Generator):
     return spans, ids, positions, cu, torch.tensor(kept), taps, torch.randint(0, 150, (3,), generator=g)
 
 
+def every_row(forward):
+    """``Drafter.forward`` run to the end for every row, the drafted ones (``keep``) read after it: the pass as it
+    was before the other rows stopped at their KV."""
+    def run(self, ids, hidden, positions, caches, meta, keep=None):
+        normed, prenorm = forward(self, ids, hidden, positions, caches, meta)
+        return (normed, prenorm) if keep is None else (normed[keep], prenorm[keep])
+    return run
+
+
 @native
 @pytest.mark.parametrize("quantized", [False, True])
 def test_the_drafting_pass_in_one_call_gives_the_step_by_step_bits(quantized, monkeypatch):
+    """The fused pass, the step-by-step one (both running the last layer past its KV for the drafted rows alone)
+    and the step-by-step one run to the end for every row: the same drafts and KV."""
     target = quantized_copy(tiny_hf("llama")) if quantized else native_from_hf(tiny_hf("llama"))
     head = sharp_head(target, quantized)
     engine = LLMEngine(target, head, EngineConfig(method="parallel", num_speculative_tokens=4, max_num_seqs=3,
                                                   prompt_lookup_max=0))
     runner, g = engine.runner, torch.Generator().manual_seed(0)
-    calls, draft = [], Drafter.draft
+    calls, draft, forward = [], Drafter.draft, Drafter.forward
     monkeypatch.setattr(Drafter, "draft", lambda self, *a: calls.append(1) or draft(self, *a))
     for num_masks in (0, 1, 3):
         batch = verified_batch(runner, num_masks, g)
@@ -75,18 +86,54 @@ def test_the_drafting_pass_in_one_call_gives_the_step_by_step_bits(quantized, mo
             p.copy_(torch.randn(p.shape, generator=g).to(p.dtype))
         before = [p.clone() for p in pools]
         out = {}
-        for fused in (True, False):
+        for mode in ("fused", "step by step", "every row"):
             for p, b in zip(pools, before):
                 p.copy_(b)
-            monkeypatch.setattr(ModelRunner, "fused_drafting", fused)
+            monkeypatch.setattr(ModelRunner, "fused_drafting", mode == "fused")
+            monkeypatch.setattr(Drafter, "forward", every_row(forward) if mode == "every row" else forward)
             with torch.inference_mode():
                 drafts = runner.propose(*batch, num_masks + 1)
-            out[fused] = drafts, [p.clone() for p in pools]
-        assert out[True][0].shape == (3, num_masks + 1, 1)
-        assert torch.equal(out[True][0], out[False][0])
-        assert all(torch.equal(a, b) for a, b in zip(out[True][1], out[False][1]))
-        assert not all(torch.equal(a, b) for a, b in zip(out[True][1], before))  # KV was written
+            out[mode] = drafts, [p.clone() for p in pools]
+        assert out["fused"][0].shape == (3, num_masks + 1, 1)
+        for mode in ("step by step", "every row"):
+            assert torch.equal(out["fused"][0], out[mode][0]), mode
+            assert all(torch.equal(a, b) for a, b in zip(out["fused"][1], out[mode][1])), mode
+        assert not all(torch.equal(a, b) for a, b in zip(out["fused"][1], before))  # KV was written
     assert len(calls) == 3
+
+
+@native
+@pytest.mark.parametrize("method,num_layers", [("parallel", 1), ("parallel", 2), ("eagle3", 1)])
+def test_a_long_catch_up_stops_at_its_kv_with_the_full_passs_bits(method, num_layers, monkeypatch):
+    """A drafting pass with a catch-up longer than a span (70 rows, cut into spans) beside short ones: the rows
+    before the drafted ones stop at their KV in the last layer, the layers in one call or one by one, and the drafts
+    (EAGLE-3's too, which feed back the drafted rows' pre-norm state) and the KV are the layer-by-layer pass's run to
+    the end for every row."""
+    target = native_from_hf(tiny_hf("llama"))
+    engine = LLMEngine(target, sharp_head(target, False, num_layers),
+                       EngineConfig(method=method, num_speculative_tokens=3, max_num_seqs=3, prompt_lookup_max=0))
+    runner, g = engine.runner, torch.Generator().manual_seed(3)
+    rows, starts, kept = [70, 1, 4], [10, 40, 25], [70, 1, 2]
+    tables = [list(range(2, 8)), [9, 11, 10, 12], [14, 13]]
+    spans = [Span(n, s + n, t, s) for n, s, t in zip(rows, starts, tables)]
+    batch = (spans, torch.randint(0, 150, (75,), generator=g),
+             torch.cat([torch.arange(s, s + n) for s, n in zip(starts, rows)]), [0, 70, 71, 75], torch.tensor(kept),
+             torch.randn(75, target.cfg.hidden_size * 3, generator=g), torch.randint(0, 150, (3,), generator=g))
+    pools = [c.k for c in runner.drafter_caches] + [c.v for c in runner.drafter_caches]
+    for p in pools:
+        p.copy_(torch.randn(p.shape, generator=g).to(p.dtype))
+    before, out, forward, stacks = [p.clone() for p in pools], {}, Drafter.forward, Drafter.stacks
+    for mode in ("in one call", "layer by layer", "every row"):
+        for p, b in zip(pools, before):
+            p.copy_(b)
+        monkeypatch.setattr(Drafter, "forward", every_row(forward) if mode == "every row" else forward)
+        monkeypatch.setattr(Drafter, "stacks", stacks if mode == "in one call" else lambda *a: False)
+        with torch.inference_mode():
+            out[mode] = [runner.propose(*batch, 3), *(p.clone() for p in pools)]
+    assert out["every row"][0].shape == (3, 3, 1)
+    for mode in ("in one call", "layer by layer"):
+        assert all(torch.equal(a, b) for a, b in zip(out[mode], out["every row"])), mode
+    assert not all(torch.equal(a, b) for a, b in zip(out["every row"][1:], before))  # KV was written
 
 
 @native

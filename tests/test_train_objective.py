@@ -120,9 +120,9 @@ def test_engine_drafts_are_the_training_elements(target, monkeypatch):
     passes, drafted = [], []
     forward, logits = Drafter.forward, Drafter.logits
 
-    def recording_forward(self, ids, hidden, positions, caches, meta):
-        normed, pre = forward(self, ids, hidden, positions, caches, meta)
-        passes.append((positions.clone(), normed.clone()))
+    def recording_forward(self, ids, hidden, positions, caches, meta, keep=None):   # (the rows it outputs)
+        normed, pre = forward(self, ids, hidden, positions, caches, meta, keep)
+        passes.append((positions.clone() if keep is None else positions[keep], normed.clone()))
         return normed, pre
 
     def recording_logits(self, normed):

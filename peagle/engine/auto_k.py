@@ -71,6 +71,9 @@ class AutoK:
     drafter: CostCurve          # a drafter pass over n rows (with its LM head)
     ranks: int = 1              # candidates per position a tree may use (1: a chain)
     budget: int | None = None   # nodes a tree may have (None: k_max, a chain's most)
+    # a drafting pass over n rows of context, one drafted: what the rows the drafter missed add to its next pass
+    # (they stop at their KV, 2-3x cheaper a row than the drafter curve's; None: priced on that curve)
+    context: CostCurve | None = None
     probe_every: int = 16       # steps between probes two positions deeper (doubling while none pays)
     probe_max: int = 64         # ... up to this many (the drafter's catch-up then reads at most 64 steps' rows)
     decay: float = 0.98         # per step: about the last 50 steps count
@@ -187,19 +190,20 @@ class AutoK:
         return self.step_seconds(nodes, depth, batch) * self.scale.get(near, 1.0)
 
     def catch_up_seconds(self, rows: int, prefill_row_s: float | None = None) -> float:
-        """The drafter's pass over ``rows`` missed rows. Past the row counts timed at start-up the curve (a few
-        decode-sized passes, their weights' reads) misses what a long catch-up costs, a prompt's attention over
-        its own keys (a 1,936-token prompt: 120 ms, where the curve said a few): there it is priced as the
-        target's measured prefill per row (``prefill_row_s``) times the drafter's share of a pass at the most
-        rows timed."""
-        seconds, top = self.drafter(rows), self.drafter.rows[-1]
+        """What ``rows`` missed rows add to the drafter's next pass (the ``context`` curve's rows beyond its one
+        drafted). Past the row counts timed at start-up the curve (a few decode-sized passes, their weights'
+        reads) misses what a long catch-up costs, a prompt's attention over its own keys (a 1,936-token prompt:
+        120 ms, where the curve said a few): there it is priced as the target's measured prefill per row
+        (``prefill_row_s``) times the drafter's share of a pass at the most rows timed."""
+        curve = self.context or self.drafter
+        seconds, top = curve(rows + 1) - curve(1), curve.rows[-1]
         if prefill_row_s is not None and self.long_catch_up(rows):
-            seconds = max(seconds, rows * prefill_row_s * self.drafter(top) / self.target(top))
+            seconds = max(seconds, rows * prefill_row_s * curve(top) / self.target(top))
         return seconds
 
     def long_catch_up(self, rows: int) -> bool:
         """More missed rows than the drafter's start-up curve was timed on (a prompt prefilled without drafts)."""
-        return rows > self.drafter.rows[-1]
+        return rows > (self.context or self.drafter).rows[-1]
 
     def choose(self, batch: int, missed_rows: int = 0, prefill_row_s: float | None = None,
                steps_left: int | None = None) -> Tree:

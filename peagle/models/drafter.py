@@ -162,9 +162,13 @@ class FirstLayer(nn.Module):
         normed = self.hidden_norm(hidden)
         return torch.cat([self.input_layernorm(emb), normed], dim=-1), normed if self.norm_before_residual else hidden
 
-    def forward(self, emb, hidden, rope, cache, meta):
+    def forward(self, emb, hidden, rope, cache, meta, keep: torch.Tensor | None = None):
+        """``keep``: as :meth:`DecoderLayer.forward`'s."""
         x, residual = self.inputs(emb, hidden)
-        h = residual + self.self_attn(x, rope, cache, meta)
+        attended = self.self_attn(x, rope, cache, meta)
+        if keep is not None:
+            attended, residual = attended[keep], residual[keep]
+        h = residual + attended
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -204,19 +208,22 @@ class Drafter(nn.Module):
         return self.fc(self.mask_hidden.reshape(1, -1))[0]
 
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                caches: list[KVCache] | list[DenseKV], meta: AttnMeta | ChainMask) -> tuple[torch.Tensor, torch.Tensor]:
+                caches: list[KVCache] | list[DenseKV], meta: AttnMeta | ChainMask,
+                keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden`` is already at the head's width. Returns (normed, pre-norm) hidden states:
-        the first feeds :meth:`logits`, the second is what EAGLE-3 feeds back. With
-        :class:`DenseKV` caches (training), ``meta`` is a :class:`ChainMask`."""
+        the first feeds :meth:`logits`, the second is what EAGLE-3 feeds back; of the rows ``keep`` alone where
+        given (the drafted rows: the others, the context it catches up on, need only their KV, and the last
+        layer stops there for them). With :class:`DenseKV` caches (training), ``meta`` is a :class:`ChainMask`."""
         if isinstance(meta, AttnMeta):   # (a long catch-up through peagle's attention, as the target's prompts)
             c = self.cfg
             meta = meta.for_layers(positions, caches, hidden, c.head_dim, c.num_heads // c.num_kv_heads)
         rope = self.rotary.table(positions, hidden.dtype)
         if self.stacks(hidden, caches, meta):
-            return self.native_stack(ids, hidden, rope, caches, meta)
-        x = self.midlayer(self.embed(ids), hidden, rope, caches[0], meta)
+            return self.native_stack(ids, hidden, rope, caches, meta, keep)
+        last = self.cfg.num_layers - 1
+        x = self.midlayer(self.embed(ids), hidden, rope, caches[0], meta, keep if last == 0 else None)
         for i in range(1, self.cfg.num_layers):
-            x = self.layers[str(i)](x, rope, caches[i], meta)
+            x = self.layers[str(i)](x, rope, caches[i], meta, keep if i == last else None)
         return self.norm(x), x
 
     def stacks(self, hidden: torch.Tensor, caches: list, meta) -> bool:
@@ -240,14 +247,15 @@ class Drafter(nn.Module):
         return self._stack_weights
 
     def native_stack(self, ids: torch.Tensor, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                     caches: list[KVCache], meta: AttnMeta) -> tuple[torch.Tensor, torch.Tensor]:
+                     caches: list[KVCache], meta: AttnMeta, keep: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layers in one call (:func:`native_layers`, the weights :meth:`stacks` just listed), layer 0's
         input made as :class:`FirstLayer` makes it: the same kernels in the same order as :meth:`forward`'s
         layers, without a drafting pass's ~15 Python and dispatcher round trips a layer."""
         c = self.cfg
         first, residual = self.midlayer.inputs(self.embed(ids), hidden)
         x, _ = native_layers(residual, self._stack_weights, rope, caches, meta, [0] * c.num_layers, c.num_heads,
-                             c.head_dim, self.midlayer.self_attn.scale, c.rms_norm_eps, [], first)
+                             c.head_dim, self.midlayer.self_attn.scale, c.rms_norm_eps, [], first, keep)
         return self.norm(x), x
 
     def fuses(self, taps: torch.Tensor, caches: list, longest: int) -> bool:

@@ -207,8 +207,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
 
-    def forward(self, x, rope, cache, meta):
-        normed, h = self.post_attention_layernorm.add_forward(self.self_attn(self.input_layernorm(x), rope, cache, meta), x)
+    def forward(self, x, rope, cache, meta, keep: torch.Tensor | None = None):
+        """``keep``: the rows whose output is read (a drafting pass's drafted rows); every row's KV is written, the
+        MLP runs for these alone and the output has these rows."""
+        attended = self.self_attn(self.input_layernorm(x), rope, cache, meta)
+        if keep is not None:
+            attended, x = attended[keep], x[keep]
+        normed, h = self.post_attention_layernorm.add_forward(attended, x)
         return h + self.mlp(normed)
 
 
@@ -237,15 +242,17 @@ def stack_weights(layers) -> list[torch.Tensor | None]:
 
 def native_layers(x: torch.Tensor, weights: list, rope: tuple[torch.Tensor, torch.Tensor], caches: list[KVCache],
                   meta: AttnMeta, windows: list[int], heads: int, head_dim: int, scale: float, eps: float,
-                  taps: list[int], first_normed: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                  taps: list[int], first_normed: torch.Tensor | None = None,
+                  keep: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Every layer in one call to ``peagle::decoder_layers``: the same kernels in the same order as the layers'
     own forwards (the same bits), without ~10 Python and dispatcher round trips a layer. Returns the last
-    layer's output and the inputs of the layers in ``taps``."""
+    layer's output (of the rows ``keep`` alone, where given: see :meth:`DecoderLayer.forward`) and the inputs
+    of the layers in ``taps``."""
     cos, sin = rope
     return torch.ops.peagle.decoder_layers(
         x.contiguous(), weights, cos, sin, [k.k for k in caches], [k.v for k in caches], meta.slot_mapping, meta.table,
         meta.seq_of_row, meta.positions, meta.short_rows, meta.block_size, windows, heads, head_dim, scale, eps, taps,
-        **meta.tree_args, first_normed=first_normed)
+        **meta.tree_args, first_normed=first_normed, out_rows=keep)
 
 
 class LlamaModel(nn.Module):

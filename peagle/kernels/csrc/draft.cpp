@@ -1,8 +1,8 @@
 // draft: a P-EAGLE drafting pass of a decode step in one call: the verified batch expanded (expand.cpp), the
 // target's taps projected (fc), each row's input ([normed embedding, normed feature], the mask slots' feature
 // where masked), the attention layout (each row's KV slot from its sequence's block table; rejected rows
-// write the scratch slot), the layers (decoder_layers), the final norm and the LM head at the sampled rows,
-// and the argmax mapped to target ids. The same operators in the same order as ModelRunner.propose's steps
+// write the scratch slot), the layers (decoder_layers; the last one past its KV for the sampled rows alone), the
+// final norm, the LM head and the argmax at those rows, mapped to target ids. The same operators in the same order as ModelRunner.propose's steps
 // (the same bits: tests/test_fused_passes.py); what it saves is their ~25 Python and dispatcher round trips,
 // each paid on caches the target's pass has just flushed (0.47 ms of a K=1 round's host work on a Zen 4,
 // more than the drafter's own arithmetic; BENCHMARKS.md §46).
@@ -81,10 +81,10 @@ static at::Tensor draft(const at::Tensor& ids, const at::Tensor& positions, cons
     auto [x, unused] = decoder_layers(norm_before_residual ? f : hidden, weights, cos.index_select(0, pos),
                                       sin.index_select(0, pos), k_pools, v_pools, slots, table, seq, pos,
                                       at::arange(R, i64), block_size, windows, heads, head_dim, scale, eps, {},
-                                      c10::nullopt, c10::nullopt, first);
-    // the drafts: the sampled rows' final norm, LM head and argmax, as target ids
-    const at::Tensor rows = x.index_select(0, sample.view(-1));
-    const at::Tensor best = std::get<1>(argmax_rows(linear(rms_norm(rows, norm, eps), lm_head, c10::nullopt, "")));
+                                      c10::nullopt, c10::nullopt, first, sample.view(-1));
+    // the drafts: the sampled rows' final norm, LM head and argmax, as target ids (the other rows stopped at
+    // their KV: the last layer ran the sampled ones alone)
+    const at::Tensor best = std::get<1>(argmax_rows(linear(rms_norm(x, norm, eps), lm_head, c10::nullopt, "")));
     out = at::empty({B, num_masks + 1}, i64);
     const int64_t *b = best.data_ptr<int64_t>(), *off = d2t.data_ptr<int64_t>();
     int64_t* o = out.data_ptr<int64_t>();

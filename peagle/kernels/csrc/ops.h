@@ -53,6 +53,6 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
     const at::Tensor& table, const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows,
     int64_t block_size, at::IntArrayRef windows, int64_t heads, int64_t head_dim, double scale, double eps,
     at::IntArrayRef taps, const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map,
-    const c10::optional<at::Tensor>& first_normed);
+    const c10::optional<at::Tensor>& first_normed, const c10::optional<at::Tensor>& out_rows);
 
 }  // namespace peagle

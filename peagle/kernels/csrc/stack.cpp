@@ -12,6 +12,7 @@
 #include <ATen/ops/isfinite.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <tuple>
 #include <vector>
 
@@ -26,14 +27,23 @@ static constexpr int64_t PER_LAYER = 10;  // see decoder_layers
 // gate_up weight, gate_up bias?, down weight, down bias? (the biases None where the model has none).
 // Returns the last layer's output (before the final norm) and the input of each layer in ``taps`` (the
 // layer count for the last output). ``first_normed``: layer 0's attention input, if not rms_norm(x).
+// ``out_rows``: the rows whose output the caller reads (a drafting pass's drafted rows): the last layer writes every
+// row's KV but attends, projects and runs its MLP for these alone, and the output has these rows, in this order. A
+// row's result is its own whatever shares the pass, so they are the bits of the full pass's rows; what the others
+// skip is most of their cost (a drafter's catch-up over a prompt, one layer: its attention input and KV alone).
 std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
     const at::Tensor& x0, const c10::List<c10::optional<at::Tensor>>& weights, const at::Tensor& cos,
     const at::Tensor& sin, at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& slots,
     const at::Tensor& table, const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows,
     int64_t block_size, at::IntArrayRef windows, int64_t heads, int64_t head_dim, double scale, double eps,
     at::IntArrayRef taps, const c10::optional<at::Tensor>& tree_base, const c10::optional<at::Tensor>& tree_map,
-    const c10::optional<at::Tensor>& first_normed) {
+    const c10::optional<at::Tensor>& first_normed, const c10::optional<at::Tensor>& out_rows) {
   const int64_t L = int64_t(k_pools.size()), T = x0.size(0);
+  const bool some = out_rows.has_value() && out_rows->defined();
+  TORCH_CHECK(!some || (out_rows->scalar_type() == at::kLong && out_rows->dim() == 1 && out_rows->is_contiguous()),
+              "peagle::decoder_layers: out_rows must be contiguous int64 [rows]");
+  TORCH_CHECK(!some || std::find(taps.begin(), taps.end(), L) == taps.end(),
+              "peagle::decoder_layers: the last layer's output is tapped for every row: no out_rows");
   TORCH_CHECK(int64_t(weights.size()) == L * PER_LAYER && int64_t(v_pools.size()) == L && int64_t(windows.size()) == L,
               "peagle::decoder_layers: ", PER_LAYER, " weights, one K pool, V pool and window per layer");
   TORCH_CHECK(x0.dim() == 2 && x0.is_contiguous(), "peagle::decoder_layers: x must be contiguous [rows, hidden]");
@@ -61,8 +71,13 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
       linear_into(normed, *w(l, 1), w(l, 2), qkv);
       const at::Tensor heads_view = qkv.view({T, -1, head_dim});
       rope_write(heads_view, c, s, heads, k_pools[l], v_pools[l], slots);
-      attention_into(heads_view.narrow(1, 0, heads), k_pools[l], v_pools[l], table, seq, pos, rows, block_size,
-                     windows[l], scale, tree_base, tree_map, att);
+      const bool cut = some && l == L - 1;  // from here on the kept rows alone (their attention fills att's rows)
+      attention_into(heads_view.narrow(1, 0, heads), k_pools[l], v_pools[l], table, seq, pos, cut ? *out_rows : rows,
+                     block_size, windows[l], scale, tree_base, tree_map, att);
+      if (cut) {
+        att = att.index_select(0, *out_rows);
+        x = x.index_select(0, *out_rows);
+      }
       linear_into(att, *w(l, 3), w(l, 4), o);
       if (l == 0 && first_normed) normed = at::Tensor();  // (the caller's: layer 0's MLP input is ours)
       add_rms_norm_into(o, x, *w(l, 5), eps, normed, residual);
@@ -105,7 +120,7 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> target_pass(
     }
     auto [out, taken] = decoder_layers(x, weights, cos.index_select(0, pos), sin.index_select(0, pos), k_pools,
                                        v_pools, slots, table, seq, pos, rows, block_size, windows, heads, head_dim,
-                                       scale, eps, taps, tree_base, tree_map, c10::nullopt);
+                                       scale, eps, taps, tree_base, tree_map, c10::nullopt, c10::nullopt);
     tapped = taken.empty() ? at::empty({x.size(0), 0}, x.options()) : at::cat(taken, 1);
     logits = linear(rms_norm(out.index_select(0, logit_rows), norm, eps), lm_head, c10::nullopt, "");
     auto [values, best] = argmax_rows(logits);
@@ -124,8 +139,7 @@ TORCH_LIBRARY_FRAGMENT(peagle, m) {
   m.def("decoder_layers(Tensor x, Tensor?[] weights, Tensor cos, Tensor sin, Tensor(a!)[] k, Tensor(b!)[] v, "
         "Tensor slots, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, int[] windows, int heads, "
         "int head_dim, float scale, float eps, int[] taps, Tensor? tree_base=None, Tensor? tree_map=None, "
-        "Tensor? first_normed=None) "
-        "-> (Tensor, Tensor[])");
+        "Tensor? first_normed=None, Tensor? out_rows=None) -> (Tensor, Tensor[])");
   m.impl("decoder_layers", c10::DispatchKey::CPU, TORCH_FN(decoder_layers));
 }
 
