@@ -93,8 +93,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
 
 // target_pass: a target's whole pass over a step's rows, where decoder_layers takes its layers: the rows
 // embedded (GGUF or packed bf16 rows de-quantized, or a float32 table's rows), RoPE's rows of the table,
-// the layers, the taps concatenated, the final norm at the verified rows, the LM head and each of those rows'
-// argmax and finiteness. The same operators in the same order as LlamaModel.forward and greedy() run them
+// the layers (the last one past its KV for the verified rows alone), the taps concatenated, the final norm at the
+// verified rows, the LM head and each of those rows' argmax and finiteness. The same operators in the same order as LlamaModel.forward and greedy() run them
 // (the same bits: tests/test_fused_passes.py); what it saves is their ~10 Python and dispatcher round trips
 // a step, each on caches the weights' stream has just flushed (0.2 ms of a 4.8 ms step on a Zen 4, §46).
 // Returns (logits of ``logit_rows``, taps [T, sum of widths], argmax tokens, finite rows).
@@ -118,11 +118,15 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> target_pass(
     } else {
       x = dequantize_rows(embed, ids);
     }
+    // a prompt chunk reads one row's logits: the last layer past its KV for it alone, where no tap wants the rest
+    const bool cut = logit_rows.numel() < ids.numel() &&
+                     std::find(taps.begin(), taps.end(), int64_t(k_pools.size())) == taps.end();
     auto [out, taken] = decoder_layers(x, weights, cos.index_select(0, pos), sin.index_select(0, pos), k_pools,
                                        v_pools, slots, table, seq, pos, rows, block_size, windows, heads, head_dim,
-                                       scale, eps, taps, tree_base, tree_map, c10::nullopt, c10::nullopt);
+                                       scale, eps, taps, tree_base, tree_map, c10::nullopt,
+                                       cut ? c10::optional<at::Tensor>(logit_rows) : c10::nullopt);
     tapped = taken.empty() ? at::empty({x.size(0), 0}, x.options()) : at::cat(taken, 1);
-    logits = linear(rms_norm(out.index_select(0, logit_rows), norm, eps), lm_head, c10::nullopt, "");
+    logits = linear(rms_norm(cut ? out : out.index_select(0, logit_rows), norm, eps), lm_head, c10::nullopt, "");
     auto [values, best] = argmax_rows(logits);
     tokens = best;
     finite = at::isfinite(values);
