@@ -187,7 +187,7 @@ class AutoK:
         near = self._near.get(rows)
         if near is None:   # (every step prices every tree size: looked up once per row count)
             near = self._near[rows] = min(self.scale, key=lambda j: (abs(j - rows), j), default=0)
-        return self.step_seconds(nodes, depth, batch) * self.scale.get(near, 1.0)
+        return self.pass_seconds(rows, depth, batch) * self.scale.get(near, 1.0)   # (step_seconds, a call less)
 
     def catch_up_seconds(self, rows: int, prefill_row_s: float | None = None) -> float:
         """What ``rows`` missed rows add to the drafter's next pass (the ``context`` curve's rows beyond its one

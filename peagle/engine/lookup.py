@@ -171,14 +171,15 @@ class ResponseLookup:
     def follower(self, context: list[int]) -> tuple[int, float] | None:
         """The most frequent token after the longest suffix of ``context`` (up to ``orders`` tokens) in the
         table, with its share of what followed; None where no suffix is."""
-        context = context[-self.orders:]
-        wide = max((i for i, t in enumerate(context) if t >> self.bits), default=-1)
-        for n in range(len(context) - wide - 1, 0, -1):   # (no context holds an id wider than the table's: one of the
-            key = 0                                       # target's it never saw)
-            for t in context[len(context) - n:]:
-                key = key << self.bits | t
-            keys = self.keys[n - 1]
-            i = int(np.searchsorted(keys, np.uint64(key)))
+        suffixes, key, bits = [], 0, self.bits   # each suffix's key, the shortest first
+        for n, t in enumerate(reversed(context[-self.orders:])):
+            if t >> bits:   # no context holds an id wider than the table's (one of the target's it never saw)
+                break
+            key |= t << (bits * n)
+            suffixes.append(key)
+        for n in range(len(suffixes), 0, -1):
+            keys, key = self.keys[n - 1], suffixes[n - 1]
+            i = int(keys.searchsorted(np.uint64(key)))
             if i < len(keys) and int(keys[i]) == key:
                 return int(self.tokens[n - 1][i]), int(self.shares[n - 1][i]) / 255
         return None
