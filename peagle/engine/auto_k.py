@@ -12,7 +12,8 @@ by the step times measured since (per rows verified, the head's drafts or those 
 running ratio): as the batch grows, or another tenant takes the cores' arithmetic, rows get
 dearer and the tree shrinks. An empty tree is plain decoding: the drafter is skipped, and the rows it
 missed are read in its next pass when drafting resumes (the engine keeps their target taps), so its
-KV has no holes. That catch-up pass is a cost of resuming: spread over a probe interval, it is added
+KV has no holes (those rows stop at their KV: priced on a start-up curve of such passes, not the drafter's).
+That catch-up is a cost of resuming: spread over a probe interval, it is added
 to every non-empty tree while rows are missed, so drafting resumes only for a gain that pays it back
 (near break-even the choice would otherwise flip every few steps and pay it each time); a long one (a
 prompt prefilled without drafts) is priced at the target's measured prefill rate, not the decode-sized
