@@ -145,28 +145,15 @@ def test_resuming_pays_for_the_drafters_catch_up():
     assert len(auto.choose(16, missed_rows=16 * 64)) > 0
 
 
-def test_missed_rows_are_priced_by_what_they_add_to_a_drafting_pass():
-    """The drafter's missed rows stop at their KV (a third of a drafted row's price here, as the start-up
-    `context` curve measures): priced on that curve, the catch-up that kept a marginal resume back (see
-    test_resuming_pays_for_the_drafters_catch_up) no longer does; without the curve, the drafter's prices it."""
-    context = CostCurve(DRAFTER.rows, [DRAFTER.seconds[0] + (s - DRAFTER.seconds[0]) / 3 for s in DRAFTER.seconds])
-    auto = AutoK(4, True, TARGET, DRAFTER, prior=1e-6, margin=0.0, context=context)
-    assert auto.catch_up_seconds(1024) == pytest.approx((DRAFTER(1025) - DRAFTER(1)) / 3)
-    set_counts(auto, [65.0, 0, 0, 0], [100.0, 0, 0, 0])
-    assert len(auto.choose(16, missed_rows=16 * 64)) == 1
-    auto.context = None
-    assert len(auto.choose(16, missed_rows=16 * 64)) == 0
-
-
 def test_a_long_prompts_catch_up_is_priced_at_the_measured_prefill_rate():
     """Past the row counts timed at start-up the drafter's curve (decode-sized passes) prices a 2,000-row
     catch-up at what its weights cost; with the target's measured prefill seconds per row it is the drafter's
     share of that: resuming for a marginal gain is then declined."""
     auto = AutoK(4, True, TARGET, DRAFTER, prior=1e-6, margin=0.0)
     per_row = TARGET(256) / 256 * 4   # a prefill row four times a batched decode row's price (attention)
-    assert auto.catch_up_seconds(2000) == DRAFTER(2001) - DRAFTER(1)   # what the rows add to a drafting pass
+    assert auto.catch_up_seconds(2000) == DRAFTER(2000)
     assert auto.catch_up_seconds(2000, per_row) == pytest.approx(2000 * per_row * DRAFTER(256) / TARGET(256))
-    assert auto.catch_up_seconds(64, per_row) == DRAFTER(65) - DRAFTER(1)   # within the measured rows: the curve
+    assert auto.catch_up_seconds(64, per_row) == DRAFTER(64)   # within the measured rows: the curve
     set_counts(auto, [50.0, 0, 0, 0], [100.0, 0, 0, 0])
     assert len(auto.choose(1, missed_rows=2000)) > 0 and len(auto.choose(1, missed_rows=2000, prefill_row_s=per_row)) == 0
 
@@ -297,10 +284,9 @@ def test_costs_are_timed_round_robin_each_drafter_pass_after_a_target_pass(llama
         calls.append(("drafter", sum(s.num_rows for s in spans) + args[-1] - 1))
         return propose(self, spans, *args)
     monkeypatch.setattr(mr.ModelRunner, "propose", drafting)
-    target, drafter, context = engine.runner.measure_costs(rounds=2)   # (the context pass: n rows, one drafted)
-    assert calls == [(who, n) for _ in range(3) for n in target.rows for who in ("target", "drafter", "drafter")]
-    assert drafter.rows == target.rows == context.rows
-    assert all(s > 0 for s in target.seconds + drafter.seconds + context.seconds)
+    target, drafter = engine.runner.measure_costs(rounds=2)
+    assert calls == [(who, n) for _ in range(3) for n in target.rows for who in ("target", "drafter")]
+    assert drafter.rows == target.rows and all(s > 0 for s in target.seconds + drafter.seconds)
 
 
 def test_a_curve_never_falls_with_more_rows():

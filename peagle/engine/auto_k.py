@@ -12,8 +12,9 @@ by the step times measured since (per rows verified, the head's drafts or those 
 running ratio): as the batch grows, or another tenant takes the cores' arithmetic, rows get
 dearer and the tree shrinks. An empty tree is plain decoding: the drafter is skipped, and the rows it
 missed are read in its next pass when drafting resumes (the engine keeps their target taps), so its
-KV has no holes (those rows stop at their KV: priced on a start-up curve of such passes, not the drafter's).
-That catch-up is a cost of resuming: spread over a probe interval, it is added
+KV has no holes. That catch-up pass (its rows stop at their KV: about half the drafter curve's price, kept, as a
+price at their cost made drafting resume too often at 16 sequences, BENCHMARKS.md §53) is a cost of resuming:
+spread over a probe interval, it is added
 to every non-empty tree while rows are missed, so drafting resumes only for a gain that pays it back
 (near break-even the choice would otherwise flip every few steps and pay it each time); a long one (a
 prompt prefilled without drafts) is priced at the target's measured prefill rate, not the decode-sized
@@ -72,9 +73,6 @@ class AutoK:
     drafter: CostCurve          # a drafter pass over n rows (with its LM head)
     ranks: int = 1              # candidates per position a tree may use (1: a chain)
     budget: int | None = None   # nodes a tree may have (None: k_max, a chain's most)
-    # a drafting pass over n rows of context, one drafted: what the rows the drafter missed add to its next pass
-    # (they stop at their KV, 2-3x cheaper a row than the drafter curve's; None: priced on that curve)
-    context: CostCurve | None = None
     probe_every: int = 16       # steps between probes two positions deeper (doubling while none pays)
     probe_max: int = 64         # ... up to this many (the drafter's catch-up then reads at most 64 steps' rows)
     decay: float = 0.98         # per step: about the last 50 steps count
@@ -191,20 +189,19 @@ class AutoK:
         return self.pass_seconds(rows, depth, batch) * self.scale.get(near, 1.0)   # (step_seconds, a call less)
 
     def catch_up_seconds(self, rows: int, prefill_row_s: float | None = None) -> float:
-        """What ``rows`` missed rows add to the drafter's next pass (the ``context`` curve's rows beyond its one
-        drafted). Past the row counts timed at start-up the curve (a few decode-sized passes, their weights'
-        reads) misses what a long catch-up costs, a prompt's attention over its own keys (a 1,936-token prompt:
-        120 ms, where the curve said a few): there it is priced as the target's measured prefill per row
-        (``prefill_row_s``) times the drafter's share of a pass at the most rows timed."""
-        curve = self.context or self.drafter
-        seconds, top = curve(rows + 1) - curve(1), curve.rows[-1]
+        """The drafter's pass over ``rows`` missed rows. Past the row counts timed at start-up the curve (a few
+        decode-sized passes, their weights' reads) misses what a long catch-up costs, a prompt's attention over
+        its own keys (a 1,936-token prompt: 120 ms, where the curve said a few): there it is priced as the
+        target's measured prefill per row (``prefill_row_s``) times the drafter's share of a pass at the most
+        rows timed."""
+        seconds, top = self.drafter(rows), self.drafter.rows[-1]
         if prefill_row_s is not None and self.long_catch_up(rows):
-            seconds = max(seconds, rows * prefill_row_s * curve(top) / self.target(top))
+            seconds = max(seconds, rows * prefill_row_s * self.drafter(top) / self.target(top))
         return seconds
 
     def long_catch_up(self, rows: int) -> bool:
         """More missed rows than the drafter's start-up curve was timed on (a prompt prefilled without drafts)."""
-        return rows > (self.context or self.drafter).rows[-1]
+        return rows > self.drafter.rows[-1]
 
     def choose(self, batch: int, missed_rows: int = 0, prefill_row_s: float | None = None,
                steps_left: int | None = None) -> Tree:

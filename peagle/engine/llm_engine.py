@@ -49,12 +49,8 @@ class LLMEngine:
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.runner = ModelRunner(target, drafter, config, b, blocks.num_blocks, eos)
-        auto = None
-        if config.auto:
-            target_curve, drafter_curve, context_curve = self.runner.measure_costs()
-            auto = AutoK(b.k_max, config.method == "parallel", target_curve, drafter_curve, ranks=b.ranks, warmup=6,
-                         budget=config.speculative_tree_budget if b.token_tree == "auto" else None,
-                         context=context_curve)
+        auto = AutoK(b.k_max, config.method == "parallel", *self.runner.measure_costs(), ranks=b.ranks, warmup=6,
+                     budget=config.speculative_tree_budget if b.token_tree == "auto" else None) if config.auto else None
         self.scheduler = Scheduler(config, b, blocks, eos, auto, responses)
         self._grammars: Grammars | None = None   # made for the first structured output
 

@@ -126,10 +126,9 @@ class ModelRunner:
                           self.drafter_caches, self.cfg.block_size, capture)
 
     @torch.inference_mode()
-    def measure_costs(self, rounds: int = 5) -> tuple[CostCurve, CostCurve, CostCurve]:
-        """The target's pass (logits of every row), the drafter's pass (its LM head too) and a drafting pass
-        over n rows of context with one row drafted (what rows the drafter missed add to a pass: they stop at
-        their KV) over 1, 2, 4, ... rows at a 128-token context, timed on the empty KV pool's first blocks: what
+    def measure_costs(self, rounds: int = 5) -> tuple[CostCurve, CostCurve]:
+        """The target's pass (logits of every row) and the drafter's pass (its LM head too) over
+        1, 2, 4, ... rows at a 128-token context, timed on the empty KV pool's first blocks: what
         :class:`~peagle.engine.auto_k.AutoK` weighs K by. P-EAGLE's pass is timed as a step drafts
         (:meth:`propose`: n rows are a chain's verified rows and its mask slots, about half each; the native
         drafting call where it runs), EAGLE-3's as one bare pass. Round-robin, medians of ``rounds`` after a
@@ -144,17 +143,17 @@ class ModelRunner:
         for c in self.target_caches + self.drafter_caches:  # the passes read the context unwritten
             c.materialize(ctx)
 
-        def one_pass(n: int, drafter: str | None) -> float:
+        def one_pass(n: int, drafter: bool) -> float:
             ids, pos = torch.zeros(n, dtype=torch.long, device=dev), torch.arange(ctx, ctx + n, device=dev)
             meta = AttnMeta([Span(n, ctx + n, list(range(-(-(ctx + n) // bs))), ctx)], bs)
             t0 = time.perf_counter()
-            if drafter == "context" or drafter and self.cfg.method == "parallel":
-                m = max(0, n // 2 - 1) if drafter == "rows" else 0   # mask slots; the verified rows, all kept, the rest
+            if drafter and self.cfg.method == "parallel":
+                m = max(0, n // 2 - 1)   # mask slots; the verified rows, all kept, the rest
                 v = n - m
                 self.propose([Span(v, ctx + v, meta.spans[0].block_table, ctx)], ids[:v], pos[:v], [0, v],
                              to_device([v], dev), torch.zeros(v, d.fc.weight.shape[1], dtype=self.dtype, device=dev),
                              ids[:1], m + 1)
-            elif drafter == "rows":
+            elif drafter:
                 hidden = torch.zeros(n, d.cfg.hidden_size, dtype=self.dtype, device=dev)
                 greedy(d.logits(d(ids, hidden, pos, self.drafter_caches, meta)[0]))
             else:   # the target's pass as a step runs it (its argmax in the pass where the pass takes it)
@@ -165,14 +164,13 @@ class ModelRunner:
                 torch.cuda.synchronize(dev)
             return time.perf_counter() - t0
 
-        kinds = (None, "rows", "context")
-        times: dict[tuple[int, str | None], list[float]] = {(n, kind): [] for n in rows for kind in kinds}
+        times: dict[tuple[int, bool], list[float]] = {(n, dr): [] for n in rows for dr in (False, True)}
         for r in range(rounds + 1):
-            for (n, kind), ts in times.items():
-                t = one_pass(n, kind)
+            for (n, dr), ts in times.items():
+                t = one_pass(n, dr)
                 if r:
                     ts.append(t)
-        return tuple(CostCurve(rows, [statistics.median(times[n, kind]) for n in rows]) for kind in kinds)
+        return tuple(CostCurve(rows, [statistics.median(times[n, dr]) for n in rows]) for dr in (False, True))
 
     # ------------------------------------------------------------------ one step
     def run(self, work: list[tuple[Sequence, int]], tree: Tree) -> list[Verified]:
