@@ -12,12 +12,11 @@ by the step times measured since (per rows verified, the head's drafts or those 
 running ratio): as the batch grows, or another tenant takes the cores' arithmetic, rows get
 dearer and the tree shrinks. An empty tree is plain decoding: the drafter is skipped, and the rows it
 missed are read in its next pass when drafting resumes (the engine keeps their target taps), so its
-KV has no holes. That catch-up pass (its rows stop at their KV: about half the drafter curve's price, kept, as a
-price at their cost made drafting resume too often at 16 sequences, BENCHMARKS.md §53) is a cost of resuming:
-spread over a probe interval, it is added
-to every non-empty tree while rows are missed, so drafting resumes only for a gain that pays it back
-(near break-even the choice would otherwise flip every few steps and pay it each time); a long one (a
-prompt prefilled without drafts) is priced at the target's measured prefill rate, not the decode-sized
+KV has no holes. That catch-up pass is a cost of resuming (priced on the drafter's curve, about twice what
+its rows cost since they stop at their KV: priced at their cost, drafting resumed too often at 16
+sequences, BENCHMARKS.md §53): spread over a probe interval, it is added to every non-empty tree while
+rows are missed, so drafting resumes only for a gain that pays it back (near break-even the choice would
+otherwise flip every few steps and pay it each time); a long one (a prompt prefilled without drafts) is priced at the target's measured prefill rate, not the decode-sized
 passes' curve, which leaves out a prompt's attention over itself. Every probe
 interval a step drafts two positions deeper than pays now, so acceptance there stays measured (a
 deeper position seldom tried leans on the one before it) and the tree can grow again; while probes
@@ -186,7 +185,7 @@ class AutoK:
         near = self._near.get(rows)
         if near is None:   # (every step prices every tree size: looked up once per row count)
             near = self._near[rows] = min(self.scale, key=lambda j: (abs(j - rows), j), default=0)
-        return self.pass_seconds(rows, depth, batch) * self.scale.get(near, 1.0)   # (step_seconds, a call less)
+        return self.step_seconds(nodes, depth, batch) * self.scale.get(near, 1.0)
 
     def catch_up_seconds(self, rows: int, prefill_row_s: float | None = None) -> float:
         """The drafter's pass over ``rows`` missed rows. Past the row counts timed at start-up the curve (a few

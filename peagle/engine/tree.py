@@ -20,8 +20,6 @@ import ast
 import heapq
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from itertools import accumulate
-from operator import mul
 
 import torch
 
@@ -156,9 +154,6 @@ def best_first(accept: list[list[float]], budget: int, depth: int) -> tuple[list
     the rank-r candidate of position d is the target's token once its parent was), at most ``depth`` deep,
     in the order found: every prefix is a tree (a child's product never exceeds its parent's). Returns the
     nodes and their path acceptances; ``1 + sum`` of the first n is the expected tokens of that tree."""
-    if all(len(a) == 1 for a in accept[:depth]):   # a chain (one candidate a position): its nodes by depth
-        probs = list(accumulate((a[0] for a in accept[:min(depth, budget)]), mul))
-        return [(0,) * d for d in range(1, len(probs) + 1)], probs
     heap = [(-accept[0][r], (r,)) for r in range(len(accept[0]))] if depth else []
     heapq.heapify(heap)
     nodes, probs = [], []

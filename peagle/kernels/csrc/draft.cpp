@@ -2,8 +2,8 @@
 // target's taps projected (fc), each row's input ([normed embedding, normed feature], the mask slots' feature
 // where masked), the attention layout (each row's KV slot from its sequence's block table; rejected rows
 // write the scratch slot), the layers (decoder_layers; the last one past its KV for the sampled rows alone), the
-// final norm, the LM head and the argmax at those rows, mapped to target ids. The same operators in the same order as ModelRunner.propose's steps
-// (the same bits: tests/test_fused_passes.py); what it saves is their ~25 Python and dispatcher round trips,
+// final norm, the LM head and the argmax at those rows, mapped to target ids. The same operators in the same order
+// as ModelRunner.propose's steps (the same bits: tests/test_fused_passes.py); what it saves is their ~25 Python and dispatcher round trips,
 // each paid on caches the target's pass has just flushed (0.47 ms of a K=1 round's host work on a Zen 4,
 // more than the drafter's own arithmetic; BENCHMARKS.md §46).
 #include <ATen/core/Tensor.h>

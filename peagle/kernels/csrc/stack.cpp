@@ -94,8 +94,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
 // target_pass: a target's whole pass over a step's rows, where decoder_layers takes its layers: the rows
 // embedded (GGUF or packed bf16 rows de-quantized, or a float32 table's rows), RoPE's rows of the table,
 // the layers (the last one past its KV for the verified rows alone), the taps concatenated, the final norm at the
-// verified rows, the LM head and each of those rows' argmax and finiteness. The same operators in the same order as LlamaModel.forward and greedy() run them
-// (the same bits: tests/test_fused_passes.py); what it saves is their ~10 Python and dispatcher round trips
+// verified rows, the LM head and each of those rows' argmax and finiteness. The same operators in the same order
+// as LlamaModel.forward and greedy() run them (the same bits: tests/test_fused_passes.py); what it saves is their ~10 Python and dispatcher round trips
 // a step, each on caches the weights' stream has just flushed (0.2 ms of a 4.8 ms step on a Zen 4, §46).
 // Returns (logits of ``logit_rows``, taps [T, sum of widths], argmax tokens, finite rows).
 static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> target_pass(
