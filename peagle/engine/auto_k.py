@@ -16,9 +16,9 @@ KV has no holes. That catch-up pass is a cost of resuming (priced on the drafter
 its rows cost since they stop at their KV: priced at their cost, drafting resumed too often at 16
 sequences, BENCHMARKS.md §53): spread over a probe interval, it is added to every non-empty tree while
 rows are missed, so drafting resumes only for a gain that pays it back (near break-even the choice would
-otherwise flip every few steps and pay it each time); a long one (a prompt prefilled without drafts) is priced at the target's measured prefill rate, not the decode-sized
-passes' curve, which leaves out a prompt's attention over itself. Every probe
-interval a step drafts two positions deeper than pays now, so acceptance there stays measured (a
+otherwise flip every few steps and pay it each time); a long one (a prompt prefilled without drafts) is
+priced at the target's measured prefill rate, not the decode-sized passes' curve, which leaves out a
+prompt's attention over itself. Every probe interval a step drafts two positions deeper than pays now, so acceptance there stays measured (a
 deeper position seldom tried leans on the one before it) and the tree can grow again; while probes
 find that nothing pays, the interval doubles (up to ``probe_max`` steps), so a useless head costs
 next to nothing; a probe whose long catch-up (past the rows timed) the batch's remaining steps could not
