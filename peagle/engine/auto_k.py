@@ -1,35 +1,35 @@
 """K, or the whole draft tree, chosen by the engine (``num_speculative_tokens="auto"``,
 ``speculative_token_tree="auto"``).
 
-Each step the engine drafts the tree (with one candidate per position: the chain of K = 0..K_max)
-that maximises expected tokens per second for the batch: ``B * E[tokens | tree] /
-(verify(B*(nodes+1) rows) + drafting(depth, B))``. ``E`` comes from the measured acceptance of each
-(position, rank) (decayed counts, so it follows the text being generated): a node's chance is the
-product along its path, and the best tree of n nodes is the n best nodes (:func:`best_first`), so
-one ordering prices every size from 0 (no drafting) to the budget. The costs come from the engine's
-own target and drafter passes, timed over a range of row counts when the engine starts, corrected
-by the step times measured since (per rows verified, the head's drafts or those verified alone, a
-running ratio): as the batch grows, or another tenant takes the cores' arithmetic, rows get
-dearer and the tree shrinks. An empty tree is plain decoding: the drafter is skipped, and the rows it
-missed are read in its next pass when drafting resumes (the engine keeps their target taps), so its
-KV has no holes. That catch-up pass is a cost of resuming (priced on the drafter's curve, about twice what
-its rows cost since they stop at their KV: priced at their cost, drafting resumed too often at 16
-sequences, BENCHMARKS.md §53): spread over a probe interval, it is added to every non-empty tree while
-rows are missed, so drafting resumes only for a gain that pays it back (near break-even the choice would
-otherwise flip every few steps and pay it each time); a long one (a prompt prefilled without drafts) is
-priced at the target's measured prefill rate, not the decode-sized passes' curve, which leaves out a
-prompt's attention over itself. Every probe interval a step drafts two positions deeper than pays now, so acceptance there stays measured (a
-deeper position seldom tried leans on the one before it) and the tree can grow again; while probes
-find that nothing pays, the interval doubles (up to ``probe_max`` steps), so a useless head costs
-next to nothing; a probe whose long catch-up (past the rows timed) the batch's remaining steps could not
-win back at the margin is skipped. And drafting starts only for a modelled gain beyond ``margin`` (10%): near
-break-even the model's own error decides, and on the quantized default model, where a round costs 3x
-a step, it drafted at 0.88x plain decoding. The engine's first ``warmup`` steps are plain, so the plain
-step's real time (the bare passes timed at start-up leave out the host's work) is known before the
-first draft is weighed against it: six, as a request's first few steps run 20-35% slower than the rest (on
-the Zen 5, 3.5-3.8 ms against 2.6-2.9), and a plain step timed only then made a round of K=2 look cheaper than
-a plain step when it cost 1.3x. No anchor does this online: vLLM's dynamic speculation
-reads a fixed table by batch size.
+Each step the engine drafts the tree (with one candidate per position: the chain of K = 0..K_max) that
+maximises expected tokens per second for the batch: ``B * E[tokens | tree] / (verify(B*(nodes+1) rows) +
+drafting(depth, B))``. ``E`` comes from the measured acceptance of each (position, rank) (decayed counts,
+so it follows the text being generated): a node's chance is the product along its path, and the best tree
+of n nodes is the n best nodes (:func:`best_first`), so one ordering prices every size from 0 (no
+drafting) to the budget. The costs come from the engine's own target and drafter passes, timed over a
+range of row counts when the engine starts, corrected by the step times measured since (per rows
+verified, the head's drafts or those verified alone, a running ratio): as the batch grows, or another
+tenant takes the cores' arithmetic, rows get dearer and the tree shrinks. An empty tree is plain
+decoding: the drafter is skipped, and the rows it missed are read in its next pass when drafting resumes
+(the engine keeps their target taps), so its KV has no holes. That catch-up pass is a cost of resuming
+(priced on the drafter's curve, about twice what its rows cost since they stop at their KV: priced at
+their cost, drafting resumed too often at 16 sequences, BENCHMARKS.md §53): spread over a probe interval,
+it is added to every non-empty tree while rows are missed, so drafting resumes only for a gain that pays
+it back (near break-even the choice would otherwise flip every few steps and pay it each time); a long
+one (a prompt prefilled without drafts) is priced at the target's measured prefill rate, not the
+decode-sized passes' curve, which leaves out a prompt's attention over itself. Every probe interval a
+step drafts two positions deeper than pays now, so acceptance there stays measured (a deeper position
+seldom tried leans on the one before it) and the tree can grow again; while probes find that nothing
+pays, the interval doubles (up to ``probe_max`` steps), so a useless head costs next to nothing; a probe
+whose long catch-up (past the rows timed) the batch's remaining steps could not win back at the margin is
+skipped. And drafting starts only for a modelled gain beyond ``margin`` (10%): near break-even the
+model's own error decides, and on the quantized default model, where a round costs 3x a step, it drafted
+at 0.88x plain decoding. The engine's first ``warmup`` steps are plain, so the plain step's real time
+(the bare passes timed at start-up leave out the host's work) is known before the first draft is weighed
+against it: six, as a request's first few steps run 20-35% slower than the rest (on the Zen 5, 3.5-3.8 ms
+against 2.6-2.9), and a plain step timed only then made a round of K=2 look cheaper than a plain step
+when it cost 1.3x. No anchor does this online: vLLM's dynamic speculation reads a fixed table by batch
+size.
 """
 from __future__ import annotations
 
