@@ -1,12 +1,14 @@
 """The integer path (``--compute fast``, peagle/kernels/csrc/kernels.h): GGUF blocks of every format times
-activations quantized per row to 8 bits, through integer dot products. Every instruction set (AVX512-VNNI,
-AVX-VNNI, AVX2) gives the bits of the scalar reference on the file's blocks, which gives the bits of a torch
+activations quantized per row to 8 bits, through integer dot products. Every instruction set (AMX-INT8,
+AVX512-VNNI, AVX-VNNI, AVX2; the AMX kernel also over a C++ model of the tile instructions, so that it runs
+on any AVX512-VNNI CPU) gives the bits of the scalar reference on the file's blocks, which gives the bits of a torch
 re-statement of the arithmetic that shares no code with either; a row's result does not depend on the pass;
 packed blocks hold the file's values; and speculation on a quantized model equals plain decoding token for
 token on every instruction set this CPU has, with drafts accepted."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 
 import gguf
@@ -25,7 +27,8 @@ from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, blocks_of, dequant
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
 INT_FORMATS = list(FORMATS)  # every format has an integer path
-INT_ISAS = {"avx512": "avx512vnni", "avxvnni": "avxvnni", "avx2": "avx2"}  # the ISA cap -> its integer path
+INT_ISAS = {"amx": "amx", "avx512": "avx512vnni", "avxvnni": "avxvnni", "avx2": "avx2"}  # the ISA cap -> its integer path
+AMX_MODEL = "amx-model"  # amx.cpp's kernel over its model of the tiles: needs AVX512-VNNI alone
 STREAMS = [(16 << 20, 16 << 20), (0, 0)]  # the default tiles, and one packed group wide for every weight
 
 
@@ -35,11 +38,13 @@ def int_isas() -> list[str]:
 
 
 def each_int_isa():
-    """Every integer path, one test case each, skipped with the reason where this CPU lacks it."""
+    """Every integer path (and the AMX kernel over its model of the tiles), one test case each, skipped with the
+    reason where this CPU lacks it."""
     have = int_isas() if os.environ.get("PEAGLE_NATIVE") != "0" else []
     return pytest.mark.parametrize("isa", [
         pytest.param(isa, marks=pytest.mark.skipif(isa not in have, reason=f"this CPU has no {isa} integer path"))
-        for isa in INT_ISAS.values()])
+        for isa in INT_ISAS.values()] + [
+        pytest.param(AMX_MODEL, marks=pytest.mark.skipif("avx512vnni" not in have, reason="the AMX model needs AVX512-VNNI"))])
 
 
 def runs_on(cap: str) -> bool:
@@ -234,6 +239,41 @@ def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):
     with kernels.use_isa(isa):
         assert kernels.int_isa() == INT_ISAS[isa]
         assert_lossless_on_path(qllama, method)
+
+
+@native
+@pytest.mark.skipif("avx512vnni" not in int_isas(), reason="the AMX model needs AVX512-VNNI")
+def test_the_amx_probe_checks_the_kernel_against_the_reference_and_times_both_paths(monkeypatch):
+    """The set-up's probe (run here on the tiles' model): a correct kernel is found exact and timed beside
+    AVX512-VNNI; one that gives other bits is found inexact, naming the format and the pass height."""
+    r = kernels._amx_probe_child(AMX_MODEL, calls=5)
+    assert r["exact"] and r["amx_ms"] > 0 and r["vnni_ms"] > 0
+    real = torch.ops.peagle.linear
+    monkeypatch.setattr(torch.ops.peagle, "linear", lambda x, w, b=None, isa="": real(x, w, b, isa) + (isa == AMX_MODEL))
+    assert kernels._amx_probe_child(AMX_MODEL, calls=5) == {"exact": False, "error": "q8_0 at 2 rows differs from the reference"}
+
+
+@pytest.mark.parametrize("verdict,used", [
+    ({"exact": True, "amx_ms": 1.0, "vnni_ms": 2.0}, True),
+    ({"exact": True, "amx_ms": 2.0, "vnni_ms": 1.0}, False),   # slower: AVX512-VNNI stays
+    ({"exact": False, "error": "q4_1 at 8 rows differs from the reference"}, False),
+    (None, False),                                             # never probed
+    ("{not json", False)])
+def test_amx_tiles_are_used_only_where_the_probe_found_them_exact_and_faster(verdict, used, tmp_path, monkeypatch, capsys):
+    f = tmp_path / "amx.json"
+    if verdict is not None:
+        f.write_text(verdict if isinstance(verdict, str) else json.dumps(verdict))
+    monkeypatch.setattr(kernels, "AMX_PROBE", f)
+    assert kernels._amx_verdict() is used
+    assert ("AMX-INT8 tiles not used" in capsys.readouterr().err) is not used
+
+
+@native
+def test_the_probe_runs_only_where_the_os_grants_amx_tiles():
+    if "amx" in int_isas():
+        assert kernels.probe_amx()["exact"]
+    else:
+        assert kernels.probe_amx() is None and not kernels.AMX_PROBE.exists()
 
 
 @native

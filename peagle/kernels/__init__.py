@@ -5,8 +5,9 @@ layer's small ops fused, and every layer of such a pass in one call (``decoder_l
 a row's result does not depend on how many rows share the pass (``csrc/kernels.h``).
 
 Built on the user's machine by ``make setup`` (``python -m peagle.kernels``), the instruction set
-chosen at run time (AVX-512 (+ VNNI), AVX2 + FMA + F16C (+ AVX-VNNI), else a scalar reference;
-``PEAGLE_ISA=avxvnni``, ``avx2`` or ``scalar`` caps it, as :func:`use_isa` does). Where the library is missing or stale, :func:`available`
+chosen at run time (AVX-512 (+ VNNI, + AMX-INT8 tiles where a probe at set-up found them exact and faster),
+AVX2 + FMA + F16C (+ AVX-VNNI), else a scalar reference; ``PEAGLE_ISA=avx512``, ``avxvnni``, ``avx2`` or
+``scalar`` caps it, as :func:`use_isa` does). Where the library is missing or stale, :func:`available`
 says so once and the models keep torch's own matmul.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import sys
 import time
@@ -74,7 +76,84 @@ def available() -> bool:
         _notice(f"native kernels failed to load ({e})")
         return False
     torch.ops.peagle.set_isa(os.environ.get("PEAGLE_ISA", ""))
+    if "amx" in torch.ops.peagle.int_isas():
+        torch.ops.peagle.set_amx(_amx_verdict())
     return True
+
+
+AMX_PROBE = BUILD_DIR / "amx.json"
+AMX_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+
+
+def _amx_verdict() -> bool:
+    """Whether the integer path takes AMX tiles on this CPU: only where ``python -m peagle.kernels``'s probe
+    (:func:`probe_amx`, in a child process) found them giving the reference's bits and faster than AVX512-VNNI."""
+    try:
+        r = json.loads(AMX_PROBE.read_text())
+    except (OSError, ValueError):
+        r = {"error": "not probed (run `make setup`)"}
+    if r.get("exact") and r.get("amx_ms", 1e9) < r.get("vnni_ms", 0):
+        return True
+    print(f"peagle: AMX-INT8 tiles not used ({r.get('error') or 'inexact' if not r.get('exact') else 'slower than AVX512-VNNI'}"
+          f", {AMX_PROBE}); the integer path runs AVX512-VNNI", file=sys.stderr)
+    return False
+
+
+def _random_blocks(fmt: str, n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """GGUF blocks ``[n, k / 32, bytes]`` of ``fmt`` (32-weight formats): random quants, small fp16 scales (and mins)."""
+    from peagle.models.quant import FORMATS
+
+    f = FORMATS[fmt]
+    b = torch.randint(0, 256, (n, k // f.weights, f.block_bytes), dtype=torch.uint8, generator=g)
+    heads = (torch.randn(n, k // f.weights, f.scale_bytes // 2, generator=g) * 0.02).half()
+    b[..., :f.scale_bytes] = heads.view(torch.uint8)
+    return b
+
+
+def _amx_probe_child(isa: str = "amx", calls: int = 250) -> dict:
+    """The probe's work (a child process: a fault in the tiles ends it, not the set-up): the AMX kernel (``isa``:
+    ``amx-model`` in tests) against the scalar reference on every 32-weight format and pass heights 2-40, then
+    both integer paths' time at 8 rows on the default model's largest layer shape (3,072 x 576 Q4_1), the
+    fastest of ``calls`` after a fifth of them."""
+    from peagle.models.quant import pack
+
+    assert available()
+    g = torch.Generator().manual_seed(0)
+    torch.set_num_threads(1)
+    for fmt in AMX_FORMATS:
+        blocks = _random_blocks(fmt, 48, 576, g)
+        packed = pack(blocks)
+        for m in (2, 3, 8, 16, 17, 40):
+            x = torch.randn(m, 576, generator=g)
+            if not torch.equal(torch.ops.peagle.linear(x, packed, None, isa), torch.ops.peagle.qlinear_ref(x, blocks)):
+                return {"exact": False, "error": f"{fmt} at {m} rows differs from the reference"}
+    packed, x, ms = pack(_random_blocks("q4_1", 3072, 576, g)), torch.randn(8, 576, generator=g), {}
+    for path in (isa, "avx512vnni") * 2:
+        for i in range(calls):
+            t = time.perf_counter()
+            torch.ops.peagle.linear(x, packed, None, path)
+            if i >= calls // 5:
+                ms[path] = min(ms.get(path, 1e9), (time.perf_counter() - t) * 1e3)
+    return {"exact": True, "amx_ms": ms[isa], "vnni_ms": ms["avx512vnni"]}
+
+
+def probe_amx() -> dict | None:
+    """On a CPU whose OS grants AMX-INT8 tiles, run :func:`_amx_probe_child` in a child process and keep its
+    verdict in ``build/amx.json`` (read at load: :func:`_amx_verdict`); None elsewhere."""
+    import subprocess
+
+    available.cache_clear()
+    if not available() or "amx" not in torch.ops.peagle.int_isas():
+        return None
+    code = "import json; from peagle.kernels import _amx_probe_child as p; print(json.dumps(p()))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    try:
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        out = {"exact": False, "error": f"the probe ended with code {r.returncode}: {r.stderr.strip()[-300:]}"}
+    AMX_PROBE.write_text(json.dumps(out))
+    available.cache_clear()
+    return out
 
 
 @dataclass(frozen=True)
@@ -112,8 +191,8 @@ def native(x: torch.Tensor | torch.device, head_dim: int | None = None, group: i
 
 @contextlib.contextmanager
 def use_isa(name: str):
-    """Run the kernels on instruction set ``name`` (``avx512``, ``avxvnni``: AVX2 with AVX-VNNI's integer
-    path, ``avx2``, ``scalar``; no wider than this CPU's) inside the block, as ``PEAGLE_ISA`` does for a process: weights loaded inside are packed for
+    """Run the kernels on instruction set ``name`` (``amx``: AVX-512 with AMX-INT8 tiles on the integer path,
+    ``avx512``, ``avxvnni``: AVX2 with AVX-VNNI's integer path, ``avx2``, ``scalar``; no wider than this CPU's) inside the block, as ``PEAGLE_ISA`` does for a process: weights loaded inside are packed for
     that path's integer kernels, or not at all on ``scalar``; bf16 weights only under ``avx512`` (AVX512_BF16)."""
     torch.ops.peagle.set_isa(name)
     try:
@@ -140,7 +219,7 @@ def isa() -> str:
 
 
 def int_isa() -> str:
-    """The integer path's instruction set for packed GGUF blocks (``csrc/kernels.h``): ``avx512vnni``,
+    """The integer path's instruction set for packed GGUF blocks (``csrc/kernels.h``): ``amx``, ``avx512vnni``,
     ``avxvnni``, ``avx2``, or ``none`` (no such path here, or the kernels not loaded: the file's blocks run in float32)."""
     return torch.ops.peagle.int_isa() if available() else "none"
 

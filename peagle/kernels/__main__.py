@@ -12,3 +12,6 @@ except Exception as e:  # no compiler, no headers: the models run on torch's mat
     sys.exit(0)
 kernels.available.cache_clear()
 print(f"peagle: native kernels built at {path} ({kernels.isa()})")
+amx = kernels.probe_amx()  # AMX-INT8 tiles checked and timed where this CPU has them
+if amx is not None:
+    print(f"peagle: AMX-INT8 probe: {amx}; the integer path runs {kernels.int_isa()}")

@@ -254,6 +254,12 @@ constexpr int32_t avx2_offset(WType t) { return t == WType::q8_0 ? 0 : vnni_offs
 void qlinear_avx512vnni(const QLinearArgs& a, int64_t g0, int64_t g1);
 void qlinear_avxvnni(const QLinearArgs& a, int64_t g0, int64_t g1);
 void qlinear_avx2(const QLinearArgs& a, int64_t g0, int64_t g1);
+// AMX-INT8 tiles for the products (amx.cpp; the vnni_offset, AVX512-VNNI's epilogue and its one-row passes),
+// and the same kernel over a C++ model of the tile instructions (tests, on any AVX512-VNNI CPU). amx_ready:
+// the CPU has AMX-INT8 and the OS has granted this process the tile state.
+void qlinear_amx(const QLinearArgs& a, int64_t g0, int64_t g1);
+void qlinear_amx_model(const QLinearArgs& a, int64_t g0, int64_t g1);
+bool amx_ready();
 // Packed weights of more bytes than this stream in tiles one packed group wide (linear_tiles.h, run_packed),
 // for passes of one row or taller: 16 MiB (LM heads) unless set_stream_bytes (peagle.kernels.tune_streaming,
 // timed on the model's own weights at start-up) chose otherwise. The tile's shape never changes a result.

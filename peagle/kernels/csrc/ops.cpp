@@ -52,15 +52,17 @@ static bool has_avxvnni() {  // __builtin_cpu_supports knows no avxvnni in gcc 1
 
 // The instruction sets, narrowest first: a cap (set_isa, PEAGLE_ISA; tests run the whole engine on each
 // path) names the widest the operators use. The float path runs avx512 or avx2 (scalar below); the
-// integer path (packed blocks) the widest of avx512vnni, avxvnni, avx2 at or under the cap that this CPU
-// has ("avx512" covers AVX512-VNNI), none on scalar.
-static const char* const ISA_NAMES[4] = {"scalar", "avx2", "avxvnni", "avx512"};
-enum Level { SCALAR, AVX2, AVXVNNI, AVX512 };
+// integer path (packed blocks) the widest of amx, avx512vnni, avxvnni, avx2 at or under the cap that this CPU
+// has ("avx512" covers AVX512-VNNI), none on scalar; amx only while set_amx allows it (peagle.kernels turns
+// it off where `python -m peagle.kernels`'s probe found it inexact or slower than avx512vnni).
+static const char* const ISA_NAMES[5] = {"scalar", "avx2", "avxvnni", "avx512", "amx"};
+enum Level { SCALAR, AVX2, AVXVNNI, AVX512, AMX };
 static bool has_level(int level) {
-  static const bool has[4] = {true, has_avx2(), has_avxvnni(), has_avx512()};
+  static const bool has[5] = {true, has_avx2(), has_avxvnni(), has_avx512(), has_avx512vnni() && amx_ready()};
   return has[level];
 }
-static std::atomic<int> isa_cap{AVX512};
+static std::atomic<int> isa_cap{AMX};
+static std::atomic<bool> amx_on{true};
 static int cap() { return isa_cap.load(std::memory_order_relaxed); }
 // The float path's level: 2 avx512, 1 avx2, 0 scalar (the index of the row ops' tables: silu_rows, argmax_row ...).
 static int float_level() { return cap() >= AVX512 && has_level(AVX512) ? 2 : cap() >= AVX2 && has_level(AVX2) ? 1 : 0; }
@@ -69,6 +71,7 @@ static std::string best_isa() { return std::array<const char*, 3>{"scalar", "avx
 // The integer path this CPU runs packed blocks on under the cap: avx512vnni, avxvnni, avx2, or none (the
 // file's blocks stay there).
 static std::string best_int_isa() {
+  if (cap() >= AMX && has_level(AMX) && amx_on.load(std::memory_order_relaxed)) return "amx";
   if (cap() >= AVX512 && has_avx512vnni()) return "avx512vnni";
   if (cap() >= AVXVNNI && has_level(AVXVNNI)) return "avxvnni";
   return cap() >= AVX2 && has_level(AVX2) ? "avx2" : "none";
@@ -81,6 +84,7 @@ static std::string best_bf16_isa() { return cap() >= AVX512 && has_avx512bf16() 
 // Every integer path this CPU has, widest first (tests run each).
 static std::vector<std::string> int_isas() {
   std::vector<std::string> out;
+  if (has_level(AMX)) out.push_back("amx");
   if (has_avx512vnni()) out.push_back("avx512vnni");
   if (has_avxvnni()) out.push_back("avxvnni");
   if (has_avx2()) out.push_back("avx2");
@@ -99,11 +103,11 @@ static c10::Dict<std::string, int64_t> limits() {
 
 static void set_isa(c10::string_view isa) {
   const std::string name(isa);
-  const auto* it = std::find(ISA_NAMES, ISA_NAMES + 4, name);
-  TORCH_CHECK(name.empty() || it != ISA_NAMES + 4, "peagle::set_isa: unknown instruction set '", name,
-              "' (avx512, avxvnni, avx2, scalar, or empty: the widest this CPU has)");
-  const int level = name.empty() ? AVX512 : int(it - ISA_NAMES);
-  TORCH_CHECK(has_level(level), "peagle::set_isa: this CPU has no ", name);
+  const auto* it = std::find(ISA_NAMES, ISA_NAMES + 5, name);
+  TORCH_CHECK(name.empty() || it != ISA_NAMES + 5, "peagle::set_isa: unknown instruction set '", name,
+              "' (amx, avx512, avxvnni, avx2, scalar, or empty: the widest this CPU has)");
+  const int level = name.empty() ? AMX : int(it - ISA_NAMES);
+  TORCH_CHECK(name.empty() || has_level(level), "peagle::set_isa: this CPU has no ", name);  // empty: the widest it has
   isa_cap.store(level);
 }
 
@@ -438,6 +442,14 @@ struct QKernel {
 };
 
 static QKernel qkernel_for(const std::string& isa) {
+  if (isa == "amx") {
+    TORCH_CHECK(has_level(AMX), "peagle::linear: this CPU has no AMX-INT8 (or the OS did not grant its tiles)");
+    return {quantize_rows_avx512, vnni_offset, qlinear_amx, COL_GRAIN / QGROUP};
+  }
+  if (isa == "amx-model") {  // the AMX kernel over the tile instructions' C++ model (tests)
+    TORCH_CHECK(has_avx512vnni(), "peagle::linear: the AMX model's kernel needs AVX512-VNNI");
+    return {quantize_rows_avx512, vnni_offset, qlinear_amx_model, COL_GRAIN / QGROUP};
+  }
   if (isa == "avx512vnni") {
     TORCH_CHECK(has_avx512vnni(), "peagle::linear: this CPU has no AVX512-VNNI");
     return {quantize_rows_avx512, vnni_offset, qlinear_avx512vnni, COL_GRAIN / QGROUP};
@@ -450,7 +462,7 @@ static QKernel qkernel_for(const std::string& isa) {
     TORCH_CHECK(has_avx2(), "peagle::linear: this CPU has no AVX2 + FMA + F16C");
     return {quantize_rows_avx2, avx2_offset, qlinear_avx2, COL_GRAIN / QGROUP};
   }
-  TORCH_CHECK(false, "peagle::linear: packed GGUF blocks run on avx512vnni, avxvnni or avx2, not '", isa,
+  TORCH_CHECK(false, "peagle::linear: packed GGUF blocks run on amx, avx512vnni, avxvnni or avx2, not '", isa,
               "' (the file's blocks run on every instruction set)");
 }
 
@@ -572,6 +584,7 @@ TORCH_LIBRARY(peagle, m) {
   m.def("int_isas() -> str[]", [] { return int_isas(); });
   m.def("bf16_isa() -> str", [] { return best_bf16_isa(); });
   m.def("set_isa(str isa) -> ()", set_isa);
+  m.def("set_amx(bool on) -> ()", [](bool on) { amx_on.store(on); });
   m.def("set_stream_bytes(int one_row, int taller) -> ()", set_stream_bytes);
   m.def("stream_bytes() -> int[]", [] { return std::vector<int64_t>{stream_bytes(true), stream_bytes(false)}; });
   m.def("limits() -> Dict(str, int)", limits);
