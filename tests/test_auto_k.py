@@ -201,6 +201,21 @@ def test_steps_verifying_drafts_alone_price_the_rows_for_the_head_and_the_gate()
     assert len(auto.choose(1)) == 0 and not auto.lookup_pays(1, 1, "responses")
 
 
+def test_a_drafted_step_costs_at_least_the_batchs_plain_step_error():
+    """Sixteen sequences (a Zen 4, BENCHMARKS.md §54): plain steps ran 1.8x the start-up curve, a 25-row step once
+    1.37x. Priced by that low, a response draft for each looked cheap enough for its 0.41 tokens a step, and drafting
+    grew while serving lost; priced with the plain step's error it is not, and a fast step is still seen as one."""
+    auto = AutoK(4, True, TARGET, DRAFTER)
+    auto.observe(16, Tree(()), 16, 1.8 * auto.step_seconds(0, 0, 16))
+    auto.observe(25, Tree(()), 16, 1.37 * auto.pass_seconds(25, 0, 16))
+    auto.gated["responses"] = [10.2, 26.6]
+    assert auto.corrected_seconds(1, 0, 16) == pytest.approx(1.8 * auto.step_seconds(1, 0, 16))
+    assert not auto.lookup_pays(1, 16, "responses")
+    auto.observe(32, Tree(()), 16, 2.5 * auto.pass_seconds(32, 0, 16))   # dearer rows keep their own error
+    assert auto.corrected_seconds(1, 0, 16) == pytest.approx(2.5 * auto.step_seconds(1, 0, 16))
+    assert auto.corrected_seconds(0, 0, 16) == pytest.approx(1.8 * auto.step_seconds(0, 0, 16))
+
+
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
 def test_steps_at_k0_skip_the_drafter_and_leave_no_hole_in_its_kv(llama, method):
     """Steps at K = 0 run no drafter pass; when drafting resumes, the rows it missed are read first:

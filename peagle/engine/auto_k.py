@@ -180,12 +180,19 @@ class AutoK:
 
     def corrected_seconds(self, nodes: int, depth: int, batch: int) -> float:
         """The modelled step time, scaled by the error measured at its rows (or the nearest row count measured:
-        one sequence's rows do not price a batch's)."""
+        one sequence's rows do not price a batch's), and a step with drafts by at least the error of the batch's
+        plain step: what the start-up curve leaves out there (many sequences' attention and host work, a busy
+        host) the drafted rows have too, while a row count seen a few times keeps the low of a quiet moment
+        against the plain step's running ratio (16 sequences on a Zen 4: the error 1.37 at 25 rows against 1.80
+        at 16 priced a response draft at 0.37 tokens, which it yielded, and the step lost; BENCHMARKS.md §54)."""
         rows = batch * (nodes + 1)
+        return self.step_seconds(nodes, depth, batch) * max(self._error(rows), self._error(batch) if nodes else 0.0)
+
+    def _error(self, rows: int) -> float:
         near = self._near.get(rows)
         if near is None:   # (every step prices every tree size: looked up once per row count)
             near = self._near[rows] = min(self.scale, key=lambda j: (abs(j - rows), j), default=0)
-        return self.step_seconds(nodes, depth, batch) * self.scale.get(near, 1.0)
+        return self.scale.get(near, 1.0)
 
     def catch_up_seconds(self, rows: int, prefill_row_s: float | None = None) -> float:
         """The drafter's pass over ``rows`` missed rows. Past the row counts timed at start-up the curve (a few
