@@ -187,8 +187,11 @@ def test_ngram_drafts_from_the_text_alone_and_is_plain_decoding(llama, k):
         head = OracleDrafter.of(llama, references(ps, ref), wrong_every=2)
 
         def run(fault=None):
-            engine = make_engine(llama, head, "ngram", k, max_num_seqs=4, prompt_lookup_max=4, prompt_lookup_min=1)
+            # (at K auto the drafts are priced: on fixed curves, rows nearly free, this machine's timings aside)
+            engine = fixed_costs(make_engine(llama, head, "ngram", k, max_num_seqs=4, prompt_lookup_max=4,
+                                             prompt_lookup_min=1))
             assert engine.runner.drafter is None and engine.runner.drafter_caches == []
+            assert (engine.scheduler.auto is not None) == (k == "auto")
             lags, step = [], engine.step
 
             def spy():
@@ -211,6 +214,25 @@ def test_ngram_drafts_from_the_text_alone_and_is_plain_decoding(llama, k):
             watch, got = run("reject_all")
             with pytest.raises(AssertionError, match="accepted"):
                 watch.check(got, ref, rate=0.01)
+
+
+def test_ngram_at_k_auto_verifies_the_texts_drafts_only_where_they_pay_their_rows(llama):
+    """Without a head, K auto still prices the text's drafts (AutoK.lookup_pays): where rows cost what they
+    hold (compute-bound, as 16 sequences' on a CPU) four sequences verify next to none, with the same tokens; at K=3
+    every proposal is verified, whatever it costs. The head's side of the model is never asked."""
+    ps = prompts(4, seed=1)
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    ref = [o.token_ids for o in make_engine(llama, None, "none").generate(ps, [params] * 4)]
+    drafted = {}
+    for k in (3, "auto"):
+        engine = make_engine(llama, None, "ngram", k, max_num_seqs=4, prompt_lookup_max=4, prompt_lookup_min=1)
+        if k == "auto":
+            auto = engine.scheduler.auto
+            auto.target, auto.drafter, auto.observe = CostCurve([1, 4, 16], [1.0, 4.0, 16.0]), CostCurve([1, 2], [0.0, 0.0]), lambda *a: None
+            auto.choose = lambda *a, **kw: pytest.fail("ngram asked the head's model")
+        assert [o.token_ids for o in engine.generate(ps, [params] * 4)] == ref
+        drafted[k] = engine.stats.num_draft_tokens
+    assert drafted[3] > 50 and drafted["auto"] <= 3   # (a long match while one sequence ran alone is verified)
 
 
 def test_ngram_needs_the_lookup_and_drafts_chains():

@@ -209,6 +209,15 @@ class AutoK:
         """More missed rows than the drafter's start-up curve was timed on (a prompt prefilled without drafts)."""
         return rows > self.drafter.rows[-1]
 
+    def tick(self) -> Tree:
+        """A step: the text's and the responses' yields decay. Without a head (ngram at K auto) the whole of a step's
+        choice: nothing to draft, the text's drafts weighed after it (:meth:`lookup_pays`)."""
+        self.steps += 1
+        self.lookup_tokens, self.lookup_steps = self.lookup_tokens * self.decay, self.lookup_steps * self.decay
+        for counts in self.gated.values():
+            counts[0], counts[1] = counts[0] * self.decay, counts[1] * self.decay
+        return Tree(())
+
     def choose(self, batch: int, missed_rows: int = 0, prefill_row_s: float | None = None,
                steps_left: int | None = None) -> Tree:
         """The tree drafted now (verified next step; a chain when ``ranks`` is 1, empty for no drafting),
@@ -216,12 +225,9 @@ class AutoK:
         prompt prefilled without them; ``prefill_row_s``: the target's measured prefill seconds per row, for
         :meth:`catch_up_seconds`) and ``steps_left`` steps at most before the batch's requests end (None:
         unknown); decays the acceptance counts."""
-        self.steps += 1
+        self.tick()
         self.accepted = [[a * self.decay for a in acc] for acc in self.accepted]
         self.tried = [t * self.decay for t in self.tried]
-        self.lookup_tokens, self.lookup_steps = self.lookup_tokens * self.decay, self.lookup_steps * self.decay
-        for counts in self.gated.values():
-            counts[0], counts[1] = counts[0] * self.decay, counts[1] * self.decay
         if self.steps <= self.warmup:
             return Tree(())
         nodes, expected = self.plan()

@@ -117,6 +117,12 @@ class EngineConfig:
             self.num_speculative_tokens == "auto" and self.speculative_token_tree == "chain"))
 
     @property
+    def priced(self) -> bool:
+        """A cost model weighs the drafts: ``auto``'s, or ngram at K auto's (the text's drafts alone, verified
+        beside other sequences only while they pay their rows: at 16 they lost 13% unpriced, BENCHMARKS.md §54)."""
+        return self.auto or (self.method == "ngram" and self.num_speculative_tokens == "auto")
+
+    @property
     def long_prefill(self) -> int:
         """The long-prompt threshold in force."""
         return self.long_prefill_token_threshold or max(1, self.max_num_batched_tokens // 8)

@@ -50,7 +50,7 @@ class LLMEngine:
             eos.add(tokenizer.eos_token_id)
         self.runner = ModelRunner(target, drafter, config, b, blocks.num_blocks, eos)
         auto = AutoK(b.k_max, config.method == "parallel", *self.runner.measure_costs(), ranks=b.ranks, warmup=6,
-                     budget=config.speculative_tree_budget if b.token_tree == "auto" else None) if config.auto else None
+                     budget=config.speculative_tree_budget if b.token_tree == "auto" else None) if config.priced else None
         self.scheduler = Scheduler(config, b, blocks, eos, auto, responses)
         self._grammars: Grammars | None = None   # made for the first structured output
 

@@ -134,7 +134,8 @@ class ModelRunner:
         drafting call where it runs), EAGLE-3's as one bare pass. Round-robin, medians of ``rounds`` after a
         warm-up round: each drafter pass right after a target pass of its size, as a step runs them (its weights
         then cold: on a Zen 4 0.29 ms a row warm, about twice that after the target), and a burst of the host's
-        other work touches every size alike, not one (BENCHMARKS.md §42)."""
+        other work touches every size alike, not one (BENCHMARKS.md §42). Without a drafter (ngram) its curve is
+        zero."""
         bs, dev, b = self.cfg.block_size, self.device, self.bounds
         most = min(self.cfg.max_num_seqs * (max(b.k_max, b.max_nodes) + 1) * 2, 512, self.num_blocks * bs // 2)
         rows = sorted({r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if r < most} | {max(most, 2)})
@@ -164,13 +165,14 @@ class ModelRunner:
                 torch.cuda.synchronize(dev)
             return time.perf_counter() - t0
 
-        times: dict[tuple[int, bool], list[float]] = {(n, dr): [] for n in rows for dr in (False, True)}
+        times: dict[tuple[int, bool], list[float]] = {(n, dr): [] for n in rows for dr in (False, True) if d or not dr}
         for r in range(rounds + 1):
             for (n, dr), ts in times.items():
                 t = one_pass(n, dr)
                 if r:
                     ts.append(t)
-        return tuple(CostCurve(rows, [statistics.median(times[n, dr]) for n in rows]) for dr in (False, True))
+        return tuple(CostCurve(rows, [statistics.median(times[n, dr]) if (n, dr) in times else 0.0 for n in rows])
+                     for dr in (False, True))
 
     # ------------------------------------------------------------------ one step
     def run(self, work: list[tuple[Sequence, int]], tree: Tree) -> list[Verified]:

@@ -169,16 +169,18 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def next_tree(self, work: Work) -> Tree:
-        """What this step drafts: the tree ``auto`` chooses, the explicit one, or the chain of K."""
-        if not self.cfg.uses_head:   # (ngram: the text drafts alone, after the step)
-            return Tree(())
+        """What this step drafts: the tree ``auto`` chooses, the explicit one, or the chain of K (ngram: none, the
+        text drafts alone after the step, priced at K auto)."""
         if self.auto:
-            missed = sum(seq.draft_lag_rows for seq, _ in work)
-            tree = self.auto.choose(len(work), missed, self.prefill_token_s, max(seq.tokens_left for seq, _ in work))
+            missed = sum(seq.draft_lag_rows for seq, _ in work) if self.cfg.uses_head else 0
+            tree = self.auto.choose(len(work), missed, self.prefill_token_s, max(seq.tokens_left for seq, _ in work)) \
+                if self.cfg.uses_head else self.auto.tick()
             # a decode step is timed by the rows it verifies, where its drafting has no catch-up to do
             decoding = all(n == 1 for _, n in work) and not (missed and tree.depth)
             self.timed = sum(len(seq.drafts) + 1 for seq, _ in work) if decoding else None
             return tree
+        if not self.cfg.uses_head:
+            return Tree(())
         tree = self.bounds.token_tree
         return tree if isinstance(tree, Tree) else Tree.chain(self.bounds.k_max)
 
@@ -230,7 +232,10 @@ class Scheduler:
             k = self._num_drafts(seq, len(proposal))
             if kind == "match" and k <= LOOKUP_LEAST:   # a long match cut by the request's end is a short one
                 kind = "short"
-            if k and (kind == "match" or not self.auto or self.auto.lookup_pays(k, len(self.running), kind)):
+            # ngram alone verifies every proposal (a lone sequence's rows wait on memory: priced there it lost ~1%,
+            # BENCHMARKS.md §54); the defaults' gate, and ngram's beside other sequences, price them
+            free = kind == "match" or not self.cfg.uses_head and len(self.running) <= LOOKUP_BATCH
+            if k and (free or not self.auto or self.auto.lookup_pays(k, len(self.running), kind)):
                 seq.set_drafts(Tree.chain(k), [[t] for t in proposal])
                 seq.drafts_from = kind
         if seq.matcher is not None and seq.drafts:
