@@ -132,6 +132,17 @@ def test_probes_back_off_while_nothing_pays_and_return_when_drafting_does():
     assert auto.next_probe - auto.steps <= auto.probe_every and auto.steps - start == 40   # back to every 16
 
 
+def test_no_probe_where_even_a_head_always_right_would_not_pay():
+    """Rows that cost what they hold (compute-bound: 16 sequences on a CPU): a chain of d drafts all accepted
+    yields d + 1 tokens for d + 1 times the rows, under the margin, so no probe is drafted however long nothing
+    pays; one sequence, whose extra rows are nearly free, still probes on the same curve."""
+    linear = CostCurve([1, 16, 256], [0.2, 1.0, 16.0])
+    auto = AutoK(8, True, linear, CostCurve([1, 256], [0.0, 0.0]), prior=1e-6)
+    assert not auto.could_pay(16, 16 / linear(16)) and auto.could_pay(1, 1 / linear(1))
+    assert not any(auto.choose(16) for _ in range(300))
+    assert any(auto.choose(1) for _ in range(100))
+
+
 def test_resuming_pays_for_the_drafters_catch_up():
     """A draft that just pays for itself (K=1 marginally faster than K=0 at 16 sequences) is not
     worth resuming for when the drafter must first read 64 missed steps of 16 sequences; a clear

@@ -218,6 +218,12 @@ class AutoK:
             counts[0], counts[1] = counts[0] * self.decay, counts[1] * self.decay
         return Tree(())
 
+    def could_pay(self, batch: int, plain_rate: float) -> bool:
+        """Whether a chain whose every draft is accepted beats ``plain_rate`` (tokens a second at K = 0) by the
+        margin at some depth, at ``batch`` sequences: the most any head's drafting could do."""
+        return any(batch * (1 + d) / self.corrected_seconds(d, d, batch) >= plain_rate * (1 + self.margin)
+                   for d in range(1, self.k_max + 1))
+
     def choose(self, batch: int, missed_rows: int = 0, prefill_row_s: float | None = None,
                steps_left: int | None = None) -> Tree:
         """The tree drafted now (verified next step; a chain when ``ranks`` is 1, empty for no drafting),
@@ -248,7 +254,11 @@ class AutoK:
             # drafts) that the batch's remaining steps could not win back at the margin: no probe pays then (a
             # 1,936-token prompt's is 120 ms, about 17 of its plain steps). Short ones are always read: a
             # sequence with missed rows runs its steps outside CUDA graphs until the drafter has read them.
-            if (not self.long_catch_up(missed_rows) or steps_left is None
+            # And no probe where a head whose every draft were accepted would not pay at this batch (rows compute,
+            # as 16 sequences' on a CPU): its acceptance could not change the choice, and each probe's deeper rows
+            # and catch-up cost P-EAGLE ~3% against `none` there (BENCHMARKS.md §54).
+            if self.could_pay(batch, rate[0]) and (
+                    not self.long_catch_up(missed_rows) or steps_left is None
                     or catch_up <= self.margin * steps_left * self.corrected_seconds(0, 0, batch)):
                 deepest = max(chosen, key=len, default=())
                 chosen = chosen + [deepest + (0,) * i for i in (1, 2) if len(deepest) + i <= self.k_max]
