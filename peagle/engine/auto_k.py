@@ -22,7 +22,8 @@ step drafts two positions deeper than pays now, so acceptance there stays measur
 seldom tried leans on the one before it) and the tree can grow again; while probes find that nothing
 pays, the interval doubles (up to ``probe_max`` steps), so a useless head costs next to nothing; a probe
 whose long catch-up (past the rows timed) the batch's remaining steps could not win back at the margin is
-skipped. And drafting starts only for a modelled gain beyond ``margin`` (10%): near break-even the
+skipped, and so is one where even a head whose every draft were accepted would not pay at the batch (rows that
+cost what they hold, as 16 sequences' on a CPU). And drafting starts only for a modelled gain beyond ``margin`` (10%): near break-even the
 model's own error decides, and on the quantized default model, where a round costs 3x a step, it drafted
 at 0.88x plain decoding. The engine's first ``warmup`` steps are plain, so the plain step's real time
 (the bare passes timed at start-up leave out the host's work) is known before the first draft is weighed
