@@ -23,9 +23,9 @@ seldom tried leans on the one before it) and the tree can grow again; while prob
 pays, the interval doubles (up to ``probe_max`` steps), so a useless head costs next to nothing; a probe
 whose long catch-up (past the rows timed) the batch's remaining steps could not win back at the margin is
 skipped, and so is one where even a head whose every draft were accepted would not pay at the batch (rows that
-cost what they hold, as 16 sequences' on a CPU). And drafting starts only for a modelled gain beyond ``margin`` (10%): near break-even the
-model's own error decides, and on the quantized default model, where a round costs 3x a step, it drafted
-at 0.88x plain decoding. The engine's first ``warmup`` steps are plain, so the plain step's real time
+cost what they hold, as 16 sequences' on a CPU). And drafting starts only for a modelled gain beyond
+``margin`` (10%): near break-even the model's own error decides, and on the quantized default model, where a
+round costs 3x a step, it drafted at 0.88x plain decoding. The engine's first ``warmup`` steps are plain, so the plain step's real time
 (the bare passes timed at start-up leave out the host's work) is known before the first draft is weighed
 against it: six, as a request's first few steps run 20-35% slower than the rest (on the Zen 5, 3.5-3.8 ms
 against 2.6-2.9), and a plain step timed only then made a round of K=2 look cheaper than a plain step
