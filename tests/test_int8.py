@@ -365,6 +365,7 @@ def test_a_head_is_quantized_to_q4_1_only_where_its_reads_are_a_share_of_a_step(
     assert head_format(qllama, head) == "q8_0"
 
 
+@native
 def test_a_head_beside_a_target_on_the_integer_path_is_quantized(qllama, tmp_path):
     from peagle.models.drafter import save_drafter
     from peagle.models.loader import head_format, load_drafter_for

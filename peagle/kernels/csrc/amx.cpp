@@ -18,7 +18,8 @@
 #include <cpuid.h>
 #include <cstring>
 
-#include "kernels.h"
+#include "vnni_tiles.h"
+#include "zmm.h"
 
 namespace peagle {
 
@@ -135,35 +136,17 @@ struct AmxModel {
   static void release() {}
 };
 
-// Bit ``from`` of every byte moved to bit ``to``, the others cleared (vnni_tiles.h's).
-inline __m512i bit(__m512i h, int from, int to) {
-  const __m128i n = _mm_cvtsi32_si128(from < to ? to - from : from - to);
-  return _mm512_and_si512(from < to ? _mm512_sll_epi16(h, n) : _mm512_srl_epi16(h, n), _mm512_set1_epi8(char(1 << to)));
-}
-
-template <WType T>
-inline __m512 scales(const uint8_t* p) {  // 16 scales or mins
-  if constexpr (packed_format(T).scale_bytes == 2) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  else return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
-}
-
 // A chunk's packed weights as a B tile's 8 rows: row v (< 4) weights 4v .. 4v+3 of every column, row 4 + v
-// weights 16 + 4v ..: the low and high nibbles (and bit planes) of packed vector v, as vnni_tiles.h splits them.
+// weights 16 + 4v ..: packed vector v split as the AVX512-VNNI tile splits it (q8_0: the 8 vectors are the rows).
 template <WType T>
 inline const uint8_t* chunk_rows(const uint8_t* rec, uint8_t* buf) {
-  constexpr PackedFormat F = packed_format(T);
+  using V = VnniTiles<Zmm, T>;
   const uint8_t* q = rec + packed_quants(T);
-  if constexpr (!F.nibbles) return q;  // q8_0: the 8 vectors are the rows
-  const __m512i low = _mm512_set1_epi8(15);
-  __m512i planes[F.planes > 0 ? F.planes : 1];
-  for (int h = 0; h < F.planes; ++h) planes[h] = _mm512_loadu_si512(q - 64 * (F.planes - h));
+  if constexpr (!packed_format(T).nibbles) return q;
+  __m512i planes[packed_format(T).planes > 0 ? packed_format(T).planes : 1], lo, hi;
+  V::planes_of(q, planes);
   for (int v = 0; v < 4; ++v) {
-    const __m512i raw = _mm512_loadu_si512(q + 64 * v);
-    __m512i lo = _mm512_and_si512(raw, low), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-    for (int h = 0; h < F.planes; ++h) {
-      lo = _mm512_or_si512(lo, bit(planes[h], v, 4 + h));
-      hi = _mm512_or_si512(hi, bit(planes[h], 4 + v, 4 + h));
-    }
+    V::split(q, planes, v, lo, hi);
     _mm512_store_si512(buf + 64 * v, lo);
     _mm512_store_si512(buf + 64 * (4 + v), hi);
   }
@@ -174,8 +157,7 @@ inline const uint8_t* chunk_rows(const uint8_t* rec, uint8_t* buf) {
 // each row tile's sums, then each row's epilogue (the sums start from the row's c, as vnni_tiles.h's do).
 template <class U, WType T>
 void units(const QLinearArgs& a, int64_t u0, int64_t u1) {
-  constexpr PackedFormat F = packed_format(T);
-  constexpr int64_t PB = packed_chunk(T), SB = F.scale_bytes * QGROUP;
+  constexpr int64_t PB = packed_chunk(T);
   const int64_t nb = a.K / QBLOCK, M = a.M;
   const int full = int(M < 16 ? M : 16), left = int(M > 16 ? M % 16 : 0);
   U::configure(Shapes(full, left));
@@ -191,12 +173,10 @@ void units(const QLinearArgs& a, int64_t u0, int64_t u1) {
         for (int64_t l = 0; l < PB; l += 64) __builtin_prefetch(rec + nb * PB + l, 0, 3);  // the next group's chunk
         U::weights(chunk_rows<T>(rec, wbuf));
         U::sums(R != full, a.x.q + m0 * a.K + b * QBLOCK, a.K, sums);
-        const __m512 s = scales<T>(rec);
         for (int r = 0; r < R; ++r) {
           const int64_t xb = (m0 + r) * nb + b;
           const __m512i is = _mm512_add_epi32(_mm512_load_si512(sums + 16 * r), _mm512_set1_epi32(a.x.c[xb]));
-          acc[r] = _mm512_fmadd_ps(s, _mm512_mul_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(a.x.d[xb])), acc[r]);
-          if constexpr (F.min) acc[r] = _mm512_fmadd_ps(scales<T>(rec + SB), _mm512_set1_ps(a.x.sd[xb]), acc[r]);
+          acc[r] = VnniTiles<Zmm, T>::epilogue(acc[r], rec, &is, a.x.d[xb], a.x.sd[xb]);
         }
       }
       for (int r = 0; r < R; ++r) {

@@ -45,6 +45,28 @@ struct VnniTiles {
     if constexpr (F.scale_bytes == 2) return W::load_ph(p);
     else return W::load_f(reinterpret_cast<const float*>(p));
   }
+  static constexpr int64_t SB = F.scale_bytes * W::LANES;  // a part's scales
+  // The bit planes of a chunk whose (part's) quants start at q: they lie just before them.
+  static void planes_of(const uint8_t* q, ivec* planes) {
+    for (int h = 0; h < F.planes; ++h) planes[h] = W::load(q - 64 * (F.planes - h));
+  }
+  // Packed vector v at q split into each column's weights 4v + i (lo) and 16 + 4v + i (hi), bit planes added:
+  // a uint8 weight a byte.
+  static void split(const uint8_t* q, const ivec* planes, int v, ivec& lo, ivec& hi) {
+    W::nibbles(W::load(q + 64 * v), lo, hi);
+    for (int h = 0; h < F.planes; ++h) {
+      lo = W::or_(lo, bit(planes[h], v, 4 + h));
+      hi = W::or_(hi, bit(planes[h], 4 + v, 4 + h));
+    }
+  }
+  // acc plus a chunk's integer sums is[0 .. SUMS) scaled: the column scales (and mins) of the part at s, the row's
+  // d (and d * its sum, sd).
+  static fvec epilogue(fvec acc, const uint8_t* s, const ivec* is, float d, float sd) {
+    const fvec dx = W::set1_f(d);
+    for (int h = 0; h < SUMS; ++h) acc = W::fma(scales(s + QGROUP / W::LANES * SB * h), W::mul(W::cvt_f(is[h]), dx), acc);
+    if constexpr (F.min) acc = W::fma(scales(s + QGROUP / W::LANES * SB * SUMS), W::set1_f(sd), acc);
+    return acc;
+  }
 
   // Rows [m, m+R) x units [u, u+G): R*G (q6_k: 2R*G) int32 vectors per chunk (starting from the row's
   // -offset * s, so they end at the weight's own dot product), R*G float32 accumulators; each weight vector
@@ -53,7 +75,6 @@ struct VnniTiles {
   template <int R, int G>
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
     constexpr int64_t PB = packed_chunk(T), QOFF = packed_quants(T), PARTS = QGROUP / W::LANES;
-    constexpr int64_t SB = F.scale_bytes * W::LANES;  // a part's scales
     const int64_t nb = a.K / QBLOCK;
     fvec acc[R][G];
     for (int r = 0; r < R; ++r)
@@ -91,17 +112,10 @@ struct VnniTiles {
         }
       } else {
         ivec planes[G][F.planes > 0 ? F.planes : 1];
-        for (int j = 0; j < G; ++j)
-          for (int h = 0; h < F.planes; ++h) planes[j][h] = W::load(p[j] - 64 * (F.planes - h));
+        for (int j = 0; j < G; ++j) planes_of(p[j], planes[j]);
         for (int v = 0; v < 4; ++v) {
           ivec lo[G], hi[G];
-          for (int j = 0; j < G; ++j) {
-            W::nibbles(W::load(p[j] + 64 * v), lo[j], hi[j]);
-            for (int h = 0; h < F.planes; ++h) {
-              lo[j] = W::or_(lo[j], bit(planes[j][h], v, 4 + h));
-              hi[j] = W::or_(hi[j], bit(planes[j][h], 4 + v, 4 + h));
-            }
-          }
+          for (int j = 0; j < G; ++j) split(p[j], planes[j], v, lo[j], hi[j]);
           for (int r = 0; r < R; ++r) {
             const int8_t* x = a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v;
             const ivec xl = bcast4(x), xh = bcast4(x + 16);
@@ -117,11 +131,9 @@ struct VnniTiles {
         const uint8_t* s = a.w + ((u + j) / PARTS * nb + b) * PB + SB * part;
         for (int r = 0; r < R; ++r) {
           const int64_t xb = (m + r) * nb + b;
-          const fvec dx = W::set1_f(a.x.d[xb]);
-          for (int h = 0; h < SUMS; ++h)
-            acc[r][j] = W::fma(scales(s + QGROUP / W::LANES * SB * h), W::mul(W::cvt_f(is[h][r][j]), dx), acc[r][j]);
-          if constexpr (F.min)
-            acc[r][j] = W::fma(scales(s + QGROUP / W::LANES * SB * SUMS), W::set1_f(a.x.sd[xb]), acc[r][j]);
+          ivec sums[SUMS];
+          for (int h = 0; h < SUMS; ++h) sums[h] = is[h][r][j];
+          acc[r][j] = epilogue(acc[r][j], s, sums, a.x.d[xb], a.x.sd[xb]);
         }
       }
     }

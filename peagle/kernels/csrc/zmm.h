@@ -1,0 +1,45 @@
+// The integer path's 512-bit vector traits for vnni_tiles.h (16 columns a vector: a packed group, 32 registers)
+// with AVX512-VNNI's vpdpbusd: avx512vnni.cpp's tiles and amx.cpp's nibble split and epilogue. Included after
+// an ISA's `#pragma GCC target`; each file compiles its own copy.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace peagle {
+namespace {
+
+// vpdpbusd's latency (~5 cycles at two a cycle) wants about 12 independent sums in flight: R x G as near
+// 12 as 32 registers allow (R * G int32 and float32 vectors, the weights' 2G, two broadcasts). Taller passes
+// go in tiles of 4 rows, each tile's weights then read from L1 (Zen 5, the default model's layer matmuls on
+// one thread: 4 rows 3.0 -> 2.3 ms, 8 rows 4.2 -> 3.9 ms against tiles of 8 x 1; BENCHMARKS.md §30).
+struct Zmm {
+  static constexpr int LANES = 16, RMAX = 4;
+  static constexpr int columns(int R) { return R <= 1 ? 4 : 3; }
+  using ivec = __m512i;
+  using fvec = __m512;
+  static ivec set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
+  static ivec set1_i8(char v) { return _mm512_set1_epi8(v); }
+  static ivec load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static void nibbles(ivec raw, ivec& lo, ivec& hi) {
+    lo = _mm512_and_si512(raw, _mm512_set1_epi8(15));
+    hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), _mm512_set1_epi8(15));
+  }
+  static ivec slli16(ivec v, int n) { return _mm512_sll_epi16(v, _mm_cvtsi32_si128(n)); }
+  static ivec srli16(ivec v, int n) { return _mm512_srl_epi16(v, _mm_cvtsi32_si128(n)); }
+  static ivec and_(ivec a, ivec b) { return _mm512_and_si512(a, b); }
+  static ivec or_(ivec a, ivec b) { return _mm512_or_si512(a, b); }
+  static ivec dpbusd(ivec acc, ivec w, ivec x) { return _mm512_dpbusd_epi32(acc, w, x); }
+  static fvec zero_f() { return _mm512_setzero_ps(); }
+  static fvec set1_f(float v) { return _mm512_set1_ps(v); }
+  static fvec cvt_f(ivec v) { return _mm512_cvtepi32_ps(v); }
+  static fvec mul(fvec a, fvec b) { return _mm512_mul_ps(a, b); }
+  static fvec add(fvec a, fvec b) { return _mm512_add_ps(a, b); }
+  static fvec fma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
+  static fvec load_ph(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static fvec load_f(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, fvec v) { _mm512_storeu_ps(p, v); }
+};
+
+}  // namespace
+}  // namespace peagle
