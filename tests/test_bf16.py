@@ -3,7 +3,9 @@ of x rounded to bf16 once, then vdpbf16ps steps over packed weights. The AVX512_
 the scalar reference on the plain matrix, which gives the bits of a torch re-statement of the arithmetic that
 shares no code with either; a row's result does not depend on the pass; packing is a permutation of the
 matrix's bytes; and speculation on a packed bf16 model equals plain decoding token for token, with drafts
-accepted. Where the CPU lacks AVX512_BF16 nothing is packed (tested by capping the kernels below it).
+accepted. Where the CPU lacks AVX512_BF16 nothing is packed (tested by capping the kernels below it). The
+kernel tests run on every bf16 path: AVX512_BF16, AMX-BF16 tiles where the CPU has them, and the AMX kernel
+over amx.cpp's C++ model of the tile instructions (on any AVX512_BF16 CPU).
 
 Planted faults these tests caught when written: the kernel's multi-row tiles reading row 0's x for every row
 (the reference's bits lost from 2 rows on) and the reference adding a pair's even element first (the torch
@@ -27,10 +29,46 @@ from peagle.models.quant import (DEQUANT_ROWS, GROUP, QuantTensor, bf16_dots, bf
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
-has_bf16 = pytest.mark.skipif(kernels.bf16_isa() != "avx512bf16",
+has_bf16 = pytest.mark.skipif(kernels.bf16_isa() == "none",
                               reason="the native kernels are off" if not kernels.available() else
                               "this CPU has no AVX512_BF16 (vdpbf16ps)")
 TINY = torch.finfo(torch.float32).tiny
+AMX_MODEL = "amx-model"  # amx.cpp's bf16 kernel over its model of the tiles
+
+
+def each_bf16_isa():
+    """Every bf16 path (and the AMX kernel over its model of the tiles), one test case each, skipped with the
+    reason where this CPU lacks it."""
+    have = list(torch.ops.peagle.bf16_isas()) if os.environ.get("PEAGLE_NATIVE") != "0" and kernels.available() else []
+    return pytest.mark.parametrize("isa", [
+        pytest.param(isa, marks=pytest.mark.skipif(
+            (isa if isa != AMX_MODEL else "avx512bf16") not in have, reason=f"this CPU has no {isa} bf16 path"))
+        for isa in ("avx512bf16", "amx", AMX_MODEL)])
+
+
+def bf16_runs_on(cap: str, path: str) -> bool:
+    """Whether the operators capped at ``cap`` run bf16 path ``path`` here (AMX-BF16 tiles only where the CPU has
+    them and the set-up's probe found them exact and faster)."""
+    try:
+        with kernels.use_isa(cap):
+            return kernels.bf16_isa() == path
+    except RuntimeError:  # this CPU has no such instruction set
+        return False
+
+
+def each_bf16_cap():
+    """The operators' ISA caps that run a bf16 path, each a pytest param (the cap, its path), skipped with the
+    reason where this CPU does not run it."""
+    have = kernels.available() and os.environ.get("PEAGLE_NATIVE") != "0"
+    return pytest.mark.parametrize("cap,path", [
+        pytest.param(cap, path, marks=pytest.mark.skipif(not (have and bf16_runs_on(cap, path)),
+                                                         reason=f"the operators do not run {path} here"))
+        for cap, path in (("amx", "amx"), ("avx512", "avx512bf16"))])
+
+
+def heights(isa: str, m: int) -> list[int]:
+    """Pass heights up to ``m`` to check: all of them, or on the tiles' (slow) model the tiles' edges."""
+    return list(range(1, m + 1)) if isa != AMX_MODEL else [h for h in (1, 2, 3, 8, 15, 16, 17, 33, m) if h <= m]
 
 
 def flush(v: torch.Tensor) -> torch.Tensor:
@@ -74,8 +112,8 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 @native
-@has_bf16
-def test_columns_split_between_two_threads_give_the_references_bits():
+@each_bf16_isa()
+def test_columns_split_between_two_threads_give_the_references_bits(isa):
     """The suite runs one torch thread; with two, each takes a range of column groups (odd counts here)."""
     from conftest import torch_threads
 
@@ -86,29 +124,30 @@ def test_columns_split_between_two_threads_give_the_references_bits():
             for m, limits in itertools.product((1, 2, 4, 8, 9), STREAMS):
                 ref = torch.ops.peagle.bf16linear_ref(x[:m], w, b)
                 with kernels.streaming(*limits):
-                    assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b), ref), (n, m, limits)
+                    assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b, isa), ref), (n, m, limits)
 
 
 @native
-@has_bf16
-@pytest.mark.parametrize("k,n", [(2, 16), (64, 48), (576, 96), (1536, 32)])
-def test_the_bf16_path_gives_the_bits_of_the_reference(k, n):
-    """In both tile shapes (wide, and one packed group wide as weights beyond ``stream_bytes`` take)."""
+@each_bf16_isa()
+@pytest.mark.parametrize("k,n", [(2, 16), (64, 48), (200, 64), (576, 96), (1536, 32)])
+def test_the_bf16_path_gives_the_bits_of_the_reference(k, n, isa):
+    """In both tile shapes (wide, and one packed group wide as weights beyond ``stream_bytes`` take); on the
+    AMX tiles, widths of whole tiles (16 pairs) and not (1, 100 pairs) and groups of 1 to 3 a step."""
     x, w, b = case(70, k, n)  # 70 rows: every tile height, leftover rows, a second row chunk
     x[3] = 0  # an all-zero row
     packed = pack_bf16(w)
     for bias, limits in itertools.product((None, b), STREAMS):
         ref = torch.ops.peagle.bf16linear_ref(x, w, bias)
         with kernels.streaming(*limits):
-            for m in range(1, 71):  # each pass height: its tiles
-                assert torch.equal(torch.ops.peagle.linear(x[:m], packed, bias), ref[:m]), (k, n, m, limits)
+            for m in heights(isa, 70):  # each pass height: its tiles
+                assert torch.equal(torch.ops.peagle.linear(x[:m], packed, bias, isa), ref[:m]), (k, n, m, limits)
     exact = x.double() @ w.double().t() + b.double()
     assert (ref.double() - exact).abs().max() < 0.01 * exact.abs().max()  # x rounded to 8 bits of mantissa
 
 
 @native
-@has_bf16
-def test_special_values_take_the_references_bits():
+@each_bf16_isa()
+def test_special_values_take_the_references_bits(isa):
     """Denormal, infinite and NaN activations and weights: the same bits, NaN payloads included."""
     x, w, _ = case(9, 64, 32, seed=4)
     x[0, ::3], x[1, 5], x[2, 7], x[3, 1], x[4], x[5, ::2] = 1e-39, float("nan"), float("inf"), -float("inf"), 3e38, -1e-45
@@ -117,7 +156,20 @@ def test_special_values_take_the_references_bits():
     w = w.bfloat16()
     ref = torch.ops.peagle.bf16linear_ref(x, w)
     assert ref.isnan().any() and ref.isinf().any()
-    assert torch.equal(bits(torch.ops.peagle.linear(x, pack_bf16(w))), bits(ref))
+    assert torch.equal(bits(torch.ops.peagle.linear(x, pack_bf16(w), None, isa)), bits(ref))
+
+
+@native
+@each_bf16_isa()
+def test_a_sum_of_negative_zero_keeps_its_sign(isa):
+    """A product that underflows is flushed to -0, so a column's sum can be -0; the AMX kernel pads a row to
+    whole tiles of 16 pairs (here 15 pairs of padding, and 15 after 17) with pairs that must leave that sign."""
+    for k in (2, 34):
+        w, x = torch.zeros(16, k), torch.zeros(3, k)
+        w[:, k - 2], x[:, k - 2] = -1e-10, 1e-30  # the last pair's, the sum +0 until then
+        ref = torch.ops.peagle.bf16linear_ref(x, w.bfloat16())
+        assert (bits(ref) == bits(torch.tensor(-0.0))).all()
+        assert torch.equal(bits(torch.ops.peagle.linear(x, pack_bf16(w.bfloat16()), None, isa)), bits(ref)), k
 
 
 @native
@@ -135,14 +187,14 @@ def test_the_reference_is_the_stated_arithmetic():
 
 
 @native
-@has_bf16
-def test_a_rows_result_does_not_depend_on_the_pass():
+@each_bf16_isa()
+def test_a_rows_result_does_not_depend_on_the_pass(isa):
     x, w, b = case(40, 576, 96, seed=1)
     packed = pack_bf16(w)
-    alone = torch.cat([torch.ops.peagle.linear(x[i:i + 1], packed, b) for i in range(len(x))])
-    for m in range(1, len(x) + 1):
-        assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b), alone[:m]), m
-    assert torch.equal(torch.ops.peagle.linear(x[3:11], packed, b), alone[3:11])
+    alone = torch.cat([torch.ops.peagle.linear(x[i:i + 1], packed, b, isa) for i in range(len(x))])
+    for m in heights(isa, len(x)):
+        assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b, isa), alone[:m]), m
+    assert torch.equal(torch.ops.peagle.linear(x[3:11], packed, b, isa), alone[3:11])
 
 
 def test_packing_is_a_permutation_of_the_matrix():
@@ -220,13 +272,16 @@ def test_a_model_is_packed_whole(bllama):
 
 
 @native
-@has_bf16
+@each_bf16_cap()
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
-def test_speculation_on_the_bf16_path_is_plain_decoding(bllama, method):
+def test_speculation_on_the_bf16_path_is_plain_decoding(bllama, method, cap, path):
     """Greedy and seeded, one sequence and four together with prompts prefilled in chunks of 7, chains
-    and (P-EAGLE) a token tree: every output equals plain decoding's, and the oracle head's drafts are
-    accepted (a verifier that rejected them all would fail here)."""
-    assert_lossless_on_path(bllama, method, packed_head)
+    and (P-EAGLE) a token tree: every output equals plain decoding's on each bf16 path (on AMX tiles the
+    one-row passes run AVX512_BF16), and the oracle head's drafts are accepted (a verifier that rejected
+    them all would fail here)."""
+    with kernels.use_isa(cap):
+        assert kernels.bf16_isa() == path
+        assert_lossless_on_path(bllama, method, packed_head)
 
 
 @native

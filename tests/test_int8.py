@@ -242,36 +242,50 @@ def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):
 
 
 @native
-@pytest.mark.skipif("avx512vnni" not in int_isas(), reason="the AMX model needs AVX512-VNNI")
-def test_the_amx_probe_checks_the_kernel_against_the_reference_and_times_both_paths(monkeypatch):
-    """The set-up's probe (run here on the tiles' model): a correct kernel is found exact and timed beside
-    AVX512-VNNI; one that gives other bits is found inexact, naming the format and the pass height."""
+@pytest.mark.skipif("avx512vnni" not in int_isas() or kernels.bf16_isa() == "none",
+                    reason="the AMX models need AVX512-VNNI and AVX512_BF16")
+def test_the_amx_probe_checks_the_kernels_against_the_references_and_times_both_paths(monkeypatch):
+    """The set-up's probe (run here on the tiles' model): correct kernels are found exact and timed beside the
+    AVX-512 paths; one that gives other bits is found inexact, naming the case; each path on its own."""
     r = kernels._amx_probe_child(AMX_MODEL, calls=5)
-    assert r["exact"] and r["amx_ms"] > 0 and r["vnni_ms"] > 0
+    assert set(r) == {"int8", "bf16"}
+    assert all(v["exact"] and v["amx_ms"] > 0 and v["base_ms"] > 0 for v in r.values())
     real = torch.ops.peagle.linear
-    monkeypatch.setattr(torch.ops.peagle, "linear", lambda x, w, b=None, isa="": real(x, w, b, isa) + (isa == AMX_MODEL))
-    assert kernels._amx_probe_child(AMX_MODEL, calls=5) == {"exact": False, "error": "q8_0 at 2 rows differs from the reference"}
+    off = {"q8_0": lambda w: w.shape[-1] != 64, "bf16": lambda w: w.shape[-1] == 64}  # which weights to spoil
+    for path, (spoiled, name) in {"int8": ("q8_0", "q8_0 at 2 rows"), "bf16": ("bf16", "bf16 576 wide at 2 rows")}.items():
+        monkeypatch.setattr(torch.ops.peagle, "linear", lambda x, w, b=None, isa="", f=off[spoiled]:
+                            real(x, w, b, isa) + (isa == AMX_MODEL and f(w)))
+        r = kernels._amx_probe_child(AMX_MODEL, calls=5)
+        assert r[path] == {"exact": False, "error": f"{name} differs from the reference"}, path
+        assert r[{"int8": "bf16", "bf16": "int8"}[path]]["exact"]
+
+
+GOOD = {"exact": True, "amx_ms": 1.0, "base_ms": 2.0}
 
 
 @pytest.mark.parametrize("verdict,used", [
-    ({"exact": True, "amx_ms": 1.0, "vnni_ms": 2.0}, True),
-    ({"exact": True, "amx_ms": 2.0, "vnni_ms": 1.0}, False),   # slower: AVX512-VNNI stays
-    ({"exact": False, "error": "q4_1 at 8 rows differs from the reference"}, False),
-    (None, False),                                             # never probed
-    ("{not json", False)])
+    ({"int8": GOOD, "bf16": GOOD}, (True, True)),
+    ({"int8": {**GOOD, "amx_ms": 3.0}, "bf16": GOOD}, (False, True)),   # slower: AVX512-VNNI stays
+    ({"int8": GOOD, "bf16": {"exact": False, "error": "bf16 576 wide at 8 rows differs from the reference"}}, (True, False)),
+    ({"int8": GOOD}, (True, False)),                                      # a CPU with no AMX-BF16: not probed
+    ({"exact": True, "amx_ms": 1.0, "vnni_ms": 2.0}, (False, False)),   # an older probe's verdict
+    (None, (False, False)),                                              # never probed
+    ("{not json", (False, False))])
 def test_amx_tiles_are_used_only_where_the_probe_found_them_exact_and_faster(verdict, used, tmp_path, monkeypatch, capsys):
     f = tmp_path / "amx.json"
     if verdict is not None:
         f.write_text(verdict if isinstance(verdict, str) else json.dumps(verdict))
     monkeypatch.setattr(kernels, "AMX_PROBE", f)
-    assert kernels._amx_verdict() is used
-    assert ("AMX-INT8 tiles not used" in capsys.readouterr().err) is not used
+    assert kernels._amx_verdict() == used
+    err = capsys.readouterr().err
+    assert ("AMX-INT8 tiles not used" in err) is not used[0] and ("AMX-BF16 tiles not used" in err) is not used[1]
 
 
 @native
 def test_the_probe_runs_only_where_the_os_grants_amx_tiles():
     if "amx" in int_isas():
-        assert kernels.probe_amx()["exact"]
+        r = kernels.probe_amx()
+        assert r["int8"]["exact"] and ("bf16" in r) == ("amx" in torch.ops.peagle.bf16_isas())
     else:
         assert kernels.probe_amx() is None and not kernels.AMX_PROBE.exists()
 

@@ -1,6 +1,7 @@
 """peagle's native CPU kernels: the linear layer (float32/float16/bfloat16 weights and GGUF Q8_0/Q4_0/Q4_1
 blocks in float32 arithmetic; packed GGUF blocks through integer dot products, llama.cpp's 8-bit
-activations; packed bfloat16 weights through AVX512_BF16's bf16 dot products) for the few rows of decoding, verification and drafting, paged attention for short spans, a
+activations; packed bfloat16 weights through AVX512_BF16's bf16 dot products, AMX-BF16 tiles where a probe
+at set-up found them exact and faster) for the few rows of decoding, verification and drafting, paged attention for short spans, a
 layer's small ops fused, and every layer of such a pass in one call (``decoder_layers``); batch-invariant:
 a row's result does not depend on how many rows share the pass (``csrc/kernels.h``).
 
@@ -77,26 +78,32 @@ def available() -> bool:
         return False
     torch.ops.peagle.set_isa(os.environ.get("PEAGLE_ISA", ""))
     if "amx" in torch.ops.peagle.int_isas():
-        torch.ops.peagle.set_amx(_amx_verdict())
+        torch.ops.peagle.set_amx(*_amx_verdict())
     return True
 
 
 AMX_PROBE = BUILD_DIR / "amx.json"
 AMX_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+AMX_PATHS = {"int8": ("AMX-INT8", "avx512vnni", "the integer path"), "bf16": ("AMX-BF16", "avx512bf16", "the bf16 path")}
 
 
-def _amx_verdict() -> bool:
-    """Whether the integer path takes AMX tiles on this CPU: only where ``python -m peagle.kernels``'s probe
-    (:func:`probe_amx`, in a child process) found them giving the reference's bits and faster than AVX512-VNNI."""
+def _amx_verdict() -> tuple[bool, bool]:
+    """Whether the integer path and the bf16 path take AMX tiles on this CPU: each only where ``python -m
+    peagle.kernels``'s probe (:func:`probe_amx`, in a child process) found its tiles giving the reference's bits
+    and faster than the AVX-512 path beside them."""
     try:
         r = json.loads(AMX_PROBE.read_text())
     except (OSError, ValueError):
-        r = {"error": "not probed (run `make setup`)"}
-    if r.get("exact") and r.get("amx_ms", 1e9) < r.get("vnni_ms", 0):
-        return True
-    print(f"peagle: AMX-INT8 tiles not used ({r.get('error') or 'inexact' if not r.get('exact') else 'slower than AVX512-VNNI'}"
-          f", {AMX_PROBE}); the integer path runs AVX512-VNNI", file=sys.stderr)
-    return False
+        r = {}
+    used = []
+    for path, (name, other, where) in AMX_PATHS.items():
+        v = r.get(path) if isinstance(r, dict) and isinstance(r.get(path), dict) else {"error": "not probed (run `make setup`)"}
+        ok = bool(v.get("exact")) and v.get("amx_ms", 1e9) < v.get("base_ms", 0)
+        if not ok:
+            why = v.get("error") or ("inexact" if not v.get("exact") else f"slower than {other}")
+            print(f"peagle: {name} tiles not used ({why}, {AMX_PROBE}); {where} runs {other}", file=sys.stderr)
+        used.append(ok)
+    return used[0], used[1]
 
 
 def _random_blocks(fmt: str, n: int, k: int, g: torch.Generator) -> torch.Tensor:
@@ -110,47 +117,84 @@ def _random_blocks(fmt: str, n: int, k: int, g: torch.Generator) -> torch.Tensor
     return b
 
 
-def _amx_probe_child(isa: str = "amx", calls: int = 250) -> dict:
-    """The probe's work (a child process: a fault in the tiles ends it, not the set-up): the AMX kernel (``isa``:
-    ``amx-model`` in tests) against the scalar reference on every 32-weight format and pass heights 2-40, then
-    both integer paths' time at 8 rows on the default model's largest layer shape (3,072 x 576 Q4_1), the
+def _probe_path(isa: str, base: str, cases, timed: tuple, calls: int) -> dict:
+    """One AMX path checked and timed: ``cases`` yields (name, x, packed weight, the reference's result), each
+    compared bit for bit on ``isa``; then ``timed`` (x, packed weight) on ``isa`` and ``base`` alternating, the
     fastest of ``calls`` after a fifth of them."""
-    from peagle.models.quant import pack
+    for name, x, w, ref in cases:
+        if not torch.equal(torch.ops.peagle.linear(x, w, None, isa).view(torch.int32), ref.view(torch.int32)):
+            return {"exact": False, "error": f"{name} differs from the reference"}
+    x, w = timed
+    ms: dict[str, float] = {}
+    for path in (isa, base) * 2:
+        for i in range(calls):
+            t = time.perf_counter()
+            torch.ops.peagle.linear(x, w, None, path)
+            if i >= calls // 5:
+                ms[path] = min(ms.get(path, 1e9), (time.perf_counter() - t) * 1e3)
+    return {"exact": True, "amx_ms": ms[isa], "base_ms": ms[base]}
+
+
+HEIGHTS = (2, 3, 8, 16, 17, 40)  # pass heights the probe checks: row tiles whole, short and leftover
+
+
+def _amx_probe_child(isa: str = "amx", calls: int = 250, paths: tuple[str, ...] = ("int8", "bf16")) -> dict:
+    """The probe's work (a child process: a fault in the tiles ends it, not the set-up), per path (``int8``,
+    ``bf16``: those this CPU has AMX tiles for, or ``isa`` ``amx-model`` in tests): the AMX kernel against the
+    scalar reference at pass heights 2-40 (every 32-weight GGUF format; bf16 weights with denormals and
+    infinities among them, two widths: NaN payloads are the tests' business, not a reason to give up the tiles), then both paths' time at 8 rows on the default model's largest layer
+    shape (3,072 x 576: Q4_1, and bf16)."""
+    from peagle.models.quant import pack, pack_bf16
 
     assert available()
     g = torch.Generator().manual_seed(0)
     torch.set_num_threads(1)
-    for fmt in AMX_FORMATS:
-        blocks = _random_blocks(fmt, 48, 576, g)
-        packed = pack(blocks)
-        for m in (2, 3, 8, 16, 17, 40):
-            x = torch.randn(m, 576, generator=g)
-            if not torch.equal(torch.ops.peagle.linear(x, packed, None, isa), torch.ops.peagle.qlinear_ref(x, blocks)):
-                return {"exact": False, "error": f"{fmt} at {m} rows differs from the reference"}
-    packed, x, ms = pack(_random_blocks("q4_1", 3072, 576, g)), torch.randn(8, 576, generator=g), {}
-    for path in (isa, "avx512vnni") * 2:
-        for i in range(calls):
-            t = time.perf_counter()
-            torch.ops.peagle.linear(x, packed, None, path)
-            if i >= calls // 5:
-                ms[path] = min(ms.get(path, 1e9), (time.perf_counter() - t) * 1e3)
-    return {"exact": True, "amx_ms": ms[isa], "vnni_ms": ms["avx512vnni"]}
+
+    def int8_cases():
+        for fmt in AMX_FORMATS:
+            blocks = _random_blocks(fmt, 48, 576, g)
+            packed = pack(blocks)
+            for m in HEIGHTS:
+                x = torch.randn(m, 576, generator=g)
+                yield f"{fmt} at {m} rows", x, packed, torch.ops.peagle.qlinear_ref(x, blocks)
+
+    def bf16_cases():
+        for k in (576, 200):  # whole tiles of 16 pairs, and a last tile of 4
+            w = torch.randn(48, k, generator=g) * 0.05
+            w[1, ::5], w[2, 3], w[3, 9] = 1e-39, float("inf"), -float("inf")  # denormals read as zero; infinities
+            w = w.bfloat16()
+            packed = pack_bf16(w)
+            for m in HEIGHTS:
+                x = torch.randn(m, k, generator=g)
+                x[0, ::11] = 1e-39
+                yield f"bf16 {k} wide at {m} rows", x, packed, torch.ops.peagle.bf16linear_ref(x, w)
+
+    out = {}
+    x = torch.randn(8, 576, generator=g)
+    if "int8" in paths:
+        out["int8"] = _probe_path(isa, "avx512vnni", int8_cases(), (x, pack(_random_blocks("q4_1", 3072, 576, g))), calls)
+    if "bf16" in paths:
+        w = pack_bf16((torch.randn(3072, 576, generator=g) * 0.05).bfloat16())
+        out["bf16"] = _probe_path(isa, "avx512bf16", bf16_cases(), (x, w), calls)
+    return out
 
 
 def probe_amx() -> dict | None:
-    """On a CPU whose OS grants AMX-INT8 tiles, run :func:`_amx_probe_child` in a child process and keep its
-    verdict in ``build/amx.json`` (read at load: :func:`_amx_verdict`); None elsewhere."""
+    """On a CPU whose OS grants AMX tiles, run :func:`_amx_probe_child` in a child process for each path it has
+    tiles for, and keep the verdicts in ``build/amx.json`` (read at load: :func:`_amx_verdict`); None elsewhere."""
     import subprocess
 
     available.cache_clear()
     if not available() or "amx" not in torch.ops.peagle.int_isas():
         return None
-    code = "import json; from peagle.kernels import _amx_probe_child as p; print(json.dumps(p()))"
+    paths = ("int8",) + (("bf16",) if "amx" in torch.ops.peagle.bf16_isas() else ())
+    code = f"import json; from peagle.kernels import _amx_probe_child as p; print(json.dumps(p(paths={paths!r})))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     try:
         out = json.loads(r.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        out = {"exact": False, "error": f"the probe ended with code {r.returncode}: {r.stderr.strip()[-300:]}"}
+        fault = {"exact": False, "error": f"the probe ended with code {r.returncode}: {r.stderr.strip()[-300:]}"}
+        out = {path: fault for path in paths}
     AMX_PROBE.write_text(json.dumps(out))
     available.cache_clear()
     return out
@@ -191,7 +235,8 @@ def native(x: torch.Tensor | torch.device, head_dim: int | None = None, group: i
 
 @contextlib.contextmanager
 def use_isa(name: str):
-    """Run the kernels on instruction set ``name`` (``amx``: AVX-512 with AMX-INT8 tiles on the integer path,
+    """Run the kernels on instruction set ``name`` (``amx``: AVX-512 with AMX-INT8 and AMX-BF16 tiles where the
+    set-up's probe chose them,
     ``avx512``, ``avxvnni``: AVX2 with AVX-VNNI's integer path, ``avx2``, ``scalar``; no wider than this CPU's) inside the block, as ``PEAGLE_ISA`` does for a process: weights loaded inside are packed for
     that path's integer kernels, or not at all on ``scalar``; bf16 weights only under ``avx512`` (AVX512_BF16)."""
     torch.ops.peagle.set_isa(name)
@@ -225,8 +270,8 @@ def int_isa() -> str:
 
 
 def bf16_isa() -> str:
-    """The bf16 dot-product path's instruction set for packed bf16 weights (``csrc/kernels.h``): ``avx512bf16``,
-    or ``none`` (no such path here, or the kernels not loaded: bf16 weights stay plain, float32 arithmetic)."""
+    """The bf16 dot-product path's instruction set for packed bf16 weights (``csrc/kernels.h``): ``amx`` (AMX-BF16
+    tiles, one-row passes on AVX512_BF16), ``avx512bf16``, or ``none`` (no such path here, or the kernels not loaded: bf16 weights stay plain, float32 arithmetic)."""
     return torch.ops.peagle.bf16_isa() if available() else "none"
 
 

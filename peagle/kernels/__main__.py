@@ -12,6 +12,6 @@ except Exception as e:  # no compiler, no headers: the models run on torch's mat
     sys.exit(0)
 kernels.available.cache_clear()
 print(f"peagle: native kernels built at {path} ({kernels.isa()})")
-amx = kernels.probe_amx()  # AMX-INT8 tiles checked and timed where this CPU has them
+amx = kernels.probe_amx()  # AMX-INT8 and AMX-BF16 tiles checked and timed where this CPU has them
 if amx is not None:
-    print(f"peagle: AMX-INT8 probe: {amx}; the integer path runs {kernels.int_isa()}")
+    print(f"peagle: AMX probe: {amx}; the integer path runs {kernels.int_isa()}, the bf16 path {kernels.bf16_isa()}")

@@ -1,4 +1,7 @@
-// AMX-INT8 (Intel Xeon since Sapphire Rapids): the integer path's products (kernels.h) as tile dot products.
+// AMX (Intel Xeon since Sapphire Rapids): AMX-INT8 tiles for the integer path's products, AMX-BF16 tiles for
+// the bf16 dot-product path's (kernels.h).
+//
+// AMX-INT8.
 // A packed vector (16 columns x 4 weights, kernels.h's layout) is one 64-byte row of a B tile, so a chunk of
 // 32 weights is a B tile of 8 rows; the rows' 8-bit activations of that chunk are an A tile (up to 16 rows x 32
 // bytes); tdpbsud (int8 x uint8 into int32) gives every row's integer sum of the chunk at once, exact; the float
@@ -8,7 +11,14 @@
 // them (Intel's pseudo-code, and the shape rules the hardware faults on, checked), so the kernel around them is
 // tested bit for bit on any AVX512-VNNI CPU (tests/test_int8.py); on an AMX CPU `python -m peagle.kernels` also
 // probes the real one against the reference and times it before it is chosen (peagle/kernels/__init__.py).
-#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")
+//
+// AMX-BF16. The packed bf16 layout's 64-byte vector (16 columns x one k pair) is one row of a B tile, so 16
+// pairs of a group are a B tile; 16 pairs of up to 16 rows' activations an A tile; tdpbf16ps adds each pair's
+// products into float32 sums, one rounding each (Intel's pseudo-code: the even element first, where vdpbf16ps
+// and kernels.h's arithmetic add the odd first). Both tiles' pairs are swapped (a 16-bit rotate of each dword),
+// so the tiles do kernels.h's arithmetic in its order: a row's bits are the reference's and AVX512_BF16's, which
+// one-row passes keep. Whether the hardware does its pseudo-code, the set-up's probe checks before it is chosen.
+#pragma GCC target("amx-tile,amx-int8,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -16,42 +26,55 @@
 #include <c10/util/Exception.h>
 
 #include <cpuid.h>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "vnni_tiles.h"
 #include "zmm.h"
 
 namespace peagle {
 
-bool amx_ready() {
-  static const bool ready = [] {
+// CPUID leaf 7's EDX bit `feature` (22 AMX-BF16, 25 AMX-INT8), with the tiles (AMX-TILE, bit 24) granted.
+static bool amx_has(int feature) {
+  static const bool tiles = [] {
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 25 & 1)) return false;  // AMX-TILE, -INT8
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return false;                             // OSXSAVE
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1)) return false;  // AMX-TILE
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return false;           // OSXSAVE
     unsigned lo, hi;
     __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     if ((lo >> 17 & 3) != 3) return false;  // the OS saves the tile state (XTILECFG, XTILEDATA)
     // Linux hands out the tile data state on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), for the process
     return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
   }();
-  return ready;
+  unsigned a, b, c, d;
+  return tiles && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> feature & 1);
 }
+
+bool amx_ready() { return amx_has(25); }
+bool amx_bf16_ready() { return amx_has(22); }
 
 namespace {
 
-// The tiles a call uses: 0 the activations (rows x 32 bytes), 1 the leftover rows' (a pass of more than 16 rows
-// whose count is not a multiple of 16; else unused), 2 a chunk's weights (8 x 64), 3 and 4 the int32 sums of 0 and 1.
-// A unit offers configure, weights (tile 2 from 8 rows of 64 bytes), sums (a row tile's: its activations loaded,
-// tdpbsud into zeroed sums, stored 64 bytes a row) and release.
-constexpr int TILES = 5;
+// The tiles' shapes (palette 1: 8 tiles of up to 16 rows x 64 bytes). The integer kernel: 0 the activations
+// (rows x 32 bytes), 1 the leftover rows' (a pass of more than 16 rows whose count is not a multiple of 16; else
+// unused), 2 a chunk's weights (8 x 64), 3 and 4 the int32 sums of 0 and 1. The bf16 kernel: 0 a row tile's
+// activations (rows x 16 pairs), 1-3 three groups' weights (16 pairs x 16 columns), 4-6 their float32 sums.
+constexpr int TILES = 8;
 struct Shapes {
-  int rows[TILES], colsb[TILES];
-  Shapes(int full, int left)
-      : rows{full, left, 8, full, left}, colsb{full ? 32 : 0, left ? 32 : 0, 64, full ? 64 : 0, left ? 64 : 0} {}
+  int rows[TILES] = {}, colsb[TILES] = {};
+  static Shapes int8(int full, int left) {
+    return {{full, left, 8, full, left}, {full ? 32 : 0, left ? 32 : 0, 64, full ? 64 : 0, left ? 64 : 0}};
+  }
+  static Shapes bf16(int rows) { return {{rows, 16, 16, 16, rows, rows, rows}, {64, 64, 64, 64, 64, 64, 64}}; }
 };
+constexpr int64_t BF16_TILE_PAIRS = 16, BF16_TILE_BYTES = BF16_TILE_PAIRS * BF16_PAIR_BYTES;
 
-// The instructions (palette 1: 8 tiles of up to 16 rows x 64 bytes), written out (gcc's intrinsics name a tile
-// by a literal and declare no memory they read).
+// The instructions, written out (gcc's intrinsics name a tile by a literal and declare no memory they read).
+// A unit offers configure, release, and for each kernel its steps: the integer one's weights (tile 2 from 8 rows
+// of 64 bytes) and sums (a row tile's: its activations loaded, tdpbsud into zeroed sums, stored 64 bytes a row);
+// the bf16 one's zero, step (the activations' tile, then G groups' weights and tdpbf16ps each) and store.
 struct AmxUnit {
   struct alignas(64) Config {
     uint8_t palette, start_row, reserved[14];
@@ -81,16 +104,33 @@ struct AmxUnit {
           "tdpbsud %%tmm2, %%tmm1, %%tmm4\n\t"
           "tilestored %%tmm4, (%2,%3,1)" ::"r"(x), "r"(stride), "r"(out), "r"(int64_t(64)) : "memory");
   }
+  template <int J>
+  static void zero() {
+    __asm__ volatile("tilezero %%tmm%c0" ::"i"(4 + J));
+  }
+  template <int G, int J = 0>
+  static void step(const uint32_t* x, int64_t stride, const uint8_t* w) {
+    if constexpr (J == 0) __asm__ volatile("tileloadd (%0,%1,1), %%tmm0" ::"r"(x), "r"(stride) : "memory");
+    __asm__ volatile(
+        "tileloadd (%0,%1,1), %%tmm%c2\n\t"
+        "tdpbf16ps %%tmm%c2, %%tmm0, %%tmm%c3" ::"r"(w + J * BF16_TILE_BYTES), "r"(int64_t(64)), "i"(1 + J), "i"(4 + J)
+        : "memory");
+    if constexpr (J + 1 < G) step<G, J + 1>(x, stride, w);
+  }
+  template <int J>
+  static void store(float* out) {
+    __asm__ volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(out), "r"(int64_t(64)), "i"(4 + J) : "memory");
+  }
   static void release() { __asm__ volatile("tilerelease" ::: "memory"); }
 };
 
 // The same instructions in plain C++, from the Intel SDM's pseudo-code (LDTILECFG, TILELOADD, TILEZERO,
-// TDPBSUD, TILESTORED), each tile's rows and bytes from the configuration, and the shape rules under which
-// TDPBSUD raises #UD checked: what the kernel asks of the tiles is what the hardware would be asked.
+// TDPBSUD, TDPBF16PS, TILESTORED), each tile's rows and bytes from the configuration, and the shape rules under
+// which the dot products raise #UD checked: what the kernels ask of the tiles is what the hardware would be asked.
 struct AmxModel {
   struct State {
-    Shapes s{0, 0};
-    uint8_t t[8][16][64];
+    Shapes s;
+    uint8_t t[TILES][16][64];
   };
   static State& state() {
     static thread_local State st;
@@ -107,18 +147,45 @@ struct AmxModel {
     std::memset(st.t[t], 0, sizeof st.t[t]);  // the bytes past the configured ones read as zero
     for (int r = 0; r < st.s.rows[t]; ++r) std::memcpy(st.t[t][r], static_cast<const uint8_t*>(p) + r * stride, st.s.colsb[t]);
   }
-  static void dpbsud(int c, int a, int b) {
-    State& st = state();
-    const Shapes& s = st.s;
+  static void check(int c, int a, int b) {
+    const Shapes& s = state().s;
     TORCH_CHECK(s.colsb[a] / 4 == s.rows[b] && s.colsb[c] == s.colsb[b] && s.rows[c] == s.rows[a] && s.rows[c] > 0,
-                "AMX model: tdpbsud's shapes fault (#UD)");
-    for (int m = 0; m < s.rows[c]; ++m)
-      for (int k = 0; k < s.colsb[a] / 4; ++k)
-        for (int n = 0; n < s.colsb[c] / 4; ++n) {
+                "AMX model: the dot product's shapes fault (#UD)");
+  }
+  static void dpbsud(int c, int a, int b) {
+    check(c, a, b);
+    State& st = state();
+    for (int m = 0; m < st.s.rows[c]; ++m)
+      for (int k = 0; k < st.s.colsb[a] / 4; ++k)
+        for (int n = 0; n < st.s.colsb[c] / 4; ++n) {
           uint32_t acc;  // int32 sums wrap, as the hardware's
           std::memcpy(&acc, st.t[c][m] + 4 * n, 4);
           for (int i = 0; i < 4; ++i)
             acc += uint32_t(int32_t(int8_t(st.t[a][m][4 * k + i])) * int32_t(st.t[b][k][4 * n + i]));
+          std::memcpy(st.t[c][m] + 4 * n, &acc, 4);
+        }
+  }
+  // Each pair's element 0 added first, then 1: an FMA rounded to nearest even, input denormals read as zero,
+  // a denormal result flushed to zero (MXCSR not consulted).
+  static void dpbf16ps(int c, int a, int b) {
+    check(c, a, b);
+    const auto flush = [](float v) { return std::fabs(v) < std::numeric_limits<float>::min() ? std::copysign(0.f, v) : v; };
+    const auto value = [&](const uint8_t* p) {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      const uint32_t u = uint32_t(h) << 16;
+      float v;
+      std::memcpy(&v, &u, 4);
+      return flush(v);
+    };
+    State& st = state();
+    for (int m = 0; m < st.s.rows[c]; ++m)
+      for (int k = 0; k < st.s.colsb[a] / 4; ++k)
+        for (int n = 0; n < st.s.colsb[c] / 4; ++n) {
+          float acc;
+          std::memcpy(&acc, st.t[c][m] + 4 * n, 4);
+          for (int e = 0; e < 2; ++e)
+            acc = flush(std::fma(value(st.t[b][k] + 4 * n + 2 * e), value(st.t[a][m] + 4 * k + 2 * e), acc));
           std::memcpy(st.t[c][m] + 4 * n, &acc, 4);
         }
   }
@@ -132,6 +199,22 @@ struct AmxModel {
     std::memset(state().t[left ? 4 : 3], 0, sizeof state().t[0]);
     dpbsud(left ? 4 : 3, left ? 1 : 0, 2);
     store(left ? 4 : 3, out, 64);
+  }
+  template <int J>
+  static void zero() {
+    std::memset(state().t[4 + J], 0, sizeof state().t[0]);
+  }
+  template <int G>
+  static void step(const uint32_t* x, int64_t stride, const uint8_t* w) {
+    load(0, x, stride);
+    for (int j = 0; j < G; ++j) {
+      load(1 + j, w + j * BF16_TILE_BYTES, 64);
+      dpbf16ps(4 + j, 0, 1 + j);
+    }
+  }
+  template <int J>
+  static void store(float* out) {
+    store(4 + J, out, 64);
   }
   static void release() {}
 };
@@ -160,7 +243,7 @@ void units(const QLinearArgs& a, int64_t u0, int64_t u1) {
   constexpr int64_t PB = packed_chunk(T);
   const int64_t nb = a.K / QBLOCK, M = a.M;
   const int full = int(M < 16 ? M : 16), left = int(M > 16 ? M % 16 : 0);
-  U::configure(Shapes(full, left));
+  U::configure(Shapes::int8(full, left));
   alignas(64) uint8_t wbuf[8 * 64];
   alignas(64) int32_t sums[16 * 16];
   for (int64_t u = u0; u < u1; ++u)
@@ -204,8 +287,82 @@ void dispatch(const QLinearArgs& a, int64_t g0, int64_t g1) {
   }
 }
 
+// x's rows as the A tiles read them: each pair's elements swapped, every row padded to whole tiles with pairs
+// (-0, -0) whose products (-0 times the weights' zero padding) leave every sum's bits as they are.
+inline void swapped_rows(const BLinearArgs& a, int64_t ld, std::vector<uint32_t>& out) {
+  const int64_t KP = a.K / 2;
+  out.assign(size_t(a.M * ld), 0x80008000u);
+  for (int64_t m = 0; m < a.M; ++m) {
+    const uint32_t* x = reinterpret_cast<const uint32_t*>(a.x + m * a.K);
+    uint32_t* o = out.data() + m * ld;
+    int64_t p = 0;
+    for (; p + 16 <= KP; p += 16) _mm512_storeu_si512(o + p, _mm512_rol_epi32(_mm512_loadu_si512(x + p), 16));
+    const __mmask16 live = __mmask16((1u << (KP - p)) - 1);
+    _mm512_mask_storeu_epi32(o + p, live, _mm512_rol_epi32(_mm512_maskz_loadu_epi32(live, x + p), 16));
+  }
+}
+
+// G groups' weights from pair p0 on as G B tiles, each pair's elements swapped (zeros past the matrix's pairs).
+template <int G>
+inline void swapped_weights(const BLinearArgs& a, int64_t g, int64_t p0, uint8_t* out) {
+  const int64_t KP = a.K / 2, n = KP - p0 < BF16_TILE_PAIRS ? KP - p0 : BF16_TILE_PAIRS;
+  for (int j = 0; j < G; ++j) {
+    const uint8_t* w = a.w + ((g + j) * KP + p0) * BF16_PAIR_BYTES;
+    uint8_t* o = out + j * BF16_TILE_BYTES;
+    for (int64_t i = 0; i < n; ++i)
+      _mm512_store_si512(o + i * 64, _mm512_rol_epi32(_mm512_loadu_si512(w + i * BF16_PAIR_BYTES), 16));
+    for (int64_t i = n; i < BF16_TILE_PAIRS; ++i) _mm512_store_si512(o + i * 64, _mm512_setzero_si512());
+  }
+}
+
+// Groups [g, g + G) of a row tile (rows m0 .. m0 + R - 1): the sums over every pair's tile, then y (+ bias).
+template <class U, int G>
+void bf16_groups(const BLinearArgs& a, const uint32_t* xs, int64_t ld, int64_t m0, int R, int64_t g) {
+  alignas(64) uint8_t wbuf[G * BF16_TILE_BYTES];
+  alignas(64) float sums[G][16 * 16];
+  U::template zero<0>();
+  if constexpr (G > 1) U::template zero<1>();
+  if constexpr (G > 2) U::template zero<2>();
+  for (int64_t p0 = 0; p0 < ld; p0 += BF16_TILE_PAIRS) {
+    swapped_weights<G>(a, g, p0, wbuf);
+    U::template step<G>(xs + m0 * ld + p0, ld * 4, wbuf);
+  }
+  U::template store<0>(sums[0]);
+  if constexpr (G > 1) U::template store<1>(sums[1]);
+  if constexpr (G > 2) U::template store<2>(sums[2]);
+  for (int j = 0; j < G; ++j) {
+    const int64_t n = (g + j) * QGROUP;
+    for (int r = 0; r < R; ++r) {
+      __m512 y = _mm512_load_ps(sums[j] + 16 * r);
+      if (a.bias) y = _mm512_add_ps(y, _mm512_loadu_ps(a.bias + n));
+      _mm512_storeu_ps(a.y + (m0 + r) * a.ldy + n, y);
+    }
+  }
+}
+
+// Column groups [g0, g1) of every row (a.M >= 2): row tiles of up to 16, three groups at a time.
+template <class U>
+void bf16_units(const BLinearArgs& a, int64_t g0, int64_t g1) {
+  if (a.M < 2) return bf16linear_avx512bf16(a, g0, g1);
+  static thread_local std::vector<uint32_t> xs;
+  const int64_t ld = (a.K / 2 + BF16_TILE_PAIRS - 1) / BF16_TILE_PAIRS * BF16_TILE_PAIRS;  // pairs a row
+  swapped_rows(a, ld, xs);
+  int configured = 0;
+  for (int64_t m0 = 0; m0 < a.M; m0 += 16) {
+    const int R = int(a.M - m0 < 16 ? a.M - m0 : 16);
+    if (R != configured) U::configure(Shapes::bf16(configured = R));
+    int64_t g = g0;
+    for (; g + 3 <= g1; g += 3) bf16_groups<U, 3>(a, xs.data(), ld, m0, R, g);
+    if (g1 - g == 2) bf16_groups<U, 2>(a, xs.data(), ld, m0, R, g);
+    if (g1 - g == 1) bf16_groups<U, 1>(a, xs.data(), ld, m0, R, g);
+  }
+  U::release();
+}
+
 }  // namespace
 
+void bf16linear_amx(const BLinearArgs& a, int64_t g0, int64_t g1) { bf16_units<AmxUnit>(a, g0, g1); }
+void bf16linear_amx_model(const BLinearArgs& a, int64_t g0, int64_t g1) { bf16_units<AmxModel>(a, g0, g1); }
 void qlinear_amx(const QLinearArgs& a, int64_t g0, int64_t g1) { dispatch<AmxUnit>(a, g0, g1); }
 void qlinear_amx_model(const QLinearArgs& a, int64_t g0, int64_t g1) { dispatch<AmxModel>(a, g0, g1); }
 

@@ -297,6 +297,11 @@ void bf16_rows_ref(const float* x, int64_t ldx, int64_t K, uint16_t* out, int64_
 void bf16_rows_avx512bf16(const float* x, int64_t ldx, int64_t K, uint16_t* out, int64_t m0, int64_t m1);
 // Column groups [g0, g1) of every row, packed (vdpbf16ps).
 void bf16linear_avx512bf16(const BLinearArgs& a, int64_t g0, int64_t g1);
+// The same through AMX-BF16 tiles (amx.cpp; passes of one row on AVX512_BF16), and over the C++ model of the
+// tile instructions (tests, on any AVX512_BF16 CPU). amx_bf16_ready: the CPU has AMX-BF16 and the OS grants tiles.
+void bf16linear_amx(const BLinearArgs& a, int64_t g0, int64_t g1);
+void bf16linear_amx_model(const BLinearArgs& a, int64_t g0, int64_t g1);
+bool amx_bf16_ready();
 // Columns [n0, n1) of every row, from the plain bf16 matrix: the scalar reference of the arithmetic above.
 void bf16linear_ref(const BLinearArgs& a, int64_t n0, int64_t n1);
 

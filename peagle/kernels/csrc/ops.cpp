@@ -45,6 +45,8 @@ static bool has_avx512vnni() { return has_avx512() && __builtin_cpu_supports("av
 
 static bool has_avx512bf16() { return has_avx512() && __builtin_cpu_supports("avx512bf16"); }
 
+static bool has_amx_bf16() { return has_avx512bf16() && amx_bf16_ready(); }
+
 static bool has_avxvnni() {  // __builtin_cpu_supports knows no avxvnni in gcc 12: CPUID leaf 7 subleaf 1, EAX bit 4
   unsigned a, b, c, d;
   return has_avx2() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
@@ -54,7 +56,8 @@ static bool has_avxvnni() {  // __builtin_cpu_supports knows no avxvnni in gcc 1
 // path) names the widest the operators use. The float path runs avx512 or avx2 (scalar below); the
 // integer path (packed blocks) the widest of amx, avx512vnni, avxvnni, avx2 at or under the cap that this CPU
 // has ("avx512" covers AVX512-VNNI), none on scalar; amx only while set_amx allows it (peagle.kernels turns
-// it off where `python -m peagle.kernels`'s probe found it inexact or slower than avx512vnni).
+// it off where `python -m peagle.kernels`'s probe found it inexact or slower than avx512vnni; the same for the
+// bf16 path's AMX-BF16 tiles against avx512bf16).
 static const char* const ISA_NAMES[5] = {"scalar", "avx2", "avxvnni", "avx512", "amx"};
 enum Level { SCALAR, AVX2, AVXVNNI, AVX512, AMX };
 static bool has_level(int level) {
@@ -62,7 +65,7 @@ static bool has_level(int level) {
   return has[level];
 }
 static std::atomic<int> isa_cap{AMX};
-static std::atomic<bool> amx_on{true};
+static std::atomic<bool> amx_int8_on{true}, amx_bf16_on{true};
 static int cap() { return isa_cap.load(std::memory_order_relaxed); }
 // The float path's level: 2 avx512, 1 avx2, 0 scalar (the index of the row ops' tables: silu_rows, argmax_row ...).
 static int float_level() { return cap() >= AVX512 && has_level(AVX512) ? 2 : cap() >= AVX2 && has_level(AVX2) ? 1 : 0; }
@@ -71,15 +74,26 @@ static std::string best_isa() { return std::array<const char*, 3>{"scalar", "avx
 // The integer path this CPU runs packed blocks on under the cap: avx512vnni, avxvnni, avx2, or none (the
 // file's blocks stay there).
 static std::string best_int_isa() {
-  if (cap() >= AMX && has_level(AMX) && amx_on.load(std::memory_order_relaxed)) return "amx";
+  if (cap() >= AMX && has_level(AMX) && amx_int8_on.load(std::memory_order_relaxed)) return "amx";
   if (cap() >= AVX512 && has_avx512vnni()) return "avx512vnni";
   if (cap() >= AVXVNNI && has_level(AVXVNNI)) return "avxvnni";
   return cap() >= AVX2 && has_level(AVX2) ? "avx2" : "none";
 }
 
-// The bf16 dot-product path this CPU runs packed bf16 weights on under the cap: avx512bf16, or none (bf16
-// weights stay plain, float32 arithmetic).
-static std::string best_bf16_isa() { return cap() >= AVX512 && has_avx512bf16() ? "avx512bf16" : "none"; }
+// The bf16 dot-product path this CPU runs packed bf16 weights on under the cap: amx (AMX-BF16 tiles),
+// avx512bf16, or none (bf16 weights stay plain, float32 arithmetic).
+static std::string best_bf16_isa() {
+  if (cap() >= AMX && has_level(AMX) && has_amx_bf16() && amx_bf16_on.load(std::memory_order_relaxed)) return "amx";
+  return cap() >= AVX512 && has_avx512bf16() ? "avx512bf16" : "none";
+}
+
+// Every bf16 path this CPU has, widest first (tests run each).
+static std::vector<std::string> bf16_isas() {
+  std::vector<std::string> out;
+  if (has_level(AMX) && has_amx_bf16()) out.push_back("amx");
+  if (has_avx512bf16()) out.push_back("avx512bf16");
+  return out;
+}
 
 // Every integer path this CPU has, widest first (tests run each).
 static std::vector<std::string> int_isas() {
@@ -499,9 +513,14 @@ struct BKernel {
 };
 
 static BKernel bkernel_for(const std::string& isa) {
-  TORCH_CHECK(isa == "avx512bf16", "peagle::linear: packed bf16 weights run on avx512bf16, not '", isa,
-              "' (the plain bf16 matrix runs on every instruction set)");
+  TORCH_CHECK(isa == "amx" || isa == "amx-model" || isa == "avx512bf16", "peagle::linear: packed bf16 weights run on "
+              "amx or avx512bf16, not '", isa, "' (the plain bf16 matrix runs on every instruction set)");
   TORCH_CHECK(has_avx512bf16(), "peagle::linear: this CPU has no AVX512_BF16");
+  if (isa == "amx") {
+    TORCH_CHECK(has_amx_bf16(), "peagle::linear: this CPU (or its OS) has no AMX-BF16 tiles");
+    return {bf16_rows_avx512bf16, bf16linear_amx, COL_GRAIN / QGROUP};
+  }
+  if (isa == "amx-model") return {bf16_rows_avx512bf16, bf16linear_amx_model, COL_GRAIN / QGROUP};  // tests
   return {bf16_rows_avx512bf16, bf16linear_avx512bf16, COL_GRAIN / QGROUP};
 }
 
@@ -584,7 +603,8 @@ TORCH_LIBRARY(peagle, m) {
   m.def("int_isas() -> str[]", [] { return int_isas(); });
   m.def("bf16_isa() -> str", [] { return best_bf16_isa(); });
   m.def("set_isa(str isa) -> ()", set_isa);
-  m.def("set_amx(bool on) -> ()", [](bool on) { amx_on.store(on); });
+  m.def("bf16_isas() -> str[]", [] { return bf16_isas(); });
+  m.def("set_amx(bool int8, bool bf16) -> ()", [](bool int8, bool bf16) { amx_int8_on.store(int8), amx_bf16_on.store(bf16); });
   m.def("set_stream_bytes(int one_row, int taller) -> ()", set_stream_bytes);
   m.def("stream_bytes() -> int[]", [] { return std::vector<int64_t>{stream_bytes(true), stream_bytes(false)}; });
   m.def("limits() -> Dict(str, int)", limits);
