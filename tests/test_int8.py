@@ -230,6 +230,31 @@ def qllama():
 
 
 @native
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_native_stack_on_the_integer_path_gives_the_layer_by_layer_bits(qllama, threads, monkeypatch):
+    """``peagle::decoder_layers`` on packed blocks against the layers' own forwards, one thread and two: in a team
+    of two a pass of up to 8 rows quantizes x in each thread inside the columns' range (ops.cpp, OWN_QUANT_ROWS),
+    each linear called alone quantizes it once, shared; the same logits and KV bit for bit over a 20-row prompt,
+    one-row steps and an 8-row verification pass of two sequences."""
+    from conftest import torch_threads
+    from test_kernels import assert_stack_gives_layer_by_layer_bits
+
+    from peagle.models.attention import AttnMeta, Span
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randint(0, qllama.cfg.vocab_size, (40,), generator=gen) for _ in range(2))
+    passes = [([Span(20, 20, list(range(64)), 0)], [a[:20]], [torch.arange(20)]),
+              ([Span(12, 12, list(range(64, 128)), 0)], [b[:12]], [torch.arange(12)])]
+    passes += [([Span(1, p + 1, list(range(64)), p)], [a[p:p + 1]], [torch.tensor([p])]) for p in range(20, 22)]
+    passes += [([Span(5, 27, list(range(64)), 22), Span(3, 15, list(range(64, 128)), 12)],
+                [a[22:27], b[12:15]], [torch.arange(22, 27), torch.arange(12, 15)])]
+    with torch_threads(threads):
+        assert_stack_gives_layer_by_layer_bits(
+            monkeypatch, qllama, passes, lambda p, caches: qllama(torch.cat(p[1]), torch.cat(p[2]), caches,
+                                                                  AttnMeta(p[0], 1)))
+
+
+@native
 @pytest.mark.parametrize("isa", isa_caps())
 @pytest.mark.parametrize("method", ["parallel", "eagle3"])
 def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):

@@ -480,22 +480,42 @@ static QKernel qkernel_for(const std::string& isa) {
               "' (the file's blocks run on every instruction set)");
 }
 
+// x's quants for M rows of K, then each block's d, d * s, c and c16 (4 bytes each: aligned, K being a multiple
+// of 32), in the calling thread's scratch (kept between calls: a decoding step makes ~120 of these).
+static QRows quant_scratch(int64_t M, int64_t K) {
+  static thread_local std::vector<int32_t> scratch;
+  const int64_t nb = K / QBLOCK;
+  scratch.resize(size_t((M * (K + 16 * nb) + 3) / 4));
+  uint8_t* base = reinterpret_cast<uint8_t*>(scratch.data());
+  return {reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + M * K),
+          reinterpret_cast<float*>(base + M * K + 4 * M * nb), reinterpret_cast<int32_t*>(base + M * K + 8 * M * nb),
+          reinterpret_cast<int32_t*>(base + M * K + 12 * M * nb)};
+}
+
+// Passes of up to this many rows inside a team (decoding, verification, drafting) quantize x in every thread,
+// each into its own scratch, inside the columns' range: one range a call instead of two, and no thread reads
+// quants another wrote. The same function on the same rows: the same bits. (Zen 4, engine steps, paired
+// bursts: K=1 rounds 0.97x, K=3 0.88-0.94x, plain steps and K=7 level; on the bf16 path the same change measured
+// level, not taken; BENCHMARKS.md §55.)
+static constexpr int64_t OWN_QUANT_ROWS = 8;
+
 static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias,
                        const QKernel& k, const at::Tensor* out = nullptr) {
   const Call c = prepare(x, w, bias, out);
   const int64_t N = w.N, K = w.K, M = c.M, nb = K / QBLOCK;
-  // x's quants, then each block's d, d * s, c and c16 (4 bytes each: aligned, K being a multiple of 32), in
-  // the calling thread's scratch (kept between calls: a decoding step makes ~120 of these)
-  static thread_local std::vector<int32_t> scratch;
-  scratch.resize(size_t((M * (K + 16 * nb) + 3) / 4));
-  uint8_t* base = reinterpret_cast<uint8_t*>(scratch.data());
-  const QRows q{reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + M * K),
-                reinterpret_cast<float*>(base + M * K + 4 * M * nb), reinterpret_cast<int32_t*>(base + M * K + 8 * M * nb),
-                reinterpret_cast<int32_t*>(base + M * K + 12 * M * nb)};
   const float* xp = c.x.data_ptr<float>();
   const int32_t offset = k.offset(w.wtype);
-  parallel_for(0, M, row_grain(), [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
   const int64_t units = w.packed ? N / QGROUP : N;
+  if (team_size() && M <= OWN_QUANT_ROWS) {
+    parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) {
+      const QRows q = quant_scratch(M, K);
+      k.quantize(xp, K, K, offset, q, 0, M);
+      k.linear({q, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>(), M, N, K, N, w.wtype}, u0, u1);
+    });
+    return c.y.view(c.shape);
+  }
+  const QRows q = quant_scratch(M, K);
+  parallel_for(0, M, row_grain(), [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
     const QRows qc{q.q + m0 * K, q.d + m0 * nb, q.sd + m0 * nb, q.c + m0 * nb, q.c16 + m0 * nb};
     QLinearArgs a{qc, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
