@@ -1,9 +1,10 @@
 """peagle's native CPU kernels: the linear layer (float32/float16/bfloat16 weights and GGUF Q8_0/Q4_0/Q4_1
 blocks in float32 arithmetic; packed GGUF blocks through integer dot products, llama.cpp's 8-bit
 activations; packed bfloat16 weights through AVX512_BF16's bf16 dot products, AMX-BF16 tiles where a probe
-at set-up found them exact and faster) for the few rows of decoding, verification and drafting, paged attention for short spans, a
-layer's small ops fused, and every layer of such a pass in one call (``decoder_layers``); batch-invariant:
-a row's result does not depend on how many rows share the pass (``csrc/kernels.h``).
+at set-up found them exact and faster) for the few rows of decoding, verification and drafting, paged
+attention for short spans, a layer's small ops fused, and every layer of such a pass in one call
+(``decoder_layers``); batch-invariant: a row's result does not depend on how many rows share the pass
+(``csrc/kernels.h``).
 
 Built on the user's machine by ``make setup`` (``python -m peagle.kernels``), the instruction set
 chosen at run time (AVX-512 (+ VNNI, + AMX-INT8 tiles where a probe at set-up found them exact and faster),
@@ -97,7 +98,9 @@ def _amx_verdict() -> tuple[bool, bool]:
         r = {}
     used = []
     for path, (name, other, where) in AMX_PATHS.items():
-        v = r.get(path) if isinstance(r, dict) and isinstance(r.get(path), dict) else {"error": "not probed (run `make setup`)"}
+        v = r.get(path) if isinstance(r, dict) else None
+        if not isinstance(v, dict):
+            v = {"error": "not probed (run `make setup`)"}
         ok = bool(v.get("exact")) and v.get("amx_ms", 1e9) < v.get("base_ms", 0)
         if not ok:
             why = v.get("error") or ("inexact" if not v.get("exact") else f"slower than {other}")
@@ -142,8 +145,9 @@ def _amx_probe_child(isa: str = "amx", calls: int = 250, paths: tuple[str, ...] 
     """The probe's work (a child process: a fault in the tiles ends it, not the set-up), per path (``int8``,
     ``bf16``: those this CPU has AMX tiles for, or ``isa`` ``amx-model`` in tests): the AMX kernel against the
     scalar reference at pass heights 2-40 (every 32-weight GGUF format; bf16 weights with denormals and
-    infinities among them, two widths: NaN payloads are the tests' business, not a reason to give up the tiles), then both paths' time at 8 rows on the default model's largest layer
-    shape (3,072 x 576: Q4_1, and bf16)."""
+    infinities among them, two widths: NaN payloads are the tests' business, not a reason to give up the
+    tiles), then both paths' time at 8 rows on the default model's largest layer shape (3,072 x 576: Q4_1, and
+    bf16)."""
     from peagle.models.quant import pack, pack_bf16
 
     assert available()
@@ -172,7 +176,8 @@ def _amx_probe_child(isa: str = "amx", calls: int = 250, paths: tuple[str, ...] 
     out = {}
     x = torch.randn(8, 576, generator=g)
     if "int8" in paths:
-        out["int8"] = _probe_path(isa, "avx512vnni", int8_cases(), (x, pack(_random_blocks("q4_1", 3072, 576, g))), calls)
+        w = pack(_random_blocks("q4_1", 3072, 576, g))
+        out["int8"] = _probe_path(isa, "avx512vnni", int8_cases(), (x, w), calls)
     if "bf16" in paths:
         w = pack_bf16((torch.randn(3072, 576, generator=g) * 0.05).bfloat16())
         out["bf16"] = _probe_path(isa, "avx512bf16", bf16_cases(), (x, w), calls)

@@ -169,7 +169,9 @@ struct AmxModel {
   // a denormal result flushed to zero (MXCSR not consulted).
   static void dpbf16ps(int c, int a, int b) {
     check(c, a, b);
-    const auto flush = [](float v) { return std::fabs(v) < std::numeric_limits<float>::min() ? std::copysign(0.f, v) : v; };
+    const auto flush = [](float v) {
+      return std::fabs(v) < std::numeric_limits<float>::min() ? std::copysign(0.f, v) : v;
+    };
     const auto value = [&](const uint8_t* p) {
       uint16_t h;
       std::memcpy(&h, p, 2);

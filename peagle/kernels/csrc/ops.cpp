@@ -624,7 +624,10 @@ TORCH_LIBRARY(peagle, m) {
   m.def("bf16_isa() -> str", [] { return best_bf16_isa(); });
   m.def("set_isa(str isa) -> ()", set_isa);
   m.def("bf16_isas() -> str[]", [] { return bf16_isas(); });
-  m.def("set_amx(bool int8, bool bf16) -> ()", [](bool int8, bool bf16) { amx_int8_on.store(int8), amx_bf16_on.store(bf16); });
+  m.def("set_amx(bool int8, bool bf16) -> ()", [](bool int8, bool bf16) {
+    amx_int8_on.store(int8);
+    amx_bf16_on.store(bf16);
+  });
   m.def("set_stream_bytes(int one_row, int taller) -> ()", set_stream_bytes);
   m.def("stream_bytes() -> int[]", [] { return std::vector<int64_t>{stream_bytes(true), stream_bytes(false)}; });
   m.def("limits() -> Dict(str, int)", limits);
