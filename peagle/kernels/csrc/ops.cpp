@@ -45,8 +45,6 @@ static bool has_avx512vnni() { return has_avx512() && __builtin_cpu_supports("av
 
 static bool has_avx512bf16() { return has_avx512() && __builtin_cpu_supports("avx512bf16"); }
 
-static bool has_amx_bf16() { return has_avx512bf16() && amx_bf16_ready(); }
-
 static bool has_avxvnni() {  // __builtin_cpu_supports knows no avxvnni in gcc 12: CPUID leaf 7 subleaf 1, EAX bit 4
   unsigned a, b, c, d;
   return has_avx2() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
@@ -64,6 +62,8 @@ static bool has_level(int level) {
   static const bool has[5] = {true, has_avx2(), has_avxvnni(), has_avx512(), has_avx512vnni() && amx_ready()};
   return has[level];
 }
+// AMX-BF16 under the amx level (the bf16 path's tiles beside the integer path's)
+static bool has_amx_bf16() { return has_level(AMX) && has_avx512bf16() && amx_bf16_ready(); }
 static std::atomic<int> isa_cap{AMX};
 static std::atomic<bool> amx_int8_on{true}, amx_bf16_on{true};
 static int cap() { return isa_cap.load(std::memory_order_relaxed); }
@@ -83,14 +83,14 @@ static std::string best_int_isa() {
 // The bf16 dot-product path this CPU runs packed bf16 weights on under the cap: amx (AMX-BF16 tiles),
 // avx512bf16, or none (bf16 weights stay plain, float32 arithmetic).
 static std::string best_bf16_isa() {
-  if (cap() >= AMX && has_level(AMX) && has_amx_bf16() && amx_bf16_on.load(std::memory_order_relaxed)) return "amx";
+  if (cap() >= AMX && has_amx_bf16() && amx_bf16_on.load(std::memory_order_relaxed)) return "amx";
   return cap() >= AVX512 && has_avx512bf16() ? "avx512bf16" : "none";
 }
 
 // Every bf16 path this CPU has, widest first (tests run each).
 static std::vector<std::string> bf16_isas() {
   std::vector<std::string> out;
-  if (has_level(AMX) && has_amx_bf16()) out.push_back("amx");
+  if (has_amx_bf16()) out.push_back("amx");
   if (has_avx512bf16()) out.push_back("avx512bf16");
   return out;
 }
