@@ -9,7 +9,8 @@ block size names the format: ``peagle/kernels/csrc/kernels.h``), and an embeddin
 only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact. Every
 format has an integer path too: for it (``--compute fast``) a loaded model's blocks are packed (:func:`pack_model`:
 16 rows interleaved, uint8 ``[out / 16, in / block weights, packed bytes]``, the same values: a permutation
-of the bytes for Q8_0/Q4_0/Q4_1, of the bits for Q5_0/Q5_1, the K-quants' scales multiplied out); so are
+of the bytes for Q8_0/Q4_0/Q4_1, of the bits for the others, the K-quants' integer scales kept as bytes: within
+3% of the file's size); so are
 its bfloat16 matrices for the bf16 dot-product path (:func:`pack_bf16`, uint8 ``[out / 16, in / 2, 64]``),
 a QuantTensor of format ``bf16`` (not GGUF-quantized: its values are the matrix's own). With ``--compute
 exact`` the file's blocks stay as they are, on the float32 path (``kernels.h``: chunk_values).
@@ -54,8 +55,8 @@ class BlockFormat:
 FORMATS = {f.name: f for f in (
     BlockFormat("q8_0", 34, 544, False, False), BlockFormat("q4_0", 18, 288, False, True),
     BlockFormat("q4_1", 20, 320, True, True), BlockFormat("q5_0", 22, 352, False, True, plain=False),
-    BlockFormat("q5_1", 24, 384, True, True, plain=False), BlockFormat("q4_k", 144, 3072, True, True, 256, False),
-    BlockFormat("q5_k", 176, 3584, True, True, 256, False), BlockFormat("q6_k", 210, 4096, False, False, 256, False))}
+    BlockFormat("q5_1", 24, 384, True, True, plain=False), BlockFormat("q4_k", 144, 2368, True, True, 256, False),
+    BlockFormat("q5_k", 176, 2880, True, True, 256, False), BlockFormat("q6_k", 210, 3392, False, False, 256, False))}
 BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
 GROUP = 16  # columns a packed block interleaves (kernels.h: QGROUP)
 PACKED = {f.packed_bytes: f for f in FORMATS.values()}  # a packed group's size names it too

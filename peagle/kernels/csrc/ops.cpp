@@ -289,9 +289,11 @@ WeightView weight_view(const at::Tensor& w) {
       if (w.size(2) == packed_bytes(t)) return {w.data_ptr(), t, w.size(0) * QGROUP, w.size(1) * block_weights(t), true};
     }
     if (w.size(2) == BF16_PAIR_BYTES) return {w.data_ptr(), WType::bf16, w.size(0) * QGROUP, w.size(1) * 2, true};
-    TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know "
-                "(34: q8_0, 18: q4_0, 20: q4_1, 22: q5_0, 24: q5_1, 144: q4_k, 176: q5_k, 210: q6_k; packed 16 columns at "
-                "a time: 544, 288, 320, 352, 384, 3072, 3584, 4096, bf16 pairs 64)");
+    std::string known;
+    for (WType t : {WType::q8_0, WType::q4_0, WType::q4_1, WType::q5_0, WType::q5_1, WType::q4_k, WType::q5_k, WType::q6_k})
+      known += std::to_string(block_bytes(t)) + " (packed " + std::to_string(packed_bytes(t)) + "), ";
+    TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know (q8_0, q4_0, q4_1, "
+                "q5_0, q5_1, q4_k, q5_k, q6_k: ", known, "bf16 pairs packed ", BF16_PAIR_BYTES, ")");
   }
   TORCH_CHECK(w.dim() == 2, "peagle::linear: the weight must be an [N, K] matrix");
   switch (w.scalar_type()) {
@@ -328,7 +330,7 @@ static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optiona
   return c;
 }
 
-// Where weight k (0..31) of column c sits in a packed record (kernels.h's layout): its quant's byte and
+// Where weight k (0..31) of column c sits in a chunk's packed record (kernels.h's layout): its quant's byte and
 // shift, and its bit planes' byte and bit.
 struct PackedAt {
   int64_t q, plane;
@@ -340,36 +342,30 @@ static PackedAt packed_at(const PackedFormat& f, WType t, int64_t c, int k) {
   return {Q + 64 * v + 4 * c + i, Q - 64 * f.planes + 4 * c + i, k < 16 ? 0 : 4, int(k < 16 ? v : 4 + v)};
 }
 
-// Chunk rec (one record) of column c of a packed matrix as float32: the file's values, sub_block's
-// arithmetic on the packed quants less the offset (the packing reproduces gguf's values bit for bit).
-static void packed_values(const uint8_t* rec, WType t, int64_t c, float* out) {
+// A packed chunk of column c as float32: the file's values, sub_block's arithmetic on the packed quants less the
+// offset and the packed scales (the packing reproduces gguf's values bit for bit).
+static void packed_values(const PackedChunk<const uint8_t>& pc, WType t, int64_t c, float* out) {
   const PackedFormat f = packed_format(t);
-  auto scale = [&](int64_t vec) {
-    const uint8_t* p = rec + (QGROUP * vec + c) * f.scale_bytes;
-    if (f.scale_bytes == 4) { float v; std::memcpy(&v, p, 4); return v; }
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return half_to_float(h);
-  };
-  const float s[2] = {scale(0), scale(f.scales - 1)}, m = f.min ? scale(f.scales) : 0.f;
+  const float s[2] = {packed_scale(pc, t, c, 0), packed_scale(pc, t, c, f.scales - 1)};
+  const float m = f.min ? packed_min(pc, t, c) : 0.f;
   for (int k = 0; k < QBLOCK; ++k) {
     const PackedAt at = packed_at(f, t, c, k);
-    int q = f.nibbles ? (rec[at.q] >> at.shift) & 15 : rec[at.q];
-    for (int h = 0; h < f.planes; ++h) q |= ((rec[at.plane + 64 * h] >> at.bit) & 1) << (4 + h);
+    int q = f.nibbles ? (pc.rec[at.q] >> at.shift) & 15 : pc.rec[at.q];
+    for (int h = 0; h < f.planes; ++h) q |= ((pc.rec[at.plane + 64 * h] >> at.bit) & 1) << (4 + h);
     out[k] = f.min ? std::fma(float(q), s[0], m) : float(q - f.offset) * s[k / 16];
   }
 }
 
 // The file's blocks uint8 [N, K / block weights, block bytes] (N a multiple of 16) packed for the integer
-// path, uint8 [N / 16, K / block weights, packed_bytes] (kernels.h's layout): for q8_0, q4_0, q4_1 a
-// permutation of the bytes, for q5_0, q5_1 of the bits; the K-quants' scales and mins multiplied out.
+// path, uint8 [N / 16, K / block weights, packed_bytes] (kernels.h's layout): the quants a permutation of the
+// bytes (q8_0, q4_0, q4_1) or of the bits, the scales the file's own (a K-quant's 6-bit ones as bytes).
 static at::Tensor pack(const at::Tensor& blocks) {
   const WeightView w = weight_view(blocks);
   TORCH_CHECK(quantized(w.wtype) && !w.packed && w.N % QGROUP == 0,
               "peagle::pack: takes a GGUF file's blocks, uint8 [N, K / block weights, block bytes], N a multiple of 16");
   const WType t = w.wtype;
   const PackedFormat f = packed_format(t);
-  const int64_t nb = w.K / QBLOCK, PC = packed_chunk(t), RB = row_bytes(t, w.K);
+  const int64_t nb = w.K / QBLOCK, RB = row_bytes(t, w.K), BB = block_bytes(t);
   at::Tensor out = at::zeros({w.N / QGROUP, blocks.size(1), packed_bytes(t)}, blocks.options());
   const uint8_t* in = static_cast<const uint8_t*>(w.w);
   uint8_t* o = out.data_ptr<uint8_t>();
@@ -378,20 +374,28 @@ static at::Tensor pack(const at::Tensor& blocks) {
       for (int64_t b = 0; b < nb; ++b)
         for (int64_t c = 0; c < QGROUP; ++c) {
           const uint8_t* row = in + (g * QGROUP + c) * RB;
-          uint8_t* rec = o + (g * nb + b) * PC;
-          const SubBlock sb = sub_block(row, t, b);
-          if (f.scale_bytes == 2) {  // the file's fp16 d (and m): the block's first bytes
-            std::memcpy(rec + 2 * c, row + b * block_bytes(t), 2);
-            if (f.min) std::memcpy(rec + 2 * (QGROUP + c), row + b * block_bytes(t) + 2, 2);
-          } else {
-            for (int h = 0; h < f.scales; ++h) std::memcpy(rec + 4 * (QGROUP * h + c), &sb.s[h], 4);
-            if (f.min) std::memcpy(rec + 4 * (QGROUP * f.scales + c), &sb.m, 4);
+          const uint8_t* blk = row + b * QBLOCK / block_weights(t) * BB;  // the chunk's file block
+          const PackedChunk<uint8_t> pc = packed_chunk_at(o, t, g, b, w.K);
+          if (t == WType::q6_k) {  // d, and the chunk's two int8 scales
+            std::memcpy(pc.head + 2 * c, blk + 208, 2);
+            for (int h = 0; h < 2; ++h) pc.head[32 + QGROUP * (2 * pc.j + h) + c] = blk[192 + 2 * pc.j + h];
+          } else if (super_packed(t)) {  // d, dmin, and the chunk's 6-bit scale and min
+            int sc, mn;
+            kquant_scale_min(blk, pc.j, sc, mn);
+            std::memcpy(pc.head + 2 * c, blk, 2);
+            std::memcpy(pc.head + 32 + 2 * c, blk + 2, 2);
+            pc.head[64 + QGROUP * pc.j + c] = uint8_t(sc);
+            pc.head[192 + QGROUP * pc.j + c] = uint8_t(mn);
+          } else {  // the file's fp16 d (and m): the block's first bytes
+            std::memcpy(pc.rec + 2 * c, blk, 2);
+            if (f.min) std::memcpy(pc.rec + 2 * (QGROUP + c), blk + 2, 2);
           }
+          const SubBlock sb = sub_block(row, t, b);
           for (int k = 0; k < QBLOCK; ++k) {
             const int q = (sb.q[k] + f.offset) & 255;
             const PackedAt at = packed_at(f, t, c, k);
-            rec[at.q] |= uint8_t(f.nibbles ? (q & 15) << at.shift : q);
-            for (int h = 0; h < f.planes; ++h) rec[at.plane + 64 * h] |= uint8_t(((q >> (4 + h)) & 1) << at.bit);
+            pc.rec[at.q] |= uint8_t(f.nibbles ? (q & 15) << at.shift : q);
+            for (int h = 0; h < f.planes; ++h) pc.rec[at.plane + 64 * h] |= uint8_t(((q >> (4 + h)) & 1) << at.bit);
           }
         }
   });
@@ -421,12 +425,11 @@ at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
     });
     return out;
   }
-  const int64_t PC = packed_chunk(w.wtype);
   parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       for (int64_t b = 0; b < nb; ++b) {
         float* dst = o + i * w.K + b * QBLOCK;
-        if (w.packed) packed_values(base + (ip[i] / QGROUP * nb + b) * PC, w.wtype, ip[i] % QGROUP, dst);
+        if (w.packed) packed_values(packed_chunk_at(base, w.wtype, ip[i] / QGROUP, b, w.K), w.wtype, ip[i] % QGROUP, dst);
         else chunk_values(base + ip[i] * RB, w.wtype, b, dst);
       }
   });
