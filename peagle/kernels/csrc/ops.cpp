@@ -305,12 +305,14 @@ WeightView weight_view(const at::Tensor& w) {
   }
 }
 
-// A call's rows: x [..., K] as contiguous [M, K], the bias as float32 (or nullptr), y [M, N] to fill.
+// A call's rows: x [..., K] as contiguous [M, K], the bias as float32 (or nullptr), y [M, N] to fill, its rows
+// ldy apart (a fused weight's part fills its columns of a wider y: linear_parts_into).
 struct Call {
   at::Tensor x, y, bias;
   std::vector<int64_t> shape;  // y's, as x's with N last
-  int64_t M;
+  int64_t M, ldy;
   const float* b() const { return bias.defined() ? bias.data_ptr<float>() : nullptr; }
+  at::Tensor result() const { return y.is_contiguous() ? y.view(shape) : y; }
 };
 
 static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias, const at::Tensor* out) {
@@ -326,7 +328,14 @@ static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optiona
   c.M = c.x.size(0);
   c.shape.assign(x.sizes().begin(), x.sizes().end());
   c.shape.back() = w.N;
-  c.y = out ? out->view({c.M, w.N}) : at::empty({c.M, w.N}, x.options());  // (linear_into: one that fits)
+  if (out && out->dim() == 2 && !out->is_contiguous()) {  // columns of a wider y (linear_parts_into)
+    TORCH_CHECK(out->size(0) == c.M && out->size(1) == w.N && out->stride(1) == 1 && out->scalar_type() == at::kFloat,
+                "peagle::linear: out must be float32 [", c.M, ", ", w.N, "] with unit column stride");
+    c.y = *out;
+  } else {
+    c.y = out ? out->view({c.M, w.N}) : at::empty({c.M, w.N}, x.options());  // (linear_into: one that fits)
+  }
+  c.ldy = c.y.stride(0);
   return c;
 }
 
@@ -442,11 +451,11 @@ static at::Tensor run(const at::Tensor& x, const WeightView& w, const c10::optio
   const Call c = prepare(x, w, bias, out);
   const int64_t N = w.N, K = w.K;
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_CHUNK) {
-    LinearArgs a{c.x.data_ptr<float>() + m0 * K, w.w, c.b(), c.y.data_ptr<float>() + m0 * N,
-                 std::min(ROW_CHUNK, c.M - m0), N, K, K, N, w.wtype};
+    LinearArgs a{c.x.data_ptr<float>() + m0 * K, w.w, c.b(), c.y.data_ptr<float>() + m0 * c.ldy,
+                 std::min(ROW_CHUNK, c.M - m0), N, K, K, c.ldy, w.wtype};
     parallel_for(0, N, COL_GRAIN, [&](int64_t n0, int64_t n1) { kernel(a, n0, n1); });
   }
-  return c.y.view(c.shape);
+  return c.result();
 }
 
 // The integer path (kernels.h): x quantized once, then the weight's columns.
@@ -513,19 +522,19 @@ static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::opti
     parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) {
       const QRows q = quant_scratch(M, K);
       k.quantize(xp, K, K, offset, q, 0, M);
-      k.linear({q, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>(), M, N, K, N, w.wtype}, u0, u1);
+      k.linear({q, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>(), M, N, K, c.ldy, w.wtype}, u0, u1);
     });
-    return c.y.view(c.shape);
+    return c.result();
   }
   const QRows q = quant_scratch(M, K);
   parallel_for(0, M, row_grain(), [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
     const QRows qc{q.q + m0 * K, q.d + m0 * nb, q.sd + m0 * nb, q.c + m0 * nb, q.c16 + m0 * nb};
-    QLinearArgs a{qc, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
-                  std::min(ROW_CHUNK, M - m0), N, K, N, w.wtype};
+    QLinearArgs a{qc, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * c.ldy,
+                  std::min(ROW_CHUNK, M - m0), N, K, c.ldy, w.wtype};
     parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
   }
-  return c.y.view(c.shape);
+  return c.result();
 }
 
 // The bf16 dot-product path (kernels.h): x rounded to bf16 once, then the weight's columns.
@@ -557,11 +566,11 @@ static at::Tensor brun(const at::Tensor& x, const WeightView& w, const c10::opti
   parallel_for(0, M, row_grain(), [&](int64_t m0, int64_t m1) { k.rows(c.x.data_ptr<float>(), K, K, xp, m0, m1); });
   const int64_t units = w.packed ? N / QGROUP : N;
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
-    BLinearArgs a{xp + m0 * K, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
-                  std::min(ROW_CHUNK, M - m0), N, K, N};
+    BLinearArgs a{xp + m0 * K, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * c.ldy,
+                  std::min(ROW_CHUNK, M - m0), N, K, c.ldy};
     parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
   }
-  return c.y.view(c.shape);
+  return c.result();
 }
 
 static at::Tensor linear_to(const at::Tensor& x, const WeightView& v, const c10::optional<at::Tensor>& bias,
@@ -582,6 +591,42 @@ void linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optional<a
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
   if (fits(y, m * v.N)) linear_to(x, v, bias, "", &y);
   else y = linear_to(x, v, bias, "", nullptr).view({m, v.N});
+}
+
+// A fused weight (q/k/v, gate/up) given as its parts, each in its own format (a Q4_K_M file's Q6_K attn_v beside
+// Q4_K q and k): each part's linear fills its columns of y [M, sum of the parts' rows], its bias slice with it.
+// Column n's output is the part's own, as the fused matrix's would be: the same bits.
+void linear_parts_into(const at::Tensor& x, at::TensorList parts, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
+  TORCH_CHECK(!parts.empty(), "peagle::linear_parts: no parts");
+  if (parts.size() == 1) return linear_into(x, parts[0], bias, y);
+  std::vector<WeightView> views;
+  int64_t N = 0;
+  for (const at::Tensor& p : parts) {
+    views.push_back(weight_view(p));
+    TORCH_CHECK(views.back().K == views.front().K, "peagle::linear_parts: the parts have ", views.front().K, " and ",
+                views.back().K, " input features");
+    N += views.back().N;
+  }
+  const bool b = bias.has_value() && bias->defined();
+  TORCH_CHECK(!b || bias->numel() == N, "peagle::linear_parts: bias has ", b ? bias->numel() : 0, " entries, the parts ", N, " rows");
+  const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  if (!fits(y, m * N)) y = at::empty({m, N}, x.options());
+  const at::Tensor y2 = y.view({m, N});
+  int64_t at = 0;
+  for (const WeightView& v : views) {
+    const at::Tensor cols = y2.narrow(1, at, v.N);
+    const c10::optional<at::Tensor> part_bias = b ? c10::optional<at::Tensor>(bias->narrow(0, at, v.N)) : c10::nullopt;
+    linear_to(x, v, part_bias, "", &cols);
+    at += v.N;
+  }
+}
+
+static at::Tensor linear_parts(const at::Tensor& x, at::TensorList parts, const c10::optional<at::Tensor>& bias) {
+  at::Tensor y;
+  linear_parts_into(x, parts, bias, y);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = y.size(-1);
+  return y.view(shape);
 }
 
 static at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
@@ -609,6 +654,7 @@ static at::Tensor bf16linear_reference(const at::Tensor& x, const at::Tensor& w,
 TORCH_LIBRARY(peagle, m) {
   // w: a float [N, K] matrix, GGUF blocks, uint8 [N, K / 32, block bytes], or packed (kernels.h)
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str isa='') -> Tensor");
+  m.def("linear_parts(Tensor x, Tensor[] parts, Tensor? bias=None) -> Tensor");
   m.def("linear_ref(Tensor x, Tensor w, Tensor? bias=None, int lanes=8) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, "
         "int window, float scale, Tensor? sinks=None, str isa='', Tensor? tree_base=None, Tensor? tree_map=None) -> Tensor");
@@ -637,6 +683,7 @@ TORCH_LIBRARY(peagle, m) {
   m.impl("attention", c10::DispatchKey::CPU, TORCH_FN(attention));
   m.impl("attention_ref", c10::DispatchKey::CPU, TORCH_FN(attention_reference));
   m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(linear));
+  m.impl("linear_parts", c10::DispatchKey::CPU, TORCH_FN(linear_parts));
   m.impl("linear_ref", c10::DispatchKey::CPU, TORCH_FN(linear_reference));
   m.impl("qlinear_ref", c10::DispatchKey::CPU, TORCH_FN(qlinear_reference));
   m.impl("bf16linear_ref", c10::DispatchKey::CPU, TORCH_FN(bf16linear_reference));
