@@ -32,7 +32,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
                             structured=_structured(args))
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
-                                       device=args.device, quantization=args.quantization, compute=args.compute, max_num_seqs=1,
+                                       device=args.device, quantization=args.quantization, compute=args.compute,
+                                       load_format=args.load_format, max_num_seqs=1,
                                        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                                        kv_cache_dtype=args.kv_cache_dtype,
                                        speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
@@ -97,7 +98,8 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
 
     if args.layers < 1:
         raise ValueError("--layers must be >= 1")
-    target, path = load_target(args.target, quantization=args.quantization, compute=args.compute)
+    target, path = load_target(args.target, quantization=args.quantization, compute=args.compute,
+                               load_format=args.load_format)
     mask_id = args.mask_token_id if args.mask_token_id is not None else choose_mask_token(load_tokenizer(path))
     vocab = target.cfg.vocab_size
     if args.draft_vocab is not None and not 1 <= args.draft_vocab <= vocab:
@@ -141,7 +143,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # the engine is built and run in a process of its own (peagle/serve/engine_core.py says why)
     async_engine = AsyncEngine(EngineSpec(dict(target=args.target, drafter=spec["drafter"], method=spec["method"],
                                                k=spec["k"], dtype=args.dtype, device=args.device,
-                                               quantization=args.quantization, compute=args.compute, **engine_args),
+                                               quantization=args.quantization, compute=args.compute,
+                                               load_format=args.load_format, **engine_args),
                                           stream_interval=args.stream_interval),
                                max_queue=args.max_queue)
     info = async_engine.info
@@ -175,7 +178,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     # KV for a full batch of typical documents (prompt + response); rarer long ones are preempted
     kv_tokens = args.batch_size * min(args.max_model_len, 1024)
     engine = LLMEngine.from_pretrained(args.target, method="none", dtype=args.dtype, device=args.device,
-                                       quantization=args.quantization, compute=args.compute, max_num_seqs=args.batch_size,
+                                       quantization=args.quantization, compute=args.compute,
+                                       load_format=args.load_format, max_num_seqs=args.batch_size,
                                        max_model_len=args.max_model_len,
                                        kv_cache_tokens=kv_tokens, enforce_eager=args.enforce_eager,
                                        kv_cache_dtype=args.kv_cache_dtype)
@@ -212,7 +216,8 @@ def cmd_hidden(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype, device)
     if device.type == "cpu":
         configure_cpu()
-    target, _ = load_target(args.target, dtype, device=device, quantization=args.quantization, compute=args.compute)
+    target, _ = load_target(args.target, dtype, device=device, quantization=args.quantization, compute=args.compute,
+                            load_format=args.load_format)
     records = load_records(args.data, args.max_len)
     n = write_hidden(target, records, args.out, args.shard_docs)
     print(f"wrote {n} hidden-state shards (bfloat16; target run in {target.precision} on {device}) for "
@@ -240,13 +245,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     from peagle.models.loader import load_drafter_for, load_target
 
     # float32: no round trip through a lower precision
-    target, path = load_target(args.target, "float32", quantization=args.quantization, compute=args.compute)
+    target, path = load_target(args.target, "float32", quantization=args.quantization, compute=args.compute,
+                               load_format=args.load_format)
     head = load_drafter_for(target, path, args.drafter, pack=False)  # as trained: not quantized beside a GGUF target
     head.cfg.check_target(target.cfg, target.aux_layers)
     base = target.model.embed_tokens.weight if args.compact else None
     save_drafter(head, args.out, getattr(torch, args.dtype), base_embedding=base)
     form = "compact (embedding rows shared with the target left out)" if args.compact else "complete vLLM layout"
     print(f"wrote {args.drafter} to {args.out}: {form}, {args.dtype}", file=sys.stderr)
+    return 0
+
+
+def cmd_dummy_gguf(args: argparse.Namespace) -> int:
+    from peagle.models.dummy import PRESETS, write_gguf
+    from peagle.models.loader import default_gguf
+
+    cfg = PRESETS.get(args.config) or json.loads(Path(args.config).read_text())
+    out = write_gguf(cfg, Path(args.out), Path(args.tokenizer) if args.tokenizer else default_gguf(), args.type, args.seed)
+    print(f"wrote {out} ({out.stat().st_size / 1e9:.2f} GB); quantize it with llama.cpp's llama-quantize "
+          f"(benchmarks/real_sizes)", file=sys.stderr)
     return 0
 
 
@@ -287,7 +304,8 @@ TRAIN_HELP = {
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     import dataclasses
 
-    from peagle.runtime import COMPUTE_CHOICES, DTYPE_CHOICES, QUANTIZATION_CHOICES
+    from peagle.models.quant import FORMATS
+    from peagle.runtime import COMPUTE_CHOICES, DTYPE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES
     from peagle.train.objective import LABELS
     from peagle.train.trainer import TrainConfig
 
@@ -302,9 +320,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         else:
             kind = {"int | None": int, "str | None": str, "float": float, "int": int, "str": str}[str(f.type)]
             p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_,
-                           choices={"dtype": DTYPE_CHOICES, "labels": LABELS, "quantization": QUANTIZATION_CHOICES,
-                                    "compute": COMPUTE_CHOICES}
-                           .get(f.name))
+                           choices={"dtype": DTYPE_CHOICES, "labels": LABELS, "load_format": LOAD_FORMATS,
+                                    "quantization": QUANTIZATION_CHOICES + tuple(FORMATS),
+                                    "compute": COMPUTE_CHOICES}.get(f.name))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -472,6 +490,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_args(t)
     t.set_defaults(func=cmd_train)
 
+    from peagle.models.dummy import GGUF_TYPES, PRESETS
+
+    w = sub.add_parser("dummy-gguf", help="a preset's dimensions as a GGUF file of random weights (for llama.cpp "
+                                          "and peagle alike: the same file in both)")
+    w.add_argument("config", help="a Llama preset (" + ", ".join(n for n, c in PRESETS.items() if c["model_type"] == "llama")
+                   + ") or a config.json")
+    w.add_argument("--out", required=True)
+    w.add_argument("--type", choices=list(GGUF_TYPES), default="f16", help="llama-quantize makes the other formats")
+    w.add_argument("--tokenizer", default=None, help="a .gguf file whose tokenizer to embed (default: the default "
+                                                      "model's, 49,152 tokens)")
+    w.add_argument("--seed", type=int, default=0)
+    w.set_defaults(func=cmd_dummy_gguf)
     _add_export_args(sub.add_parser("export", help="write a head in the complete vLLM layout (or the compact one)"))
 
     b = sub.add_parser("bench", help="benchmarks: serve (HTTP load, as vllm bench serve), offline, sweep, serving, "

@@ -50,6 +50,7 @@ class TrainConfig:
     target: str | None = None
     quantization: str | None = None  # a GGUF target's blocks kept (gguf, its default) or de-quantized (none)
     compute: str = "fast"  # a GGUF target's blocks through integer dot products (fast) or float32 (exact)
+    load_format: str = "auto"  # dummy: random target weights at its dimensions (memory and speed at any size)
     method: str = "peagle"
     layers: int = 1
     k: int = 8                       # depths trained (P-EAGLE: parallel groups; EAGLE-3: unrolled steps)
@@ -152,7 +153,8 @@ class Trainer:
             dist.init_process_group(backend)
         self.out = Path(cfg.out)
         self.target, path = load_target(cfg.target, "float32", device=self.device,  # online states: float32 KV
-                                        quantization=cfg.quantization, compute=cfg.compute)
+                                        quantization=cfg.quantization, compute=cfg.compute,
+                                        load_format=cfg.load_format)
         self.target.requires_grad_(False)
         records = load_records(cfg.data, cfg.max_len)
         self.source = HiddenSource(self.target, cfg.hidden)
