@@ -117,12 +117,12 @@ def packable(blocks: torch.Tensor) -> bool:
     return blocks.shape[0] % GROUP == 0
 
 
-def pack(blocks: torch.Tensor) -> torch.Tensor:
+def pack(blocks: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The file's blocks ``[N, nb, block_bytes]`` (N a multiple of 16) packed for the kernels' integer path,
-    ``[N / 16, nb, packed bytes]``: 16 columns' scales, (mins,) bit planes, then quants interleaved so that a
-    vector's lanes are columns (the layout: ``peagle/kernels/csrc/kernels.h``), the same values (the kernels
-    pack: needs them)."""
-    return torch.ops.peagle.pack(blocks)
+    ``[N / 16, nb, packed bytes]`` (into ``out`` where given): 16 columns' scales, (mins,) bit planes, then quants
+    interleaved so that a vector's lanes are columns (the layout: ``peagle/kernels/csrc/kernels.h``), the same
+    values (the kernels pack: needs them)."""
+    return torch.ops.peagle.pack(blocks, out)
 
 
 def pack_owned(blocks: torch.Tensor) -> torch.Tensor:

@@ -365,26 +365,104 @@ static void packed_values(const PackedChunk<const uint8_t>& pc, WType t, int64_t
   }
 }
 
+// Packing a chunk's quants, a column at a time, on bytes: the 16 bytes of its nibble vectors' column slots (byte 4v +
+// i: weight 4v + i low, 16 + 4v + i high) and each bit plane's 4 bytes, from the file's bytes as they lie.
+static inline uint64_t load64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+static inline uint32_t load32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+// Nibble bytes: weights 0..15 the nibble at ``shift`` of lo[0..15], weights 16..31 that of hi[0..15].
+static inline void nibble_bytes(const uint8_t* lo, const uint8_t* hi, int shift, uint8_t* out) {
+  constexpr uint64_t LOW = 0x0F0F0F0F0F0F0F0FULL;
+  for (int h = 0; h < 2; ++h) {
+    const uint64_t v = ((load64(lo + 8 * h) >> shift) & LOW) | ((load64(hi + 8 * h) >> shift) & LOW) << 4;
+    std::memcpy(out + 8 * h, &v, 8);
+  }
+}
+// A bit plane's 4 bytes (byte i, bit v: weight 4v + i's bit; bit 4 + v: weight 16 + 4v + i's) from 32 bytes holding
+// weight l's bit at ``bit`` of byte l.
+static inline uint32_t plane_of_bytes(const uint8_t* src, int bit) {
+  constexpr uint64_t ONE = 0x0101010101010101ULL;
+  uint32_t out = 0;
+  for (int h = 0; h < 2; ++h) {
+    const uint64_t a = (load64(src + 16 * h) >> bit) & ONE, b = (load64(src + 16 * h + 8) >> bit) & ONE;
+    out |= (uint32_t(a) | uint32_t(a >> 32) << 1 | uint32_t(b) << 2 | uint32_t(b >> 32) << 3) << (4 * h);
+  }
+  return out;
+}
+// The same from 32 bits (a q5_0 / q5_1 block's qh: weight l's at bit l).
+static inline uint32_t plane_of_bits(uint32_t qh) {
+  uint8_t bytes[32];
+  for (int l = 0; l < 32; ++l) bytes[l] = uint8_t((qh >> l) & 1);
+  return plane_of_bytes(bytes, 0);
+}
+
+// Column c of chunk b of a row (its file block at blk) into a packed record: quants and bit planes. The same bytes
+// as placing every weight's q + offset by packed_at (kernels.h's layout; tests: the file's values read back).
+static void pack_column(const uint8_t* blk, WType t, int64_t b, int64_t c, uint8_t* rec) {
+  const PackedFormat f = packed_format(t);
+  uint8_t* q = rec + packed_quants(t);
+  if (t == WType::q8_0) {  // byte q + 128 a weight, four weights a vector's column slot
+    for (int v = 0; v < 8; ++v) {
+      const uint32_t w = load32(blk + 2 + 4 * v) ^ 0x80808080u;
+      std::memcpy(q + 64 * v + 4 * c, &w, 4);
+    }
+    return;
+  }
+  alignas(8) uint8_t nib[16];
+  uint32_t planes[2] = {0, 0};
+  const int j = int(b % 8);
+  switch (t) {
+    case WType::q4_0: std::memcpy(nib, blk + 2, 16); break;  // the file's bytes are the packed ones
+    case WType::q4_1: std::memcpy(nib, blk + 4, 16); break;
+    case WType::q5_0: std::memcpy(nib, blk + 6, 16); planes[0] = plane_of_bits(load32(blk + 2)); break;
+    case WType::q5_1: std::memcpy(nib, blk + 8, 16); planes[0] = plane_of_bits(load32(blk + 4)); break;
+    case WType::q4_k: nibble_bytes(blk + 16 + 32 * (j / 2), blk + 32 + 32 * (j / 2), 4 * (j % 2), nib); break;
+    case WType::q5_k:
+      nibble_bytes(blk + 48 + 32 * (j / 2), blk + 64 + 32 * (j / 2), 4 * (j % 2), nib);
+      planes[0] = plane_of_bytes(blk + 16, j);
+      break;
+    case WType::q6_k: {  // chunk j: ql's nibbles at 64 (j / 4) + 32 (j % 2), shift 4 (j % 4 / 2); qh's 2 bits at 2 (j % 4)
+      const uint8_t* ql = blk + 64 * (j / 4) + 32 * (j % 2);
+      const uint8_t* qh = blk + 128 + 32 * (j / 4);
+      nibble_bytes(ql, ql + 16, 4 * (j % 4 / 2), nib);
+      planes[0] = plane_of_bytes(qh, 2 * (j % 4));
+      planes[1] = plane_of_bytes(qh, 2 * (j % 4) + 1);
+      break;
+    }
+    default: TORCH_CHECK(false, "peagle::pack: no packed layout for this format");
+  }
+  for (int v = 0; v < 4; ++v) std::memcpy(q + 64 * v + 4 * c, nib + 4 * v, 4);
+  for (int h = 0; h < f.planes; ++h) std::memcpy(q - 64 * (f.planes - h) + 4 * c, &planes[h], 4);
+}
+
 // The file's blocks uint8 [N, K / block weights, block bytes] (N a multiple of 16) packed for the integer
-// path, uint8 [N / 16, K / block weights, packed_bytes] (kernels.h's layout): the quants a permutation of the
+// path, uint8 [N / 16, K / block weights, packed_bytes] (kernels.h's layout), into ``out`` where given (a slice of
+// the model's one mapping: loading writes each matrix once, where it stays): the quants a permutation of the
 // bytes (q8_0, q4_0, q4_1) or of the bits, the scales the file's own (a K-quant's 6-bit ones as bytes).
-static at::Tensor pack(const at::Tensor& blocks) {
+static at::Tensor pack(const at::Tensor& blocks, const c10::optional<at::Tensor>& into) {
   const WeightView w = weight_view(blocks);
   TORCH_CHECK(quantized(w.wtype) && !w.packed && w.N % QGROUP == 0,
               "peagle::pack: takes a GGUF file's blocks, uint8 [N, K / block weights, block bytes], N a multiple of 16");
   const WType t = w.wtype;
   const PackedFormat f = packed_format(t);
   const int64_t nb = w.K / QBLOCK, RB = row_bytes(t, w.K), BB = block_bytes(t);
-  at::Tensor out = at::zeros({w.N / QGROUP, blocks.size(1), packed_bytes(t)}, blocks.options());
+  const std::vector<int64_t> shape = {w.N / QGROUP, blocks.size(1), packed_bytes(t)};
+  at::Tensor out;
+  if (into.has_value() && into->defined()) {
+    TORCH_CHECK(into->scalar_type() == at::kByte && into->is_contiguous() && into->sizes().vec() == shape,
+                "peagle::pack: out must be contiguous uint8 ", c10::IntArrayRef(shape), ", got ", into->sizes());
+    out = *into;
+  } else {
+    out = at::empty(shape, blocks.options());
+  }
   const uint8_t* in = static_cast<const uint8_t*>(w.w);
   uint8_t* o = out.data_ptr<uint8_t>();
   parallel_for(0, w.N / QGROUP, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
-      for (int64_t b = 0; b < nb; ++b)
+      for (int64_t b = 0; b < nb; ++b) {
+        const PackedChunk<uint8_t> pc = packed_chunk_at(o, t, g, b, w.K);
+        if (t == WType::q6_k && pc.j == 0) std::memset(pc.head + 288, 0, KHEAD - 288);  // its header's unused bytes
         for (int64_t c = 0; c < QGROUP; ++c) {
-          const uint8_t* row = in + (g * QGROUP + c) * RB;
-          const uint8_t* blk = row + b * QBLOCK / block_weights(t) * BB;  // the chunk's file block
-          const PackedChunk<uint8_t> pc = packed_chunk_at(o, t, g, b, w.K);
+          const uint8_t* blk = in + (g * QGROUP + c) * RB + b * QBLOCK / block_weights(t) * BB;  // the chunk's block
           if (t == WType::q6_k) {  // d, and the chunk's two int8 scales
             std::memcpy(pc.head + 2 * c, blk + 208, 2);
             for (int h = 0; h < 2; ++h) pc.head[32 + QGROUP * (2 * pc.j + h) + c] = blk[192 + 2 * pc.j + h];
@@ -399,14 +477,9 @@ static at::Tensor pack(const at::Tensor& blocks) {
             std::memcpy(pc.rec + 2 * c, blk, 2);
             if (f.min) std::memcpy(pc.rec + 2 * (QGROUP + c), blk + 2, 2);
           }
-          const SubBlock sb = sub_block(row, t, b);
-          for (int k = 0; k < QBLOCK; ++k) {
-            const int q = (sb.q[k] + f.offset) & 255;
-            const PackedAt at = packed_at(f, t, c, k);
-            pc.rec[at.q] |= uint8_t(f.nibbles ? (q & 15) << at.shift : q);
-            for (int h = 0; h < f.planes; ++h) pc.rec[at.plane + 64 * h] |= uint8_t(((q >> (4 + h)) & 1) << at.bit);
-          }
+          pack_column(blk, t, b, c, pc.rec);
         }
+      }
   });
   return out;
 }
@@ -664,7 +737,7 @@ TORCH_LIBRARY(peagle, m) {
   m.def("qlinear_ref(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("bf16linear_ref(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("dequantize_rows(Tensor blocks, Tensor ids) -> Tensor");
-  m.def("pack(Tensor blocks) -> Tensor");
+  m.def("pack(Tensor blocks, Tensor(a!)? out=None) -> Tensor");
   m.impl("pack", c10::DispatchKey::CPU, TORCH_FN(pack));
   m.impl("dequantize_rows", c10::DispatchKey::CPU, TORCH_FN(dequantize_rows));
   m.def("isa() -> str", [] { return best_isa(); });
