@@ -20,11 +20,13 @@ import hashlib
 import json
 import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from peagle.models.checkpoint import replace_durably
 from peagle.prompts import Prompt, read_prompts
 from peagle.engine.sampling import SamplingParams
 from peagle.runtime import dtype_name
@@ -32,10 +34,16 @@ from peagle.runtime import dtype_name
 SHARD = "responses-{:05d}.jsonl"
 
 
+REQUIRED = ("id", "response", "prompt_token_ids", "response_token_ids")  # what training and resuming read
+
+
 def shards(out_dir: Path) -> list[Path]:
-    """Response shards in order: finished ones (``.jsonl.gz``) and the open one (``.jsonl``)."""
-    return sorted([*out_dir.glob("responses-*.jsonl.gz"), *out_dir.glob("responses-*.jsonl")],
-                  key=lambda p: p.name.split(".")[0])
+    """Response shards in order: finished ones (``.jsonl.gz``) and the open one (``.jsonl``). A shard
+    whose ``.jsonl`` is still there beside its ``.jsonl.gz`` (a kill between gzip and unlink) is read from
+    the ``.gz`` alone: its records once, not twice."""
+    gz = {p.name.split(".")[0]: p for p in out_dir.glob("responses-*.jsonl.gz")}
+    plain = {p.name.split(".")[0]: p for p in out_dir.glob("responses-*.jsonl")}
+    return [gz.get(stem) or plain[stem] for stem in sorted({*gz, *plain})]
 
 
 def response_token_ids(out_dir: Path) -> list[list[int]]:
@@ -43,11 +51,24 @@ def response_token_ids(out_dir: Path) -> list[list[int]]:
     return [r["response_token_ids"] for shard in shards(out_dir) for r in _records(shard)]
 
 
+def _parse(line: bytes | str) -> dict | None:
+    """One shard line as a record, or None where it is not one (a write cut short, a damaged file)."""
+    try:
+        rec = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return rec if isinstance(rec, dict) and all(k in rec for k in REQUIRED) else None
+
+
 def _records(shard: Path) -> Iterator[dict]:
-    with (gzip.open(shard, "rt") if shard.suffix == ".gz" else open(shard)) as fh:
-        for line in fh:
+    with (gzip.open(shard, "rb") if shard.suffix == ".gz" else open(shard, "rb")) as fh:
+        for n, line in enumerate(fh, 1):
             if line.strip():
-                yield json.loads(line)
+                rec = _parse(line)
+                if rec is None:
+                    raise ValueError(f"{shard} line {n} is not a response record (a write cut short?): re-run "
+                                     "`peagle synth` with the same arguments, which sets such lines aside")
+                yield rec
 
 
 def read_responses(out_dir: str | os.PathLike) -> Iterator[dict]:
@@ -61,30 +82,47 @@ def close_shard(path: Path) -> None:
     tmp = path.with_name(path.name + ".gz.tmp")
     with open(path, "rb") as src, gzip.open(tmp, "wb") as dst:
         dst.write(src.read())
-    os.replace(tmp, path.with_name(path.name + ".gz"))
+    replace_durably(tmp, path.with_name(path.name + ".gz"))
     path.unlink()
 
 
+def repair_shard(shard: Path) -> list[dict]:
+    """The records of an open shard; lines that are not records (a kill mid-write tears the last one) are
+    moved to ``<shard>.rejected`` and the shard is rewritten without them, so every record around them is
+    kept and the next one appended starts on a line of its own."""
+    data = shard.read_bytes()
+    lines = data.splitlines(keepends=True)
+    recs = [_parse(line) for line in lines]
+    bad = [line for line, r in zip(lines, recs) if r is None and line.strip()]
+    if bad or not data.endswith(b"\n") and data:
+        rejected = shard.with_name(shard.name + ".rejected")
+        with open(rejected, "ab") as fh:
+            fh.writelines(line if line.endswith(b"\n") else line + b"\n" for line in bad)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp = shard.with_name(shard.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.writelines(line if line.endswith(b"\n") else line + b"\n"
+                          for line, r in zip(lines, recs) if r is not None)
+        replace_durably(tmp, shard)
+        if bad:
+            print(f"peagle: {shard}: {len(bad)} line(s) that are not response records (a write cut short) moved "
+                  f"to {rejected.name}; its {sum(r is not None for r in recs)} records are kept", file=sys.stderr)
+    return [r for r in recs if r is not None]
+
+
 def done_responses(out_dir: Path) -> dict[str, str]:
-    """Response text by id of what is written (later turns continue from it); a torn last line of
-    the open shard (a kill mid-write) is cut off."""
-    done = {r["id"]: r["response"] for f in out_dir.glob("responses-*.jsonl.gz") for r in _records(f)}
-    for shard in out_dir.glob("responses-*.jsonl"):
-        if shard.with_name(shard.name + ".gz").exists():  # killed between gzip and unlink
-            shard.unlink()
-            continue
-        good = 0
-        with open(shard, "rb") as fh:
-            for line in fh:
-                try:
-                    r = json.loads(line)
-                    done[r["id"]] = r["response"]
-                    good += len(line)
-                except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
-                    break
-        if good < shard.stat().st_size:
-            with open(shard, "r+b") as fh:
-                fh.truncate(good)
+    """Response text by id of what is written (later turns continue from it), after :func:`repair_shard`
+    on an open shard, and after removing an open shard whose gzipped copy is complete (a kill between
+    gzip and unlink)."""
+    done = {}
+    for shard in shards(out_dir):
+        if shard.suffix == ".gz":
+            plain = shard.with_suffix("")
+            if plain.exists():
+                plain.unlink()
+        for r in _records(shard) if shard.suffix == ".gz" else repair_shard(shard):
+            done[r["id"]] = r["response"]
     return done
 
 
