@@ -17,7 +17,8 @@ from torch import nn
 
 from peagle import kernels
 from peagle.models.attention import Attention, AttnMeta, ChainMask, DenseKV, KVCache
-from peagle.models.checkpoint import check_checkpoint, fuse_checkpoint, read_safetensors, split_checkpoint
+from peagle.models.checkpoint import (check_checkpoint, fuse_checkpoint, read_safetensors, replace_durably,
+                                      split_checkpoint)
 from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_precision
 from peagle.models.llama import (CheckpointError, DecoderLayer, ModelConfig, native_layers, stack_key, stack_weights,
                                  stackable)
@@ -355,10 +356,10 @@ def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtyp
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     tmp = out / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out / "model.safetensors")
+    replace_durably(tmp, out / "model.safetensors")
     tmp = out / "config.json.tmp"
     tmp.write_text(json.dumps(cfg, indent=2) + "\n")
-    os.replace(tmp, out / "config.json")
+    replace_durably(tmp, out / "config.json")
 
 
 def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
