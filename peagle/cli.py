@@ -169,6 +169,8 @@ def _at_least_one(text: str) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
+    if args.server:
+        return _synth_server(args)
     from peagle.engine.llm_engine import LLMEngine
     from peagle.train.synth import synthesize
 
@@ -185,6 +187,22 @@ def cmd_synth(args: argparse.Namespace) -> int:
     print(f"wrote {run.responses} responses ({run.response_tokens} tokens, {run.tokens_per_s:.1f} tokens/s on "
           f"{engine.device} in {engine.precision}) to {args.out}", file=sys.stderr)
     return 0
+
+
+def _synth_server(args: argparse.Namespace) -> int:
+    """``peagle synth --server``: the responses through a server; the target's tokenizer alone is loaded here."""
+    from peagle.models.loader import load_tokenizer, resolve_target
+    from peagle.train.synth_server import ServerConfig, synthesize_server
+
+    server = ServerConfig(args.server, args.model, args.api_key, args.concurrency, args.retries,
+                          timeout=args.request_timeout)
+    tokenizer = load_tokenizer(resolve_target(args.target, weights=False))
+    run = synthesize_server(server, tokenizer, args.prompts, args.out, args.num_prompts, args.max_new_tokens,
+                            args.temperature, args.seed, args.shard_size, turns=args.turns, samples=args.samples,
+                            sample_temperature=args.sample_temperature, chat=args.chat)
+    print(f"wrote {run.responses} responses ({run.response_tokens} tokens, {run.tokens_per_s:.1f} tokens/s through "
+          f"{server.url}) to {args.out}" + (f"; {run.failed} failed" if run.failed else ""), file=sys.stderr)
+    return 1 if run.failed else 0
 
 
 def cmd_index_responses(args: argparse.Namespace) -> int:
@@ -414,7 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     y = sub.add_parser("synth", help="the target writes responses to prompt files (training data); resumable")
     _add_target_args(y)
-    y.add_argument("--prompts", nargs="+", required=True, help="JSONL files with 'turns', 'question' or 'prompt'")
+    y.add_argument("--prompts", nargs="+", required=True,
+                   help="JSONL files with 'turns', 'question' or 'prompt'; a name that is no file is a Hugging Face "
+                        "dataset (NAME or NAME:SPLIT, read through `datasets`; needs the network the first time)")
     y.add_argument("--out", required=True)
     y.add_argument("--num-prompts", type=int, default=None, help="the first N of the seeded shuffle (default: all)")
     y.add_argument("--max-new-tokens", type=int, default=512)
@@ -432,6 +452,17 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap prompts in the model's chat template (default: on); --no-chat gives plain text, "
                         "as a base model (Gemma 3 270M) is prompted")
+    y.add_argument("--server", default=None, metavar="URL",
+                   help="an OpenAI-compatible server that serves the target (vLLM, SGLang, llama-server, peagle "
+                        "serve) writes the responses instead of the in-process engine; --target names the target "
+                        "whose tokenizer gives the token ids")
+    y.add_argument("--model", default=None, help="with --server: the served model's name (default: the first listed)")
+    y.add_argument("--api-key", default=None, help="with --server: its Bearer key")
+    y.add_argument("--concurrency", type=_at_least_one, default=32, help="with --server: requests in flight")
+    y.add_argument("--retries", type=int, default=4,
+                   help="with --server: retries of a request that failed for a passing reason (connection, "
+                        "timeout, 408, 429, 5xx), after 1, 2, 4... s; then it is listed in failed.jsonl")
+    y.add_argument("--request-timeout", type=float, default=600.0, help="with --server: seconds for one request")
     y.set_defaults(func=cmd_synth)
 
     r = sub.add_parser("index-responses", help="the table of what followed each context in the target's own "

@@ -152,7 +152,6 @@ class Job:
             msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         return msgs + [{"role": "user", "content": self.prompt.turns[self.turn - 1]}]
 
-
     def seed(self, run_seed: int) -> int:
         """This request's sampling seed: its own, whatever else the run holds (a resumed run draws the same)."""
         return int(hashlib.sha1(self.id.encode()).hexdigest()[:8], 16) ^ run_seed
@@ -170,10 +169,12 @@ class Job:
 
 @dataclass
 class SynthRun:
-    """What one run wrote, and how fast: response tokens over the seconds spent generating."""
+    """What one run wrote, and how fast: response tokens over the seconds spent generating; and how many
+    requests failed (a server's: ``peagle synth --server``)."""
     responses: int
     response_tokens: int
     seconds: float
+    failed: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -257,16 +258,16 @@ class ShardWriter:
             self.shard_no, self.in_shard = self.shard_no + 1, 0
             self.fh = open(self.out / SHARD.format(self.shard_no), "a")
 
-    def close(self, **extra) -> SynthRun:
-        """Close the shard and the bar; log the run (one that wrote nothing logs nothing) with ``extra``."""
+    def close(self) -> SynthRun:
+        """Close the shard and the bar; log the run (one that wrote nothing and failed nothing logs nothing)."""
         self.fh.close()
         if self.bar is not None:
             self.bar.close()
         run = self.run
-        if run.responses:
+        if run.responses or run.failed:
             with open(self.out / "synth_runs.jsonl", "a") as log:
                 log.write(json.dumps({**self.settings, **asdict(run), "tokens_per_s": round(run.tokens_per_s, 1),
-                                      **extra, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+                                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
         return run
 
 
