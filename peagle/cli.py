@@ -254,24 +254,44 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     import torch
 
-    from peagle.models.drafter import save_drafter
+    from peagle.models.drafter import save_drafter, save_speculators
     from peagle.models.loader import load_drafter_for, load_target
 
     # float32: no round trip through a lower precision
     target, path = load_target(args.target, "float32", quantization=args.quantization, compute=args.compute)
     head = load_drafter_for(target, path, args.drafter, pack=False)  # as trained: not quantized beside a GGUF target
     head.cfg.check_target(target.cfg, target.aux_layers)
-    base = target.model.embed_tokens.weight if args.compact else None
-    save_drafter(head, args.out, getattr(torch, args.dtype), base_embedding=base)
-    form = "compact (embedding rows shared with the target left out)" if args.compact else "complete vLLM layout"
+    dtype = getattr(torch, args.dtype)
+    if args.format == "speculators":
+        if args.compact:
+            raise ValueError("--compact is a peagle layout; the speculators format holds the whole embedding")
+        k = args.k or head.cfg.trained_k
+        if k is None:
+            raise ValueError(f"{args.drafter} does not record the K it was trained for: give -k")
+        cfg_file = path / "config.json"
+        archs = (json.loads(cfg_file.read_text()).get("architectures") or []) if cfg_file.is_file() else []
+        save_speculators(head, args.out, args.kind, k, args.verifier or str(args.target or path), archs, dtype)
+        form = f"speculators format ({args.kind}, K={k})"
+    else:
+        save_drafter(head, args.out, dtype, base_embedding=target.model.embed_tokens.weight if args.compact else None)
+        form = "compact (embedding rows shared with the target left out)" if args.compact else "complete vLLM layout"
     print(f"wrote {args.drafter} to {args.out}: {form}, {args.dtype}", file=sys.stderr)
     return 0
 
 
 def _add_export_args(e: argparse.ArgumentParser) -> None:
     _add_target_args(e)
-    e.add_argument("--drafter", required=True)
+    e.add_argument("--drafter", required=True, help="the head (vLLM layout, compact or speculators format)")
     e.add_argument("--out", required=True)
+    e.add_argument("--format", choices=["vllm", "speculators"], default="vllm",
+                   help="vllm: vLLM's native EAGLE-3 layout (AWS's P-EAGLE heads); speculators: "
+                        "vllm-project/speculators' (docs/speculators.md)")
+    e.add_argument("--kind", choices=["peagle", "eagle3"], default="peagle",
+                   help="with --format speculators: the head's speculators_model_type (how it was trained)")
+    e.add_argument("-k", "--num-speculative-tokens", dest="k", type=_at_least_one, default=None,
+                   help="with --format speculators: the K recorded for vLLM (default: the K the head was trained for)")
+    e.add_argument("--verifier", default=None,
+                   help="with --format speculators: the target's name recorded (a hub id; default: --target)")
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     e.add_argument("--compact", action="store_true",
                    help="leave out embedding rows equal to the target's (peagle loads it; vLLM needs the full form)")
@@ -503,7 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_args(t)
     t.set_defaults(func=cmd_train)
 
-    _add_export_args(sub.add_parser("export", help="write a head in the complete vLLM layout (or the compact one)"))
+    _add_export_args(sub.add_parser("export", help="write a head in the complete vLLM layout (or the compact one), "
+                                                   "or in the speculators format"))
 
     b = sub.add_parser("bench", help="benchmarks: serve (HTTP load, as vllm bench serve), offline, sweep, serving, "
                                      "baseline, attack")
