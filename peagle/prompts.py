@@ -124,6 +124,8 @@ def _prompts(rows, fields: tuple[str, ...], source: str, where: str, category: s
     return out
 
 
+FILE_SUFFIXES = (".jsonl", ".json", ".gz")  # a missing file by these names is a typo, not a dataset id
+
 # a Hugging Face dataset's prompt fields: the training files' own, ShareGPT's and the chat datasets' messages
 HF_FIELDS = ("turns", "question", "prompt", "conversations", "messages")
 
@@ -149,7 +151,8 @@ def read_hf_prompts(name: str) -> list[Prompt]:
 def read_prompts(files: list[str]) -> list[Prompt]:
     """Training prompts (format ``auto``), concatenated: from files, or, for a name that is no file, from the
     Hugging Face dataset of that name or in that folder (:func:`read_hf_prompts`)."""
-    return [p for f in files for p in (read_prompt_file(f) if Path(f).is_file() else read_hf_prompts(f))]
+    return [p for f in files for p in (read_prompt_file(f) if Path(f).is_file() or Path(f).suffix in FILE_SUFFIXES
+                                       else read_hf_prompts(f))]
 
 
 def render(tokenizer, msgs: list[dict], chat: bool) -> str:

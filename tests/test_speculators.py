@@ -13,8 +13,11 @@ import torch
 from safetensors.torch import load_file
 from test_public_heads import vllm_problems
 
-from peagle.models.drafter import load_drafter, save_drafter
-from peagle.models.loader import init_drafter, load_target
+from peagle.engine.llm_engine import EngineConfig, LLMEngine
+from peagle.engine.sampling import SamplingParams
+from peagle.models.checkpoint import split_checkpoint
+from peagle.models.drafter import load_drafter, save_drafter, save_speculators
+from peagle.models.loader import init_drafter, load_drafter_for, load_target
 
 K = 5
 DRAFT_VOCAB = 100
@@ -91,6 +94,13 @@ def test_exported_heads_load_in_speculators_and_back(tiny_chat_dir, target, tmp_
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a if not (kind == "eagle3" and k == "mask_hidden"))
     assert load_drafter(tmp_path / "spec").cfg.trained_k == K
+    # and the engine drafts with it, the target's output unchanged
+    head = load_drafter_for(target, tiny_chat_dir, tmp_path / "spec")
+    method = "parallel" if kind == "peagle" else "eagle3"
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    ref = LLMEngine(target, None, EngineConfig(method="none")).generate([[1, 5, 9, 30]], params)[0].token_ids
+    out = LLMEngine(target, head, EngineConfig(method=method, num_speculative_tokens=K)).generate([[1, 5, 9, 30]], params)
+    assert out[0].token_ids == ref and out[0].stats.num_drafts > 0
 
 
 @pytest.mark.parametrize("kind", ["peagle", "eagle3"])
@@ -99,13 +109,11 @@ def test_heads_written_by_speculators_load_in_peagle(target, tmp_path, kind):
     from speculators.models.eagle3 import Eagle3DraftModel
     from speculators.models.peagle import PEagleDraftModel
 
-    export_dir = tmp_path / "ours"
-    head = trained_like_head(target, seed=2)
-    from peagle.models.drafter import save_speculators
-
-    save_speculators(head, export_dir, kind, K, "tiny", ["LlamaForCausalLM"], torch.float32)
     from speculators import SpeculatorModelConfig
 
+    export_dir = tmp_path / "ours"   # the config: ours, read by speculators (the weights are theirs, below)
+    save_speculators(trained_like_head(target, seed=2), export_dir, kind, K, "tiny", ["LlamaForCausalLM"],
+                     torch.float32)
     cfg = SpeculatorModelConfig.from_pretrained(str(export_dir))
     model = (PEagleDraftModel if kind == "peagle" else Eagle3DraftModel)(cfg)
     g = torch.Generator().manual_seed(3)
@@ -131,8 +139,6 @@ def test_heads_written_by_speculators_load_in_peagle(target, tmp_path, kind):
         if ".q_proj." in mine or ".k_proj." in mine or ".v_proj." in mine or ".gate_proj." in mine or ".up_proj." in mine:
             continue   # fused in peagle: compared through the split checkpoint below
         assert torch.equal(ours[mine].to(t.dtype), t), name
-    from peagle.models.checkpoint import split_checkpoint
-
     split = split_checkpoint(ours, drafter)
     for name in ("layers.0.self_attn.q_proj.weight", "layers.1.mlp.up_proj.weight", "layers.0.self_attn.v_proj.weight"):
         mine = name.replace("layers.0.", "midlayer.", 1)

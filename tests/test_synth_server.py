@@ -15,7 +15,7 @@ from test_serve import free_port, wait_healthy
 
 from peagle.engine.llm_engine import LLMEngine
 from peagle.models.loader import load_tokenizer
-from peagle.prompts import encode
+from peagle.prompts import encode, read_prompts
 from peagle.train.synth import read_responses, synthesize
 from peagle.train.synth_server import FAILED, ServerConfig, synthesize_server
 
@@ -161,3 +161,5 @@ def test_prompts_from_a_hugging_face_dataset_and_a_clear_error_offline(tmp_path)
     assert res.returncode == 0 and res.stdout.strip() == "[['Hi?', 'More?']]", res.stderr
     res = read_prompts_offline("nobody-here/no-such-prompts:train", tmp_path)
     assert res.returncode != 0 and "Offline, give a JSONL file of prompts instead" in res.stderr, res.stderr
+    with pytest.raises(FileNotFoundError, match="no such dataset file"):   # a mistyped file is no dataset id
+        read_prompts([str(tmp_path / "prompts.jsonl")])
