@@ -206,3 +206,22 @@ def test_vllm_reads_the_exported_heads(tiny_chat_dir, target, tmp_path, kind):
     (seen / "config.json").write_text(json.dumps(pre))
     (seen / "model.safetensors").symlink_to(tmp_path / "spec" / "model.safetensors")
     assert vllm_problems(seen, parallel_drafting=kind == "peagle") == []
+
+
+def test_scaled_rope_survives_both_ways(tmp_path):
+    """Llama 3's RoPE scaling: written as rope_parameters, read by speculators, written by it as a diff against
+    transformers' defaults, and read back by peagle the same."""
+    speculators_or_skip()
+    from speculators import SpeculatorModelConfig
+    from speculators.models.peagle import PEagleDraftModel
+
+    from conftest import native_from_hf, tiny_hf
+
+    head = init_drafter(native_from_hf(tiny_hf("llama3")), 1, 150, trained_k=4)
+    save_speculators(head, tmp_path / "ours", "peagle", 4, "tiny", [], torch.float32)
+    cfg = SpeculatorModelConfig.from_pretrained(str(tmp_path / "ours"))
+    assert cfg.transformer_layer_config.rope_parameters == {**head.cfg.rope_scaling, "rope_theta": head.cfg.rope_theta}
+    PEagleDraftModel(cfg).save_pretrained(str(tmp_path / "theirs"))
+    for d in ("ours", "theirs"):
+        back = load_drafter(tmp_path / d).cfg
+        assert (back.rope_theta, back.rope_scaling) == (head.cfg.rope_theta, head.cfg.rope_scaling), d
