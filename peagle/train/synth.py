@@ -10,6 +10,9 @@ conversations (the user's next turn after the target's own answer; record id ``<
 ``samples`` > 1 adds responses at ``sample_temperature`` (``<id>#s1``...). Every record is one
 document: the whole conversation so far as its prompt, the newest answer as its response.
 
+``peagle synth --server URL`` writes the same records through an OpenAI-compatible server
+(:mod:`peagle.train.synth_server`).
+
 Each run appends its settings and its throughput (response tokens per second of generation) to
 ``synth_runs.jsonl`` in the output folder: a folder extended by later runs keeps every run's record.
 """

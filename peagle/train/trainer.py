@@ -11,9 +11,11 @@ processes reproduce one process with an N-times larger batch.
 Matmuls run under autocast in ``--dtype`` (bf16 where the device multiplies it natively); the
 head's weights and the optimizer state stay float32.
 
-Checkpoints (weights, optimizer, scheduler, RNG, step) are written atomically every
-``save_every`` steps; ``--resume`` continues exactly from the last one. The output folder is always
-a vLLM-format head (``config.json`` + ``model.safetensors``), refreshed at every checkpoint.
+Checkpoints (weights, optimizer, scheduler, RNG, step) are written atomically every ``save_every``
+steps, each fsynced before its rename; ``--resume`` continues exactly from the last one, and refuses
+(naming each difference) a run whose settings, data, hidden states or target differ from it. The
+output folder is always a vLLM-format head (``config.json`` + ``model.safetensors``), refreshed at
+every checkpoint.
 """
 from __future__ import annotations
 
