@@ -367,3 +367,17 @@ def test_processes_beyond_the_gpus_share_them_over_gloo(monkeypatch):
         assert (str(device), backend) == want
     assert placement(torch.device("cuda", 1)) == (torch.device("cuda", 1), "nccl")
     assert placement(torch.device("cpu")) == (torch.device("cpu"), "gloo")
+
+
+def test_a_gguf_targets_fingerprint_is_its_file(tmp_path):
+    """A GGUF target is read from its file (its folder holds a config and tokenizer alone): a rewritten file
+    changes the fingerprint a resumed run is checked by."""
+    from peagle.train.trainer import files_fingerprint, target_files
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"GGUF" + bytes(5000))
+    (tmp_path / "meta").mkdir()
+    assert target_files(str(f), tmp_path / "meta") == [f]
+    before = files_fingerprint(target_files(str(f), tmp_path / "meta"))
+    f.write_bytes(b"GGUF" + bytes(4000) + b"\1" * 1000)
+    assert files_fingerprint(target_files(str(f), tmp_path / "meta")) != before

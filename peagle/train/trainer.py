@@ -135,6 +135,15 @@ def files_fingerprint(files: list[Path], sample: int = 1 << 20) -> str:
     return h.hexdigest()[:16]
 
 
+def target_files(name: str | None, path: Path) -> list[Path]:
+    """The files that hold a target's weights: its GGUF file (read from there, beside a folder of its
+    config and tokenizer alone), else its folder's safetensors and config."""
+    from peagle.models.loader import target_gguf
+
+    gguf = target_gguf(name)
+    return [gguf] if gguf is not None else [*path.glob("*.safetensors"), path / "config.json"]
+
+
 def lr_lambda(cfg: TrainConfig, total_steps: int):
     """Linear warm-up, then cosine decay to ``min_lr``."""
     def f(step: int) -> float:
@@ -205,8 +214,7 @@ class Trainer:
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
         self.fingerprints = {
             "data": records_fingerprint(records),
-            "target": files_fingerprint([*Path(path).glob("*.safetensors"), *Path(path).glob("*.gguf"),
-                                         *Path(path).glob("config.json")] if Path(path).is_dir() else [Path(path)]),
+            "target": files_fingerprint(target_files(cfg.target, Path(path))),
             "hidden": files_fingerprint(list(Path(cfg.hidden).glob("hidden-*.safetensors"))) if cfg.hidden else None}
 
         state = self._load_state() if cfg.resume else None
