@@ -440,7 +440,8 @@ def test_a_packed_load_writes_each_matrix_once_where_it_stays(file, tmp_path):
     types, _, _ = K_FILES[file]
     tiny_gguf(tmp_path / "k.gguf", types, hidden=256)
     cfg = tiny_cfg(256)
-    args = (tmp_path / "k.gguf", tiny_names(cfg), cfg, True, torch.float32, torch.float32, torch.device("cpu"))
+    # bf16 nominal (as generate loads): a packed fused weight must not look like a bf16 matrix to pack_model
+    args = (tmp_path / "k.gguf", tiny_names(cfg), cfg, True, torch.bfloat16, torch.float32, torch.device("cpu"))
     plain, packed = read_gguf(*args), read_gguf(*args, packs=True)
     for name, w in packed.items():
         if isinstance(w, QuantTensor):

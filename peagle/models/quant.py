@@ -142,7 +142,7 @@ def bf16_packable(w: torch.Tensor) -> bool:
     """Whether :func:`pack_bf16` takes ``w``: a plain bfloat16 ``[N, K]`` matrix on the CPU (not a QuantTensor
     standing for one), N a multiple of 16, K even."""
     return (w.dtype == torch.bfloat16 and w.dim() == 2 and w.device.type == "cpu" and not w.is_mkldnn
-            and not isinstance(w, QuantTensor)
+            and not isinstance(w, (QuantTensor, QuantParts))
             and w.shape[0] % GROUP == 0 and w.shape[1] % 2 == 0)
 
 
