@@ -143,8 +143,12 @@ def test_dataset_readers(tmp_path):
         read_prompt_file(tmp_path / "bad.jsonl", "custom")
 
 
-@pytest.mark.skipif(not (MT_BENCH.is_file() and HUMANEVAL.is_file()), reason="the shared data is not here")
-def test_shared_benchmark_files():
+def test_packaged_benchmark_files():
+    """MT-Bench and HumanEval ship inside the package, each with its licence, and are the datasets' defaults."""
+    from peagle.prompts import dataset_path
+
+    assert dataset_path("mt-bench", None) == MT_BENCH and dataset_path("humaneval", None) == HUMANEVAL
+    assert (MT_BENCH.parent / "LICENSE").is_file() and (HUMANEVAL.parent / "LICENSE").is_file()
     mt = read_prompt_file(MT_BENCH, "mt-bench")
     assert len(mt) == 80 and all(len(p.turns) == 2 for p in mt)
     assert len(read_prompt_file(HUMANEVAL, "humaneval")) == 164

@@ -45,7 +45,7 @@ def add_dataset_args(p: argparse.ArgumentParser, single: bool = True, vllm_outpu
     if single:
         p.add_argument("--dataset-name", choices=DATASETS, required=True)
         p.add_argument("--dataset-path", default=None,
-                       help="the dataset file (default for mt-bench and humaneval: the shared copy)")
+                       help="the dataset file (default for mt-bench and humaneval: the packaged copy)")
     p.add_argument("--num-prompts", type=int, default=num_prompts,
                    help="conversations to send (all the dataset has, if fewer)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt shuffle (and of sampling)")
