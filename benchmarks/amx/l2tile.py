@@ -2,7 +2,7 @@
 tiles the kernels choose, or with ``shapes`` rows 1 and 8 in both tile shapes (wide, and one packed group wide
 as streamed weights take); the fastest of three runs of 5,000 calls.
 
-    python docs/results/amx/l2tile.py [shapes]
+    python benchmarks/amx/l2tile.py [shapes]
 """
 import sys
 import time

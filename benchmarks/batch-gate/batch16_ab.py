@@ -1,7 +1,7 @@
 """16 MT-Bench requests at once (`rounds16.py`): `none`, the defaults as this tree prices drafted steps (at least the
 batch's plain-step error), and as the tree before did (the error at their own rows alone). BENCHMARKS.md §54.
 
-    python docs/results/batch-gate/batch16_ab.py [ROUNDS]
+    python benchmarks/batch-gate/batch16_ab.py [ROUNDS]
 """
 import sys
 import types

@@ -3,7 +3,7 @@ own rows alone (the tree before, restored on the engine's AutoK), `none` beside 
 one request at a time (`int8/heldout.jsonl`, a fresh engine a request, as `peagle generate` runs, the response
 table loaded), variants interleaved, tokens checked equal. BENCHMARKS.md §54.
 
-    python docs/results/batch-gate/floor_ab.py [ROUNDS]
+    python benchmarks/batch-gate/floor_ab.py [ROUNDS]
 """
 import json
 import sys

@@ -3,7 +3,7 @@ unpriced (the tree before: every proposal verified; the engine's AutoK removed),
 requests at once through one engine per variant kept across rounds, then the 12 held-out prompts one request at a
 time (a fresh engine a request), variants interleaved, tokens checked equal. BENCHMARKS.md §54.
 
-    python docs/results/batch-gate/ngram_ab.py [ROUNDS16] [ROUNDS1]
+    python benchmarks/batch-gate/ngram_ab.py [ROUNDS16] [ROUNDS1]
 """
 import json
 import sys

@@ -2,7 +2,7 @@
 could not pay (this tree, AutoK.could_pay); probes as before (could_pay always true on that engine's AutoK).
 BENCHMARKS.md §54.
 
-    python docs/results/batch-gate/probe_ab.py [ROUNDS]
+    python benchmarks/batch-gate/probe_ab.py [ROUNDS]
 """
 import sys
 import types

@@ -1,7 +1,7 @@
 """A peagle server (its --speculative-config from argv[1]) on a loopback port: `bench serve` at 16 clients over 16
 MT-Bench prompts twice, the speculation counters read from /metrics around each. BENCHMARKS.md §54.
 
-    PYTHONPATH=TREE python docs/results/batch-gate/server_rounds.py SPEC_JSON
+    PYTHONPATH=TREE python benchmarks/batch-gate/server_rounds.py SPEC_JSON
 """
 import argparse, json, sys, re, httpx
 from peagle.bench import serving

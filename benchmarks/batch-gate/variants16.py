@@ -1,7 +1,7 @@
 """16 MT-Bench requests at once (`rounds16.py`) through `none`, the defaults, the head alone, the defaults without the
 response table, and ngram. BENCHMARKS.md §54.
 
-    python docs/results/batch-gate/variants16.py [ROUNDS]
+    python benchmarks/batch-gate/variants16.py [ROUNDS]
 """
 import sys
 

@@ -3,7 +3,7 @@
 that only evicts the caches; then the Python calls of `propose` one at a time after a target pass (each the first
 Python and torch code run since the pass). Medians of 400 rounds, µs.
 
-    python docs/results/cold-host/cold_host.py
+    python benchmarks/cold-host/cold_host.py
 """
 import statistics, time, torch
 from peagle import kernels

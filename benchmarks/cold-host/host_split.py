@@ -1,7 +1,7 @@
-"""Where a plain step's host time goes (`none`, 8 held-out prompts of docs/results/int8/heldout.py, 128 tokens each):
+"""Where a plain step's host time goes (`none`, 8 held-out prompts of benchmarks/int8/heldout.py, 128 tokens each):
 the step split at the runner's forward, LlamaModel.decode and the native peagle::target_pass call; medians, ms.
 
-    python docs/results/cold-host/host_split.py
+    python benchmarks/cold-host/host_split.py
 """
 import statistics, time, torch, json
 from pathlib import Path

@@ -5,7 +5,7 @@ bound. Counted here on 240 real final hidden rows (6 MT-Bench prompts, 40 greedy
 as the integer path quantizes them), for three bounds: max|error| x L1(x) per column, Cauchy-Schwarz per
 32-block, Cauchy-Schwarz over the whole row.
 
-    python docs/results/cold-host/lmhead_bounds.py
+    python benchmarks/cold-host/lmhead_bounds.py
 """
 import torch
 from peagle.engine.llm_engine import LLMEngine

@@ -2,7 +2,7 @@
 ms, and this machine's read rate (torch.sum over 400 MB, best of 10) at the same thread count: run with
 OMP_NUM_THREADS=1 and =2 alternately to see what the second thread adds.
 
-    OMP_NUM_THREADS=N python docs/results/cold-host/one_row_pass.py
+    OMP_NUM_THREADS=N python benchmarks/cold-host/one_row_pass.py
 """
 import statistics, time, torch
 from peagle.engine.llm_engine import LLMEngine

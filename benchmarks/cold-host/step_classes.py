@@ -1,11 +1,11 @@
 """Where a held-out request's steps go under `generate`'s defaults: the 12 held-out prompts of
-docs/results/int8/heldout.py (greedy, up to 128 tokens) in one engine (P-EAGLE, K by `auto`, prompt lookup on),
+benchmarks/int8/heldout.py (greedy, up to 128 tokens) in one engine (P-EAGLE, K by `auto`, prompt lookup on),
 each decode step classed by the rows its target pass verifies and whether it drafts for the next, with the
 medians of the step, its target pass (`forward`) and its drafting (`propose`), and the drafts it accepted.
 `--table` (§50, docs/results/responses/step_classes.txt): with the shipped response table, and each class split by
 where its drafts came from (`-`: the head's or none; `match` / `short`: the text's; `responses`: the table's).
 
-    python docs/results/cold-host/step_classes.py [--table]
+    python benchmarks/cold-host/step_classes.py [--table]
 """
 import json, statistics, sys, time
 from collections import defaultdict

@@ -5,7 +5,7 @@ K chosen by the engine; P-EAGLE with bfloat16 weights), on the same MT-Bench pro
 tokens, EOS ignored. Decode rate = (tokens - 1) / (time after the first token); rounds interleave the
 systems.
 
-    python docs/results/cpu-roofline/engines.py [ROUNDS] [PROMPTS] [SYSTEMS]   # SYSTEMS: peagle,llama,hf,q8
+    python benchmarks/cpu-roofline/engines.py [ROUNDS] [PROMPTS] [SYSTEMS]   # SYSTEMS: peagle,llama,hf,q8
 """
 import statistics
 import sys

@@ -2,7 +2,7 @@
 (and seeded sampling) output of P-EAGLE (auto K) and EAGLE-3 against plain decoding, token for token,
 128 new tokens, EOS ignored, each prompt alone and the 40 in batches of 8.
 
-    python docs/results/cpu-roofline/exactness.py [FORMATS] [PROMPTS] [K]   # gguf (as shipped),float16,bfloat16,float32
+    python benchmarks/cpu-roofline/exactness.py [FORMATS] [PROMPTS] [K]   # gguf (as shipped),float16,bfloat16,float32
                                                                             # K: auto (default), or a fixed K
 """
 import json

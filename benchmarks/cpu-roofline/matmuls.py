@@ -7,8 +7,8 @@ for the bf16 dot-product path (`--compute fast`, where the CPU has AVX512_BF16),
 with the floor: the weights' bytes over the read bandwidth measured here (torch sum of 1 GiB). Rounds
 interleave the routes; medians (ms for all of them once).
 
-    python docs/results/cpu-roofline/matmuls.py
-    taskset -c 0 env OMP_NUM_THREADS=1 python docs/results/cpu-roofline/matmuls.py    # one thread
+    python benchmarks/cpu-roofline/matmuls.py
+    taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/cpu-roofline/matmuls.py    # one thread
 """
 import statistics
 import time

@@ -5,7 +5,7 @@ format (`gguf`: the file as it ships, the default, `--compute fast`; `gguf-exact
 arithmetic; else the de-quantized weights in that dtype). Medians over 120 steps, the engines interleaved
 in rounds of 10 steps.
 
-    python docs/results/cpu-roofline/round.py [FORMATS] [KV_CACHE_DTYPE]   # default gguf,gguf-exact,bfloat16 auto
+    python benchmarks/cpu-roofline/round.py [FORMATS] [KV_CACHE_DTYPE]   # default gguf,gguf-exact,bfloat16 auto
 """
 import statistics
 import sys

@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 def prompt_texts() -> list[str]:
     """The 12 held-out prompts, or with $PROMPTS=mtbench20 20 of MT-Bench's first turns (every fourth)."""
     if os.environ.get("PROMPTS") == "mtbench20":
-        questions = HERE.parents[3] / "shared" / "data" / "bench" / "mt_bench" / "question.jsonl"
+        questions = HERE.parents[1] / "peagle" / "bench" / "data" / "mt_bench" / "question.jsonl"
         return [q["turns"][0] for q in map(json.loads, open(questions))][::4][:20]
     return [json.loads(line)["prompt"] for line in (HERE.parent / "int8" / "heldout.jsonl").read_text().splitlines()]
 

@@ -2,7 +2,7 @@
 6,000-token completion request, then 1 s later a chat "Name three primary colors." with max_tokens 8.
 Prints when each finished (seconds from the long request's start), and the long request alone.
 
-    python docs/results/fair-prefill/long_short.py [SERVE FLAGS...]   e.g. --long-prefill-token-threshold 2048
+    python benchmarks/fair-prefill/long_short.py [SERVE FLAGS...]   e.g. --long-prefill-token-threshold 2048
 """
 import json
 import subprocess

@@ -4,14 +4,15 @@ training), plain text, 128 tokens, greedy; the two methods alternate per prompt 
 Each run is its own process (model load not timed: generate's own tok/s). Writes speed.jsonl here and
 prints medians and the ratio of total tokens over total seconds.
 
-    taskset -c 1 nice -n 19 env PEAGLE_TORCH_THREADS=1 OMP_NUM_THREADS=1 python docs/results/gemma-head/speed.py
+    taskset -c 1 nice -n 19 env PEAGLE_TORCH_THREADS=1 OMP_NUM_THREADS=1 python benchmarks/gemma-head/speed.py
 """
+from peagle.prompts import MT_BENCH
 import json, random, statistics, subprocess, sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-mt = [json.loads(l)["turns"][0] for l in open("../shared/data/bench/mt_bench/question.jsonl")]
-gsm = [json.loads(l)["question"] for l in open("../shared/data/prompts/gsm8k_train.jsonl")][-100:]
+mt = [json.loads(l)["turns"][0] for l in open(MT_BENCH)]
+gsm = [json.loads(l)["question"] for l in open("data/prompts/gsm8k_train.jsonl")][-100:]
 rng = random.Random(0)
 prompts = [("mt-bench", p) for p in rng.sample(mt, 6)] + [("gsm8k-heldout", p) for p in rng.sample(gsm, 6)]
 extra = sys.argv[1:]

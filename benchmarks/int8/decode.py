@@ -7,7 +7,7 @@ ignored; its rate is 127 / (the time after the first token), as llama-bench's tg
 a warm-up: from an empty context, and after as many tokens as the prompts hold on average (`-d`, the same
 attention work as ours). Rounds interleave every system; medians.
 
-    python docs/results/int8/decode.py [ROUNDS] [PROMPTS]     # writes decode.json beside this file
+    python benchmarks/int8/decode.py [ROUNDS] [PROMPTS]     # writes decode.json beside this file
 """
 import json
 import statistics

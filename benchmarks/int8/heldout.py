@@ -6,7 +6,7 @@ the rate is output tokens over the request's wall time (prefill included, as `ge
 Rounds interleave the variants, rotating which goes first; medians per prompt, and the overall rate (all
 tokens over all time). `--drafter HEAD ...` puts those heads in the same run (default: the shipped one).
 
-    python docs/results/int8/heldout.py [ROUNDS] [--compute exact] [--drafter HEAD ...]   # writes heldout-<compute>.json
+    python benchmarks/int8/heldout.py [ROUNDS] [--compute exact] [--drafter HEAD ...]   # writes heldout-<compute>.json
 """
 import json
 import statistics

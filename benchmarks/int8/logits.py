@@ -3,7 +3,7 @@ template; every prompt position's logits, teacher-forced): `--compute fast` (8-b
 llama.cpp) and `--compute exact` (float32 arithmetic on the same blocks). Top-1 agreement over all
 positions, the largest and the mean absolute logit difference (logits span about +-35).
 
-    python docs/results/int8/logits.py [PROMPTS]      # needs llama-cpp-python (LLAMA_CPP_LIB_PATH)
+    python benchmarks/int8/logits.py [PROMPTS]      # needs llama-cpp-python (LLAMA_CPP_LIB_PATH)
 """
 import sys
 

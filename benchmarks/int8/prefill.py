@@ -2,7 +2,7 @@
 exact` (the engine's default chunks of 2,048 tokens), and llama.cpp's own prompt processing of 4,000 tokens
 (`llama-bench -p 4000 -n 0`), same run; medians of ROUNDS.
 
-    python docs/results/int8/prefill.py [ROUNDS]
+    python benchmarks/int8/prefill.py [ROUNDS]
 """
 import statistics
 import sys

@@ -2,7 +2,7 @@
 # Two trees' drafting passes and prompt prefill, alternating process by process: BASE (a worktree of the commit
 # before, its kernels built there: `git worktree add /tmp/base fd900a8~1 && (cd /tmp/base && python -m peagle.kernels)`)
 # and this one. BENCHMARKS.md §53.
-#   usage: BASE=/tmp/base bash docs/results/kv-rows/ab.sh [ROUNDS]
+#   usage: BASE=/tmp/base bash benchmarks/kv-rows/ab.sh [ROUNDS]
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); MAIN=$(cd "$HERE/../../.." && pwd); PY=${PY:-$MAIN/.venv/bin/python}
 for r in $(seq "${1:-3}"); do

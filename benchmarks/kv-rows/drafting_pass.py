@@ -2,7 +2,7 @@
 context, the shipped head on the shipped GGUF: the median of 35 passes after 5, per (R, K). R of 16 and more is a
 catch-up (the rows of steps the drafter skipped, or a prompt). BENCHMARKS.md §53; ab.sh runs it on two trees.
 
-    python docs/results/kv-rows/drafting_pass.py
+    python benchmarks/kv-rows/drafting_pass.py
 """
 import statistics
 import sys

@@ -1,7 +1,7 @@
 """Time to the first token of a 4,000-token prompt (random ids; plain decoding, the shipped GGUF, chunks as the
 engine cuts them), three prompts in one process. BENCHMARKS.md §53; ab.sh runs it on two trees.
 
-    python docs/results/kv-rows/prefill.py
+    python benchmarks/kv-rows/prefill.py
 """
 import statistics
 import time

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The kernels of this tree against those of COMMIT on one command, alternating, N rounds: COMMIT's kernels are
 # built in a worktree and their .so swapped in under this tree's stamp (the Python side is this tree's).
-#   bash docs/results/kv16/ab.sh COMMIT N command args...
+#   bash benchmarks/kv16/ab.sh COMMIT N command args...
 set -euo pipefail
 commit=$1 n=$2
 shift 2

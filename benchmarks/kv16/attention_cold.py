@@ -3,7 +3,7 @@ head_dim 64: the default model) at a context of CTX positions, each layer's call
 memory (a layer's weights' worth), so its keys and values come from DRAM; 1-8 rows of one sequence; the pools
 in DTYPE (float32 or float16). Median over 60 passes of the 30 layers' attention time alone, ms.
 
-    taskset -c 0 env OMP_NUM_THREADS=1 python docs/results/kv16/attention_cold.py [CTX] [DTYPE]
+    taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/kv16/attention_cold.py [CTX] [DTYPE]
 """
 import statistics
 import sys

@@ -2,7 +2,7 @@
 (method `none`, the shipped GGUF) generating 128 tokens after a context of D tokens (MT-Bench text repeated,
 prefilled first, not timed); tok/s over the 128 steps, the best of R runs.
 
-    python docs/results/kv16/depth.py 0,1024,3072 [R] [KV_CACHE_DTYPE]
+    python benchmarks/kv16/depth.py 0,1024,3072 [R] [KV_CACHE_DTYPE]
 """
 import sys
 import time

@@ -4,7 +4,7 @@ ones' keys and values from the pools, as decoding does), `--compute fast` with f
 against `--compute exact` with float32 pools (the de-quantized model's arithmetic). Top-1 agreement, the largest
 and the mean absolute logit difference (logits span about +-35).
 
-    python docs/results/kv16/logits.py [PROMPTS] [TARGET]      # TARGET: the default model, or e.g. gemma3
+    python benchmarks/kv16/logits.py [PROMPTS] [TARGET]      # TARGET: the default model, or e.g. gemma3
 """
 import sys
 

@@ -2,7 +2,7 @@
 merged into the head's drafts (`merge`: no drafts of its own where the drafter skips a step), as shipped, and at
 `prompt_lookup_min` 1 and 3, against `--method none`, on the 12 held-out prompts (`int8/heldout_ab.py`'s harness).
 
-    python docs/results/lookup/ab.py ROUNDS
+    python benchmarks/lookup/ab.py ROUNDS
 """
 import sys
 from pathlib import Path

@@ -3,7 +3,7 @@ on: `auto-blind` (K=0 priced as plain decoding, as before d17196e), `auto-aware`
 measured yield, as shipped), `lookup-alone` (`auto`'s choice held at K=0: the head never drafts, the text's own
 drafts verified alone; an in-process variant, not a shipped mode).
 
-    python docs/results/lookup/alone_ab.py ROUNDS
+    python benchmarks/lookup/alone_ab.py ROUNDS
 """
 import sys
 from pathlib import Path

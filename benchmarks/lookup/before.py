@@ -1,6 +1,6 @@
 """The text's drafts as §39 shipped them, for A/Bs in one process: proposals stopped at the text's end
 (`replay.cut_at_end`), never lengthened by their match, and 3 at most where verified alone.
-`python docs/results/lookup/before.py [before|shipped] ARGS...` runs `peagle ARGS...` so (MT-Bench, §40)."""
+`python benchmarks/lookup/before.py [before|shipped] ARGS...` runs `peagle ARGS...` so (MT-Bench, §40)."""
 import sys
 from pathlib import Path
 

@@ -3,7 +3,7 @@ warm-up steps): cut into pieces for peagle's attention kernel and run in one nat
 span through SDPA and the layers one by one (before), on the 12 held-out prompts (`int8/heldout_ab.py`'s prompts),
 `generate`'s defaults, fresh engines, interleaved: the median milliseconds of that pass and of the request.
 
-    python docs/results/lookup/catch_up_ab.py ROUNDS
+    python benchmarks/lookup/catch_up_ab.py ROUNDS
 """
 import statistics
 import sys

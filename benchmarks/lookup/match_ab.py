@@ -3,7 +3,7 @@ sequence decodes; a loop's proposal running on past the text's end) against §39
 end; `before.py`), in `generate`'s defaults (P-EAGLE, `auto` K) and `--method ngram` (K auto), against `none`, on
 the 12 held-out prompts (`int8/heldout_ab.py`'s harness).
 
-    python docs/results/lookup/match_ab.py ROUNDS
+    python benchmarks/lookup/match_ab.py ROUNDS
 """
 import sys
 from pathlib import Path

@@ -1,7 +1,7 @@
 """The speculative methods against `none` on the 12 held-out prompts (`int8/heldout_ab.py`'s harness): `generate`'s
 defaults (P-EAGLE, auto K, the lookup beside it), and `ngram` (the text's drafts alone) at K=auto (3) and K=5.
 
-    python docs/results/lookup/methods_ab.py ROUNDS
+    python benchmarks/lookup/methods_ab.py ROUNDS
 """
 import sys
 from pathlib import Path

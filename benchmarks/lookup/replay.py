@@ -6,7 +6,7 @@ target's cost curve measured at start-up on the Zen 5 (1 row 1.00, 2 1.14, 4 1.1
 between them linear) plus 0.05 of a step's host work where it verifies drafts. Ratio: output tokens over that
 cost, i.e. the speed against plain decoding, per prompt, then the mean.
 
-    python docs/results/lookup/replay.py [OUTPUTS_DIR]   # outputs generated there once (default /tmp/peagle-replay)
+    python benchmarks/lookup/replay.py [OUTPUTS_DIR]   # outputs generated there once (default /tmp/peagle-replay)
 """
 import json
 import random
@@ -17,7 +17,7 @@ from peagle.engine.lookup import PromptLookup
 
 COST = {1: 1.0, 2: 1.14, 3: 1.17, 4: 1.19, 5: 1.30, 6: 1.40, 7: 1.51, 8: 1.62}
 HOST = 0.05
-DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "prompts"
+DATA = Path(__file__).resolve().parents[2] / "data" / "prompts"  # the training prompt files (yours: see README.md)
 HELDOUT = Path(__file__).resolve().parents[1] / "int8" / "heldout.jsonl"
 
 
@@ -44,7 +44,7 @@ def cut_at_end(lookup: PromptLookup, tokens: list[int], proposal: list[int]) -> 
 def replay(rec: dict, by_match: bool, most: int, periodic: bool, table: tuple | None = None, cost: dict = COST,
            host: float = HOST) -> float:
     """Output tokens per plain step's cost; ``table``: (a ResponseLookup, its most drafts, its least chance), drafting
-    where the lookup finds nothing (docs/results/responses/replay.py); ``cost``, ``host``: another CPU's prices."""
+    where the lookup finds nothing (benchmarks/responses/replay.py); ``cost``, ``host``: another CPU's prices."""
     tokens, out = list(rec["prompt"]) + rec["out"][:1], rec["out"]
     lookup, spent, i = PromptLookup(2, 4), 1.0, 1
     while i < len(out):

@@ -1,7 +1,7 @@
 """What Gemma 3 270M's plain decoding keeps resident, step by step (VmRSS and VmHWM after each, MB = kB / 1000):
 the interpreter, torch, peagle's engine and transformers, the tokenizer, the weights, the engine, 128 tokens.
 
-    python docs/results/memory/floor.py [target]
+    python benchmarks/memory/floor.py [target]
 """
 from __future__ import annotations
 

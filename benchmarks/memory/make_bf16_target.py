@@ -1,7 +1,7 @@
 """A random Llama-architecture target of about 1.64 GB in bf16, as a HF folder (config.json, model.safetensors,
 SmolLM2's tokenizer, whose 49,152-token vocabulary it shares), for measuring what loading one costs (§29).
 
-    python docs/results/memory/make_bf16_target.py /tmp/rss/llama-820m-bf16
+    python benchmarks/memory/make_bf16_target.py /tmp/rss/llama-820m-bf16
 """
 from __future__ import annotations
 

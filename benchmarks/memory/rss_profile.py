@@ -2,7 +2,7 @@
 samples VmRSS every few milliseconds with the main thread's innermost peagle frame, then prints the
 largest RSS seen under each frame, in order (the peak's frame marked), and VmHWM.
 
-    python docs/results/memory/rss_profile.py generate --target gemma3 --method none ...
+    python benchmarks/memory/rss_profile.py generate --target gemma3 --method none ...
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 as decoding runs them; the LM head left out) at 1 and 8 rows, streamed from memory (every layer's own matrices)
 against the same shapes in cache (layer 0's matrices 30 times), two threads, alternating, medians of 60.
 
-    python docs/results/overlap/overlap.py
+    python benchmarks/overlap/overlap.py
 """
 import statistics
 import time

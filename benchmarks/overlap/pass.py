@@ -1,7 +1,7 @@
 """The target's pass alone (`LlamaModel.decode`, the engine's call) over N rows of one sequence at a 128-token
 context, as `measure_costs` times it: the median of ITERS passes.
 
-    python docs/results/overlap/pass.py N ITERS
+    python benchmarks/overlap/pass.py N ITERS
 """
 import statistics
 import sys

@@ -1,7 +1,7 @@
 """A held-out prompt's prefill logits through peagle's attention kernel (cut spans) against SDPA (cut off), the default
 model, `--compute exact` (float32 arithmetic) and `fast` (8-bit activations): max and mean |difference|, argmax agreement.
 
-    python docs/results/prefill_cut/paths_diff.py
+    python benchmarks/prefill_cut/paths_diff.py
 """
 import json, torch
 from pathlib import Path

@@ -1,7 +1,7 @@
 """Time to the first token with prompts cut into 64-row spans through peagle's attention kernel (`AttnMeta.cut`) against
 SDPA (cut turned off in-process), the shipped GGUF, no chat template; ROUNDS rounds alternating, medians.
 
-    python docs/results/prefill_cut/prefill_ab.py ROUNDS 96,256,1024,4000
+    python benchmarks/prefill_cut/prefill_ab.py ROUNDS 96,256,1024,4000
 """
 import statistics, sys, time
 from peagle.engine.llm_engine import LLMEngine

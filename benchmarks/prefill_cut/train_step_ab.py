@@ -2,7 +2,7 @@
 `new` (documents share prefills, prompts through the attention kernel), `no-cut` (shared prefills through SDPA) and
 `old` (a prefill per document through SDPA, as before 33ddda1). Seconds a step.
 
-    python docs/results/prefill_cut/train_step_ab.py
+    python benchmarks/prefill_cut/train_step_ab.py
 """
 import time, statistics, torch
 from peagle.train.trainer import Trainer, TrainConfig

@@ -12,7 +12,7 @@ kill -INT %1; wait
 
 probe() {  # probe NAME "VAR=value ..." [train arguments]
   local name=$1 vars=$2; shift 2
-  env PEAGLE_TORCH_THREADS=1 $vars .venv/bin/python docs/results/recipe-probes/variants.py \
+  env PEAGLE_TORCH_THREADS=1 $vars .venv/bin/python benchmarks/recipe-probes/variants.py \
     --data /tmp/snap --hidden runs/hidden-snap --out runs/exp/$name --method peagle --layers 1 -k 8 \
     --batch-size 4 --lr 1e-3 --min-lr 1e-4 --warmup-steps 25 --max-steps 250 --eval-every 125 \
     --eval-docs 64 --eval-fraction 0.05 --save-every 50 --log-every 25 --seed 1 --no-progress "$@" \
@@ -26,7 +26,7 @@ probe freeze-lm "FREEZE=lm_head.weight" & probe bs1 "" --batch-size 1 --max-step
 
 # Continuing the shipped head over all synthesized documents (online target states, two threads):
 # first with one document a step at lr 1e-3 (stopped at step 500), then four a step at lr 3e-4.
-.venv/bin/python docs/results/recipe-probes/eval_head.py peagle/heads/SmolLM2-135M-Instruct /tmp/evh  # before any step
+.venv/bin/python benchmarks/recipe-probes/eval_head.py peagle/heads/SmolLM2-135M-Instruct /tmp/evh  # before any step
 cont="--data data/synth/smollm2-135m-instruct --method peagle --layers 1 -k 8 --init-from peagle/heads/SmolLM2-135M-Instruct \
   --eval-docs 48 --seed 2 --no-progress"
 .venv/bin/peagle train $cont --out runs/p1e3-lr1e-3-bs1 --batch-size 1 --lr 1e-3 --min-lr 1e-4 --warmup-steps 100 \

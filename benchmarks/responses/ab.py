@@ -1,10 +1,10 @@
 """`generate`'s defaults with the response lookup table shipped beside the head (peagle/engine/lookup.py's
 ResponseLookup) against the same without it (`--response-lookup none`, the defaults before), `--method ngram` (the
 text's drafts and the table's, no head) and `none`, on the 12
-held-out prompts of docs/results/int8/heldout.py (or MT-Bench's first turns), same run, interleaved, each request
+held-out prompts of benchmarks/int8/heldout.py (or MT-Bench's first turns), same run, interleaved, each request
 in a fresh engine as a new `peagle generate` process would be.
 
-    python docs/results/responses/ab.py [ROUNDS] [heldout|mtbench N]
+    python benchmarks/responses/ab.py [ROUNDS] [heldout|mtbench N]
 """
 import json
 import sys
@@ -24,7 +24,7 @@ which = sys.argv[2] if len(sys.argv) > 2 else "heldout"
 if which == "heldout":
     items = [json.loads(line) for line in (here.parent / "int8" / "heldout.jsonl").read_text().splitlines()]
 else:
-    path = here.parents[3] / "shared" / "data" / "bench" / "mt_bench" / "question.jsonl"
+    path = here.parents[1] / "peagle" / "bench" / "data" / "mt_bench" / "question.jsonl"
     items = [{"kind": q["category"], "prompt": q["turns"][0]} for q in map(json.loads, open(path))]
     items = items[::max(1, len(items) // int(sys.argv[3]))][:int(sys.argv[3])] if len(sys.argv) > 3 else items
 base = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1)

@@ -9,7 +9,7 @@ with `auto` never drafting with the head: what its probes and drafts cost, §51)
 run by the checkout at $BASE (another commit's engine, e.g. a `git worktree`, its kernels' build linked in).
 $PROMPTS=mtbench20: 20 of MT-Bench's first turns (every fourth) instead of the held-out prompts.
 
-    python docs/results/responses/burst_ab.py [PASSES] [VARIANT ...]   # default: defaults no-table ngram
+    python benchmarks/responses/burst_ab.py [PASSES] [VARIANT ...]   # default: defaults no-table ngram
 """
 import json
 import os
@@ -29,7 +29,7 @@ def child(variant: str, passes: int) -> None:
     from peagle.models.loader import load_drafter_for, load_response_lookup, resolve_target
 
     if os.environ.get("PROMPTS") == "mtbench20":
-        questions = HERE.parents[3] / "shared" / "data" / "bench" / "mt_bench" / "question.jsonl"
+        questions = HERE.parents[1] / "peagle" / "bench" / "data" / "mt_bench" / "question.jsonl"
         items = [{"prompt": q["turns"][0]} for q in map(json.loads, open(questions))][::4][:20]
     else:
         items = [json.loads(line) for line in (HERE.parent / "int8" / "heldout.jsonl").read_text().splitlines()]

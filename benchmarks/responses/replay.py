@@ -1,4 +1,4 @@
-"""The response table's drafts replayed without timing noise (as docs/results/lookup/replay.py does for prompt
+"""The response table's drafts replayed without timing noise (as benchmarks/lookup/replay.py does for prompt
 lookup): the greedy outputs of plain decoding of the shipped GGUF on the 12 held-out prompts and MT-Bench's 80
 first turns (128 tokens), stepped through as a lone request under `auto` steps where the head's drafting is
 skipped (prompt lookup by the match; where it finds nothing, the table's proposal: that script's replay with
@@ -8,7 +8,7 @@ a step's host work where it verifies drafts. Prints: the table's size and the re
 (mean over prompts, worst prompt) by the table's settings, and how often the table's first draft was the target's
 token by the share the table gives it (its calibration).
 
-    python docs/results/responses/replay.py [OUTPUTS_DIR]   # outputs generated there once (default /tmp/peagle-replay)
+    python benchmarks/responses/replay.py [OUTPUTS_DIR]   # outputs generated there once (default /tmp/peagle-replay)
 """
 import json
 import sys
@@ -22,8 +22,8 @@ from peagle.train.synth import response_token_ids  # noqa: E402
 
 COST = {1: 1.0, 2: 1.085, 3: 1.17, 4: 1.25, 5: 1.34, 6: 1.42, 7: 1.5, 8: 1.6}
 HOST = 0.03
-ROOT = Path(__file__).resolve().parents[3]
-MTBENCH = ROOT.parent / "shared" / "data" / "bench" / "mt_bench" / "question.jsonl"
+ROOT = Path(__file__).resolve().parents[2]
+MTBENCH = ROOT / "peagle" / "bench" / "data" / "mt_bench" / "question.jsonl"
 
 
 def main():

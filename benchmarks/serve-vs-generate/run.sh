@@ -1,6 +1,6 @@
 # One chat request at a time through `peagle serve` against `peagle generate`, alternating, PAIRS pairs (default 3),
 # 256 tokens (min_tokens 256, greedy), appended to runs.txt: P-EAGLE (K auto) by default, `none`: the target alone.
-#   bash docs/results/serve-vs-generate/run.sh [PAIRS] [none]
+#   bash benchmarks/serve-vs-generate/run.sh [PAIRS] [none]
 set -e
 cd "$(git rev-parse --show-toplevel)"
 OUT=docs/results/serve-vs-generate

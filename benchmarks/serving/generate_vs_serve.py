@@ -3,7 +3,7 @@
 and not; streamed again from a second server with `--stream-interval 4`), alternating, 5 rounds (or ROUNDS); the
 servers idle (blocked on their pipes) while the engine runs here.
 
-    python docs/results/serving/generate_vs_serve.py none|parallel [ROUNDS]
+    python benchmarks/serving/generate_vs_serve.py none|parallel [ROUNDS]
 """
 import json
 import statistics

@@ -1,7 +1,7 @@
 """One request, 128 tokens, greedy, EOS ignored, `none`: `peagle serve` (not streamed, HTTP included)
 against the engine's `generate` in this process, interleaved, six rounds, medians.
 
-    python docs/results/serving/one_request.py
+    python benchmarks/serving/one_request.py
 """
 import json, subprocess, sys, time, http.client, statistics
 from peagle.engine.llm_engine import LLMEngine

@@ -2,7 +2,7 @@
 main thread, on a second thread with the model loaded on the main one (the old server), and with
 load and generate on one non-main thread; then each thread's CPU time over one generation.
 
-    python docs/results/serving/threads.py main|thread|onethread     (try OMP_WAIT_POLICY=ACTIVE etc.)
+    python benchmarks/serving/threads.py main|thread|onethread     (try OMP_WAIT_POLICY=ACTIVE etc.)
 """
 import os
 import sys

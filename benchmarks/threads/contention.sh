@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Plain decoding on both cores (two threads), the machine quiet and then with a busy loop on core 1 (another
 # job), under libgomp's wait policies: its default (spin ~300k rounds, then sleep), shorter spins, passive.
-#   bash docs/results/threads/contention.sh [ROUNDS]   # writes contention.txt here
+#   bash benchmarks/threads/contention.sh [ROUNDS]   # writes contention.txt here
 set -u
 ROUNDS=${1:-2}; HERE=$(dirname "$0"); OUT="$HERE/contention.txt"
 run() {  # $1: label, rest: env

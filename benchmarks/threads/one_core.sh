@@ -2,7 +2,7 @@
 # Plain decoding on one pinned core, peagle against llama-bench on the same file and core, alternating
 # (two rounds); before the fix peagle's pool took os.cpu_count() threads whatever the affinity (run the
 # session's start with PEAGLE_TORCH_THREADS=2 to see it). Writes <name>.txt here.
-#   bash docs/results/threads/one_core.sh CORE [ROUNDS]
+#   bash benchmarks/threads/one_core.sh CORE [ROUNDS]
 set -u
 CORE=${1:-0}; ROUNDS=${2:-2}
 HERE=$(dirname "$0"); BIN=$(ls -d ~/.cache/llama-native/*/vendor/llama.cpp/build/bin | head -1)

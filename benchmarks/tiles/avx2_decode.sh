@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A stand-in for an AVX2-only CPU (Zen 3) on an AVX-512 one: peagle held to its AVX2 kernels (PEAGLE_ISA=avx2)
-# against llama.cpp built without AVX-512 (the same vendored source as ../shared/tools/llama-native.sh, in
+# against llama.cpp built without AVX-512 (the same vendored source as benchmarks/llama-native.sh, in
 # build-avx2: -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
 # -DGGML_AVX_VNNI=OFF; `objdump -d libggml-cpu.so | grep -c zmm` gives 0). Plain decoding of the shipped
 # Q4_1 file, 128 tokens, alternating, one pinned core and both cores. Writes avx2_decode.txt here.
-#   bash docs/results/tiles/avx2_decode.sh [ROUNDS]
+#   bash benchmarks/tiles/avx2_decode.sh [ROUNDS]
 set -u
 ROUNDS=${1:-2}; HERE=$(dirname "$0"); OUT="$HERE/avx2_decode.txt"
 SRC=$(ls -d ~/.cache/llama-native/*/vendor/llama.cpp | head -1)

@@ -2,7 +2,7 @@
 on one instruction set, one thread: the fastest of 25 passes over all of them (ms). The weights stream from
 memory as in decoding (the default model's 67 MB of layers do not fit the caches).
 
-    taskset -c 0 python docs/results/tiles/layer_matmuls.py [ISA] [MODEL]   # ISA: avx512vnni (default), avxvnni, avx2
+    taskset -c 0 python benchmarks/tiles/layer_matmuls.py [ISA] [MODEL]   # ISA: avx512vnni (default), avxvnni, avx2
 """
 import sys
 import time

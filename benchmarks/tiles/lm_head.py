@@ -1,7 +1,7 @@
 """The default model's LM head (49,152 x 576 Q8_0, 28 MB: a one-stream tile) for 1, 2 and 8 rows on one instruction set:
 the fastest of 30 (ms). THREADS=n for n threads.
 
-    taskset -c 0 python docs/results/tiles/lm_head.py ISA
+    taskset -c 0 python benchmarks/tiles/lm_head.py ISA
 """
 import sys, time, torch
 from peagle import kernels

@@ -9,7 +9,7 @@
 
 Every cell runs the same requests on a fresh engine and is checked against ``none`` token for token.
 
-    python docs/results/trees/campaign.py [--quantization none] [--num-prompts 10] [--out DIR]
+    python benchmarks/trees/campaign.py [--quantization none] [--num-prompts 10] [--out DIR]
 """
 from __future__ import annotations
 

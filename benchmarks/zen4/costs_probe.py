@@ -2,7 +2,7 @@
 pass after a target pass, medians of 5) against the way before (each size alone, its passes back to back, median
 of 3 after a warm-up), each three times in one process, ms; and what a step's drafter pass costs in decoding.
 
-    python docs/results/zen4/costs_probe.py
+    python benchmarks/zen4/costs_probe.py
 """
 import statistics
 import time

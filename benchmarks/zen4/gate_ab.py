@@ -2,7 +2,7 @@
 against the same engine verifying them always (the gate patched open, as before), on the 12 held-out prompts
 (`int8/heldout_ab.py`'s harness: fresh engines, interleaved, tokens checked equal), each against `none`.
 
-    python docs/results/zen4/gate_ab.py ROUNDS
+    python benchmarks/zen4/gate_ab.py ROUNDS
 """
 import sys
 from pathlib import Path

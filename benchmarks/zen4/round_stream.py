@@ -2,7 +2,7 @@
 for streamed weights (kernels.streaming: one-row and taller byte limits, LIMITS as 16777216:16777216,0:0), one
 process, the settings alternating every 5 steps (cpu-roofline/round.py's engines; medians, ms).
 
-    python docs/results/zen4/round_stream.py 16777216:16777216,0:0 16
+    python benchmarks/zen4/round_stream.py 16777216:16777216,0:0 16
 """
 import os, statistics, sys, time, torch
 from peagle.engine.llm_engine import LLMEngine

@@ -3,7 +3,7 @@ packed group wide), one engine, the two settings alternating per prompt: `none` 
 128 tokens after each of the first PROMPTS MT-Bench questions (EOS ignored), ROUNDS rounds; tok/s medians, with
 `llama-bench` tg128 on the file of the same precision once a round (the same run).
 
-    python docs/results/zen4/stream_ab.py [ROUNDS] [PROMPTS] [gguf|bf16]
+    python benchmarks/zen4/stream_ab.py [ROUNDS] [PROMPTS] [gguf|bf16]
 """
 import statistics
 import sys

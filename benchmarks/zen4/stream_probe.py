@@ -2,7 +2,7 @@
 weights packed for vdpbf16ps) at 1, 4 and 8 rows under the default tiles and one packed group wide (kernels.streaming),
 alternating, two threads (the engine's); ms per pass over all 120, median / fastest of ROUNDS, bits checked equal.
 
-    python docs/results/zen4/stream_probe.py [ROUNDS] [gguf|bf16]
+    python benchmarks/zen4/stream_probe.py [ROUNDS] [gguf|bf16]
 """
 import statistics
 import sys

@@ -2,7 +2,7 @@ import json, time, statistics
 from pathlib import Path
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
-items = [json.loads(l) for l in Path("docs/results/int8/heldout.jsonl").read_text().splitlines()]
+items = [json.loads(l) for l in Path("benchmarks/int8/heldout.jsonl").read_text().splitlines()]
 base = LLMEngine.from_pretrained(None, method="parallel", k="auto", max_num_seqs=1)
 for idx in (0, 4, 10):
     ids = base.encode_prompt(items[idx]["prompt"])

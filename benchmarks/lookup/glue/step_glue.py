@@ -1,6 +1,6 @@
 """Where a plain decoding step's time goes outside the native layers: inclusive microseconds a step of the engine's
 methods and the model's, each wrapped in a timer, over 400 tokens of `none` on the shipped GGUF (after 50 to warm
-up). `python docs/results/lookup/glue/step_glue.py` (BENCHMARKS.md §41)."""
+up). `python benchmarks/lookup/glue/step_glue.py` (BENCHMARKS.md §41)."""
 import sys, time, collections
 import peagle.models.llama as LL
 import peagle.models.attention as AT

@@ -4,8 +4,8 @@ the K `auto` chose, the step verifies all of it) against the scheduler of 757373
 head's K), `generate`'s defaults, on the 12 held-out prompts (`int8/heldout_ab.py`'s harness, against `none`), and
 with `mtbench` as the first argument on 32 MT-Bench first turns at one request (`peagle bench offline`).
 
-    python docs/results/lookup/extend_ab.py ROUNDS
-    python docs/results/lookup/extend_ab.py mtbench before|shipped
+    python benchmarks/lookup/not-kept/extend_ab.py ROUNDS
+    python benchmarks/lookup/not-kept/extend_ab.py mtbench before|shipped
 """
 import subprocess
 import sys
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import peagle.engine.scheduler as scheduler
 
-root = Path(__file__).resolve().parents[4]
+root = Path(__file__).resolve().parents[3]
 old = sys.modules["scheduler_7573737"] = types.ModuleType("scheduler_7573737")   # (dataclasses look it up)
 exec(compile(subprocess.run(["git", "-C", str(root), "show", "7573737:peagle/engine/scheduler.py"], check=True,
                             capture_output=True, text=True).stdout, "scheduler_7573737", "exec"), old.__dict__)

@@ -1,7 +1,7 @@
 """peagle's CPU attention kernel alone (the cache warm): 30 layers' worth of one layer's call (9 query heads,
 3 KV heads, head_dim 64: the default model) at a context of CTX positions, for 1-16 rows of one sequence.
 
-    taskset -c 0 env OMP_NUM_THREADS=1 python docs/results/zen5-2/profile/attention.py [CTX]
+    taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/zen5-2/profile/attention.py [CTX]
 """
 import statistics
 import sys

@@ -1,7 +1,7 @@
 """The first step (a 96-token prefill, held-out prompt 5) of a fresh engine right after it is built, `none`
 against P-EAGLE with K `auto` (whose build times its passes on the KV pools), alternating; the weights loaded once.
 
-    python docs/results/zen5-2/profile/first_step.py
+    python benchmarks/zen5-2/profile/first_step.py
 """
 import json
 import time

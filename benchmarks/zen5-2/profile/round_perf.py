@@ -2,7 +2,7 @@
 P-EAGLE at a fixed K, 20 steps of warm-up, then `perf record` (run on core 1) over N steps of this process (pinned
 to core 0: one thread). Prints ms a step and writes /tmp/perfK.data (`perf report -i ... --sort dso,symbol`).
 
-    taskset -c 0 python docs/results/zen5-2/profile/round_perf.py K N
+    taskset -c 0 python benchmarks/zen5-2/profile/round_perf.py K N
 """
 import os
 import signal
