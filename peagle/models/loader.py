@@ -325,7 +325,9 @@ def head_format(target: LlamaModel, head) -> str:
 def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,
                      method: str = "parallel", pack: bool = True):
     """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
-    1-layer head (cached, so every run uses the same one). Beside a target on the integer path its linear
+    1-layer head (cached, so every run uses the same one), announced in one line on stderr: its drafts are
+    seldom accepted, so ``auto`` K soon stops drafting and the output is the target's all the same, but a user
+    should know the speed is not P-EAGLE's (docs/models.md: a head, ``--method ngram``, or training one). Beside a target on the integer path its linear
     weights are quantized (:func:`head_format`) and packed too (lossless all the same);
     beside one on the bf16 dot-product path its bf16 weights are packed for it. ``pack=False`` keeps the
     head's weights as stored (``peagle export`` writes them back)."""
@@ -338,6 +340,8 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
             if tokenizer is None:
                 raise ValueError("no drafter given and no tokenizer to choose a mask token for a random head")
             save_drafter(init_drafter(target, 1, choose_mask_token(tokenizer)), path)
+        print(f"peagle: no head ships for {target_path.name}: drafting with a random 1-layer head (output unchanged, "
+              "little speed-up); pass --drafter, use --method ngram, or train one (docs/training.md)", file=sys.stderr)
     elif not path.exists():
         raise ModelNotFoundError(f"no drafter at {path}")
     head = load_drafter(path, target.dtype, base_embedding=target.model.embed_tokens.weight.detach(),
