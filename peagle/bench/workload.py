@@ -1,6 +1,7 @@
 """What a benchmark sends: prompts from a dataset file (:mod:`peagle.prompts`), chosen as
 ``vllm bench serve`` chooses them (a seeded shuffle, then the first N), wrapped in the chat template
-client-side (as vLLM does for its file datasets; without it acceptance collapses, PEAGLE.md §5), and
+client-side (as vLLM does for its file datasets; without it acceptance collapses: docs/design.md, "The choices
+peagle makes"), and
 an output length per request.
 
 With ``--multi-turn``, every user turn of a conversation is sent, each after the model's answer to

@@ -221,7 +221,7 @@ def generic_tokenizer(path: Path) -> bool:
     """Whether ``AutoTokenizer`` would give ``path`` transformers' generic ``TokenizersBackend`` (a
     ``tokenizer.json`` whose config names that class, no code of its own, a model type that keeps the class
     its files name), so it can be built directly: AutoTokenizer first reads the model's config through
-    ``AutoConfig``, which imports the model's modeling stack (~1 s of every start-up here, BENCHMARKS.md §48)."""
+    ``AutoConfig``, which imports the model's modeling stack (~1 s of every start-up here)."""
     from transformers.models.auto import tokenization_auto as auto
 
     try:
@@ -313,8 +313,7 @@ def head_format(target: LlamaModel, head) -> str:
     """The GGUF format of a head's matrices beside a target on the integer path: Q4_1 where in Q8_0 they would be
     over 5% of the bytes a target step reads (drafting a visible share of a round: the default model's head, 10.8%;
     Q4_1 0.2 ms less a round on a Zen 4, acceptance over 40 MT-Bench prompts 1.463 against 1.470), else Q8_0
-    (Gemma 3 270M's, 4.2% beside its 170 MB LM head: acceptance 1.235 in Q4_1 against 1.272, no time saved;
-    BENCHMARKS.md §46)."""
+    (Gemma 3 270M's, 4.2% beside its 170 MB LM head: acceptance 1.235 in Q4_1 against 1.272, no time saved)."""
     size = lambda w: operand(w).numel() * operand(w).element_size()  # noqa: E731  (a GGUF matrix: its blocks)
     weights = {id(m.weight): m.weight for m in target.modules() if isinstance(m, Linear)}
     weights.setdefault(id(target.head_weight()), target.head_weight())
