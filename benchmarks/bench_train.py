@@ -3,7 +3,7 @@
 Steps of the two dtypes alternate (A B A B ...) on the same documents, so a shared machine's
 changing load hits both alike; prints the median tokens/s of each and their ratio. Usage:
 
-    PEAGLE_TORCH_THREADS=2 python docs/bench_train.py DATA HIDDEN [--layers 1 2 4] [--steps 8]
+    PEAGLE_TORCH_THREADS=2 python benchmarks/bench_train.py DATA HIDDEN [--layers 1 2 4] [--steps 8]
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ outlines-core on the default model's tokenizer. Compile time per kind of constra
 accept and rollback (1-7 tokens, as speculative verification walks drafts and steps back), and applying a
 mask to [8, vocab] float32 logits. Single-threaded; run pinned to one core:
 
-    taskset -c 0 env OMP_NUM_THREADS=1 python -m peagle.bench.grammar_costs --out docs/results/grammar
+    taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/grammar_costs.py --out /tmp/grammar
 
 The libraries are imported here only; the engine uses the chosen one (``peagle.engine.grammar``).
 """

@@ -5,7 +5,7 @@ best (other jobs only ever slow a run down), and the median of each pair's ratio
 on a shared machine, other jobs slow both alike).
 
 Decode rate: the completion's tokens but the first (the prompt's pass) over the time from the first event with
-text to the last one. ``python -m peagle.bench.origins_cost --port 8000 --runs 6``."""
+text to the last one. ``python benchmarks/origins_cost.py --port 8000 --runs 6``."""
 from __future__ import annotations
 
 import argparse
