@@ -589,7 +589,8 @@ def test_bench_attack_tiny(tiny_chat_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "attack.json"
     rc = main(["bench", "attack", "--port", str(free_port()), "--max-tokens", "60", "--victims", "1", "--loris", "2",
                "--repeats", "1", "--wait-idle", "0", "--json", str(out), "--server-args",
-               f"--target {tiny_chat_dir} --max-model-len 128 --request-read-timeout 1"])
+               f"--target {tiny_chat_dir} --max-model-len 128 --request-read-timeout 1 "
+               "--speculative-config '{\"method\": \"none\"}'"])   # one event a token, as counted below
     printed = capsys.readouterr()
     assert rc == 0, printed.err
     res = json.loads(out.read_text())
