@@ -95,8 +95,8 @@ def clone(tmp_path_factory):
         pytest.skip("needs git and a git checkout")
     home = tmp_path_factory.mktemp("clean")
     dest = home / "peagle"
-    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(dest)], check=True)
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(ROOT), str(dest)], check=True)
     subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", head.stdout.strip()], check=True)
     assert [p.name for p in home.iterdir()] == ["peagle"]  # nothing beside the clone
     build = ROOT / "peagle" / "kernels" / "build"
