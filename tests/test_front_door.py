@@ -120,10 +120,12 @@ def test_quick_start_runs_in_a_clean_clone(clone, tmp_path):
     run, speculation gives plain decoding's text, and nothing outside the clone is read."""
     runs = readme_commands(README[README.index("## Quick start"):README.index("## Your own model")])
     assert [c[0] for c in runs] == ["generate"] * 3, runs
-    cache = tmp_path / "cache"
-    allowed = [str(clone), sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"], str(cache), "/proc",
-               "/sys", "/dev", "/etc", "/usr/share/zoneinfo", str(Path.home() / ".cache" / "huggingface")]
-    env = {**os.environ, "PEAGLE_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    cache, scratch = tmp_path / "cache", tmp_path / "scratch"   # the caches, and the temporary files libraries make
+    scratch.mkdir()
+    allowed = [str(clone), sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"], str(cache), str(scratch),
+               "/proc", "/sys", "/dev", "/etc", "/usr/share/zoneinfo", str(Path.home() / ".cache" / "huggingface")]
+    env = {**os.environ, "PEAGLE_CACHE": str(cache), "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1",
+           "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONPATH", None)
     texts = []
     for argv in runs:
