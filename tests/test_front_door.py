@@ -105,6 +105,7 @@ def clone(tmp_path_factory):
     return dest
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_targets_install_what_they_say(clone):
     demo = subprocess.run(["make", "-n", "-C", str(clone), "demo", "PYTHON=python3"], capture_output=True, text=True)
     test = subprocess.run(["make", "-n", "-C", str(clone), "test", "PYTHON=python3"], capture_output=True, text=True)
