@@ -60,4 +60,4 @@ for name, (precision, _, _) in systems.items():
     lines.append(f"| {name} | {precision} | {med[name]:.1f} | {med[name] / exact:.2f}x |")
 out = "\n".join(lines) + "\n"
 print(out)
-Path(__file__).with_name("decode.md").write_text(out)
+(Path(__file__).resolve().parents[2] / "docs" / "results" / "bf16" / "decode.md").write_text(out)

@@ -78,7 +78,7 @@ for r in range(rounds):
 for name, run in batches.items():
     rates[name] += run()
 med = {name: statistics.median(xs) for name, xs in rates.items()}
-Path(__file__).with_name("decode.json").write_text(json.dumps({"rounds": rounds, "prompts": len(prompts),
+(Path(__file__).resolve().parents[2] / "docs" / "results" / "int8" / "decode.json").write_text(json.dumps({"rounds": rounds, "prompts": len(prompts),
                                                                 "rates": rates, "medians": med}, indent=1) + "\n")
 refs = [f"llama-bench {kind} tg128{at}" for kind in ("Q4_1", "BF16") for at in ("", f" @ d{D}")]
 hf_bf = med["HF transformers `generate`, bfloat16"]

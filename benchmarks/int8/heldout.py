@@ -59,5 +59,5 @@ for m in drafters:
     overall = (tot[m][0] / tot[m][1]) / (tot["none"][0] / tot["none"][1])
     summary[m] = {"overall": overall, "ratios": ratios}
     print(f"\noverall {overall:.2f}x, worst prompt {min(ratios):.2f}x, best {max(ratios):.2f}x")
-(here / f"heldout-{compute}.json").write_text(json.dumps({"rounds": rounds, "compute": compute, "precision": base.precision,
+(here.resolve().parents[1] / "docs" / "results" / "int8" / f"heldout-{compute}.json").write_text(json.dumps({"rounds": rounds, "compute": compute, "precision": base.precision,
                                                           "runs": res, **summary}) + "\n")
