@@ -25,7 +25,8 @@ $(VENV)/.installed: pyproject.toml
 
 # what the tests add (pytest, Triton's CPU interpreter, schemathesis, the OpenAI SDK, ...)
 $(VENV)/.dev: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[gguf,dev]'
+	$(PY) -m pip install -q -e '.[gguf,dev,speculators]'
+	$(PY) -m pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0  # test-only; pyproject says why
 	touch $@
 
 # peagle's native CPU kernels, compiled here for this machine's torch (a failed build leaves torch's path)

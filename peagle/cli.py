@@ -32,7 +32,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
                             structured=_structured(args))
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
-                                       device=args.device, quantization=args.quantization, compute=args.compute, max_num_seqs=1,
+                                       device=args.device, quantization=args.quantization, compute=args.compute,
+                                       load_format=args.load_format, max_num_seqs=1,
                                        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                                        kv_cache_dtype=args.kv_cache_dtype,
                                        speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
@@ -97,7 +98,8 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
 
     if args.layers < 1:
         raise ValueError("--layers must be >= 1")
-    target, path = load_target(args.target, quantization=args.quantization, compute=args.compute)
+    target, path = load_target(args.target, quantization=args.quantization, compute=args.compute,
+                               load_format=args.load_format)
     mask_id = args.mask_token_id if args.mask_token_id is not None else choose_mask_token(load_tokenizer(path))
     vocab = target.cfg.vocab_size
     if args.draft_vocab is not None and not 1 <= args.draft_vocab <= vocab:
@@ -141,7 +143,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # the engine is built and run in a process of its own (peagle/serve/engine_core.py says why)
     async_engine = AsyncEngine(EngineSpec(dict(target=args.target, drafter=spec["drafter"], method=spec["method"],
                                                k=spec["k"], dtype=args.dtype, device=args.device,
-                                               quantization=args.quantization, compute=args.compute, **engine_args),
+                                               quantization=args.quantization, compute=args.compute,
+                                               load_format=args.load_format, **engine_args),
                                           stream_interval=args.stream_interval),
                                max_queue=args.max_queue)
     info = async_engine.info
@@ -169,13 +172,16 @@ def _at_least_one(text: str) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
+    if args.server:
+        return _synth_server(args)
     from peagle.engine.llm_engine import LLMEngine
     from peagle.train.synth import synthesize
 
     # KV for a full batch of typical documents (prompt + response); rarer long ones are preempted
     kv_tokens = args.batch_size * min(args.max_model_len, 1024)
     engine = LLMEngine.from_pretrained(args.target, method="none", dtype=args.dtype, device=args.device,
-                                       quantization=args.quantization, compute=args.compute, max_num_seqs=args.batch_size,
+                                       quantization=args.quantization, compute=args.compute,
+                                       load_format=args.load_format, max_num_seqs=args.batch_size,
                                        max_model_len=args.max_model_len,
                                        kv_cache_tokens=kv_tokens, enforce_eager=args.enforce_eager,
                                        kv_cache_dtype=args.kv_cache_dtype)
@@ -185,6 +191,22 @@ def cmd_synth(args: argparse.Namespace) -> int:
     print(f"wrote {run.responses} responses ({run.response_tokens} tokens, {run.tokens_per_s:.1f} tokens/s on "
           f"{engine.device} in {engine.precision}) to {args.out}", file=sys.stderr)
     return 0
+
+
+def _synth_server(args: argparse.Namespace) -> int:
+    """``peagle synth --server``: the responses through a server; the target's tokenizer alone is loaded here."""
+    from peagle.models.loader import load_tokenizer, resolve_target
+    from peagle.train.synth_server import ServerConfig, synthesize_server
+
+    server = ServerConfig(args.server, args.model, args.api_key, args.concurrency, args.retries,
+                          timeout=args.request_timeout)
+    tokenizer = load_tokenizer(resolve_target(args.target, weights=False))
+    run = synthesize_server(server, tokenizer, args.prompts, args.out, args.num_prompts, args.max_new_tokens,
+                            args.temperature, args.seed, args.shard_size, turns=args.turns, samples=args.samples,
+                            sample_temperature=args.sample_temperature, chat=args.chat)
+    print(f"wrote {run.responses} responses ({run.response_tokens} tokens, {run.tokens_per_s:.1f} tokens/s through "
+          f"{server.url}) to {args.out}" + (f"; {run.failed} failed" if run.failed else ""), file=sys.stderr)
+    return 1 if run.failed else 0
 
 
 def cmd_index_responses(args: argparse.Namespace) -> int:
@@ -212,7 +234,8 @@ def cmd_hidden(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype, device)
     if device.type == "cpu":
         configure_cpu()
-    target, _ = load_target(args.target, dtype, device=device, quantization=args.quantization, compute=args.compute)
+    target, _ = load_target(args.target, dtype, device=device, quantization=args.quantization, compute=args.compute,
+                            load_format=args.load_format)
     records = load_records(args.data, args.max_len)
     n = write_hidden(target, records, args.out, args.shard_docs)
     print(f"wrote {n} hidden-state shards (bfloat16; target run in {target.precision} on {device}) for "
@@ -236,24 +259,56 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     import torch
 
-    from peagle.models.drafter import save_drafter
+    from peagle.models.drafter import save_drafter, save_speculators
     from peagle.models.loader import load_drafter_for, load_target
 
     # float32: no round trip through a lower precision
-    target, path = load_target(args.target, "float32", quantization=args.quantization, compute=args.compute)
+    target, path = load_target(args.target, "float32", quantization=args.quantization, compute=args.compute,
+                               load_format=args.load_format)
     head = load_drafter_for(target, path, args.drafter, pack=False)  # as trained: not quantized beside a GGUF target
     head.cfg.check_target(target.cfg, target.aux_layers)
-    base = target.model.embed_tokens.weight if args.compact else None
-    save_drafter(head, args.out, getattr(torch, args.dtype), base_embedding=base)
-    form = "compact (embedding rows shared with the target left out)" if args.compact else "complete vLLM layout"
+    dtype = getattr(torch, args.dtype)
+    if args.format == "speculators":
+        if args.compact:
+            raise ValueError("--compact is a peagle layout; the speculators format holds the whole embedding")
+        k = args.k or head.cfg.trained_k
+        if k is None:
+            raise ValueError(f"{args.drafter} does not record the K it was trained for: give -k")
+        cfg_file = path / "config.json"
+        archs = (json.loads(cfg_file.read_text()).get("architectures") or []) if cfg_file.is_file() else []
+        save_speculators(head, args.out, args.kind, k, args.verifier or str(args.target or path), archs, dtype)
+        form = f"speculators format ({args.kind}, K={k})"
+    else:
+        save_drafter(head, args.out, dtype, base_embedding=target.model.embed_tokens.weight if args.compact else None)
+        form = "compact (embedding rows shared with the target left out)" if args.compact else "complete vLLM layout"
     print(f"wrote {args.drafter} to {args.out}: {form}, {args.dtype}", file=sys.stderr)
+    return 0
+
+
+def cmd_dummy_gguf(args: argparse.Namespace) -> int:
+    from peagle.models.dummy import PRESETS, write_gguf
+    from peagle.models.loader import default_gguf
+
+    cfg = PRESETS.get(args.config) or json.loads(Path(args.config).read_text())
+    out = write_gguf(cfg, Path(args.out), Path(args.tokenizer) if args.tokenizer else default_gguf(), args.type, args.seed)
+    print(f"wrote {out} ({out.stat().st_size / 1e9:.2f} GB); quantize it with llama.cpp's llama-quantize "
+          f"(benchmarks/real_sizes)", file=sys.stderr)
     return 0
 
 
 def _add_export_args(e: argparse.ArgumentParser) -> None:
     _add_target_args(e)
-    e.add_argument("--drafter", required=True)
+    e.add_argument("--drafter", required=True, help="the head (vLLM layout, compact or speculators format)")
     e.add_argument("--out", required=True)
+    e.add_argument("--format", choices=["vllm", "speculators"], default="vllm",
+                   help="vllm: vLLM's native EAGLE-3 layout (AWS's P-EAGLE heads); speculators: "
+                        "vllm-project/speculators' (docs/speculators.md)")
+    e.add_argument("--kind", choices=["peagle", "eagle3"], default="peagle",
+                   help="with --format speculators: the head's speculators_model_type (how it was trained)")
+    e.add_argument("-k", "--num-speculative-tokens", dest="k", type=_at_least_one, default=None,
+                   help="with --format speculators: the K recorded for vLLM (default: the K the head was trained for)")
+    e.add_argument("--verifier", default=None,
+                   help="with --format speculators: the target's name recorded (a hub id; default: --target)")
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     e.add_argument("--compact", action="store_true",
                    help="leave out embedding rows equal to the target's (peagle loads it; vLLM needs the full form)")
@@ -287,7 +342,8 @@ TRAIN_HELP = {
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     import dataclasses
 
-    from peagle.runtime import COMPUTE_CHOICES, DTYPE_CHOICES, QUANTIZATION_CHOICES
+    from peagle.models.quant import FORMATS
+    from peagle.runtime import COMPUTE_CHOICES, DTYPE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES
     from peagle.train.objective import LABELS
     from peagle.train.trainer import TrainConfig
 
@@ -302,9 +358,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         else:
             kind = {"int | None": int, "str | None": str, "float": float, "int": int, "str": str}[str(f.type)]
             p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_,
-                           choices={"dtype": DTYPE_CHOICES, "labels": LABELS, "quantization": QUANTIZATION_CHOICES,
-                                    "compute": COMPUTE_CHOICES}
-                           .get(f.name))
+                           choices={"dtype": DTYPE_CHOICES, "labels": LABELS, "load_format": LOAD_FORMATS,
+                                    "quantization": QUANTIZATION_CHOICES + tuple(FORMATS),
+                                    "compute": COMPUTE_CHOICES}.get(f.name))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -415,7 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     y = sub.add_parser("synth", help="the target writes responses to prompt files (training data); resumable")
     _add_target_args(y)
-    y.add_argument("--prompts", nargs="+", required=True, help="JSONL files with 'turns', 'question' or 'prompt'")
+    y.add_argument("--prompts", nargs="+", required=True,
+                   help="JSONL files with 'turns', 'question' or 'prompt'; a name that is no file is a Hugging Face "
+                        "dataset (NAME or NAME:SPLIT, read through `datasets`; needs the network the first time)")
     y.add_argument("--out", required=True)
     y.add_argument("--num-prompts", type=int, default=None, help="the first N of the seeded shuffle (default: all)")
     y.add_argument("--max-new-tokens", type=int, default=512)
@@ -433,6 +491,17 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap prompts in the model's chat template (default: on); --no-chat gives plain text, "
                         "as a base model (Gemma 3 270M) is prompted")
+    y.add_argument("--server", default=None, metavar="URL",
+                   help="an OpenAI-compatible server that serves the target (vLLM, SGLang, llama-server, peagle "
+                        "serve) writes the responses instead of the in-process engine; --target names the target "
+                        "whose tokenizer gives the token ids")
+    y.add_argument("--model", default=None, help="with --server: the served model's name (default: the first listed)")
+    y.add_argument("--api-key", default=None, help="with --server: its Bearer key")
+    y.add_argument("--concurrency", type=_at_least_one, default=32, help="with --server: requests in flight")
+    y.add_argument("--retries", type=int, default=4,
+                   help="with --server: retries of a request that failed for a passing reason (connection, "
+                        "timeout, 408, 429, 5xx), after 1, 2, 4... s; then it is listed in failed.jsonl")
+    y.add_argument("--request-timeout", type=float, default=600.0, help="with --server: seconds for one request")
     y.set_defaults(func=cmd_synth)
 
     r = sub.add_parser("index-responses", help="the table of what followed each context in the target's own "
@@ -473,7 +542,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_args(t)
     t.set_defaults(func=cmd_train)
 
-    _add_export_args(sub.add_parser("export", help="write a head in the complete vLLM layout (or the compact one)"))
+    from peagle.models.dummy import GGUF_TYPES, PRESETS
+
+    w = sub.add_parser("dummy-gguf", help="a preset's dimensions as a GGUF file of random weights (for llama.cpp "
+                                          "and peagle alike: the same file in both)")
+    w.add_argument("config", help="a Llama preset (" + ", ".join(n for n, c in PRESETS.items() if c["model_type"] == "llama")
+                   + ") or a config.json")
+    w.add_argument("--out", required=True)
+    w.add_argument("--type", choices=list(GGUF_TYPES), default="f16", help="llama-quantize makes the other formats")
+    w.add_argument("--tokenizer", default=None, help="a .gguf file whose tokenizer to embed (default: the default "
+                                                      "model's, 49,152 tokens)")
+    w.add_argument("--seed", type=int, default=0)
+    w.set_defaults(func=cmd_dummy_gguf)
+    _add_export_args(sub.add_parser("export", help="write a head in the complete vLLM layout (or the compact one), "
+                                                   "or in the speculators format"))
 
     b = sub.add_parser("bench", help="benchmarks: serve (HTTP load, as vllm bench serve), offline, sweep, serving, "
                                      "baseline, attack")

@@ -6,7 +6,9 @@ of such objects works too):
 * ``mt-bench``, ``spec_bench``: ``turns`` (user turns; MT-Bench has two), optional ``category``;
 * ``humaneval``, ``custom``: ``prompt``;
 * ``sharegpt``: ``turns``, or vLLM's ShareGPT ``conversations`` (``from``/``value``; human turns kept);
-* ``auto`` (training prompt files): the first of ``turns``, ``question``, ``prompt``.
+* ``auto`` (training prompt files): the first of ``turns``, ``question``, ``prompt``;
+* a Hugging Face dataset (training prompts named by a dataset id): those, ShareGPT's ``conversations`` or
+  chat datasets' ``messages`` (``role``/``content``; user turns kept).
 
 Every record becomes a :class:`Prompt` holding all its user turns; single-turn users take the first.
 """
@@ -86,6 +88,8 @@ def _user_turns(rec: dict, key: str) -> list[str]:
     value = rec[key]
     if key == "conversations":
         return [c.get("value") for c in value if isinstance(c, dict) and c.get("from") in ("human", "user")]
+    if key == "messages":
+        return [c.get("content") for c in value if isinstance(c, dict) and c.get("role") == "user"]
     return list(value) if isinstance(value, list) else [value]
 
 
@@ -96,14 +100,18 @@ def read_prompt_file(path: str | os.PathLike, fmt: str = "auto", category: str |
     fields = FORMATS.get(fmt)
     if fields is None:
         raise ValueError(f"unknown dataset {fmt!r}; choose one of {', '.join(DATASETS)}")
-    source = Path(path.name.removesuffix(".gz")).stem
+    return _prompts(_records(path), fields, Path(path.name.removesuffix(".gz")).stem, str(path), category)
+
+
+def _prompts(rows, fields: tuple[str, ...], source: str, where: str, category: str | None = None) -> list[Prompt]:
+    """:class:`Prompt` s of (row number, record) pairs, each from the first of ``fields`` it has."""
     out = []
-    for n, rec in _records(path):
+    for n, rec in rows:
         key = next((f for f in fields if f in rec), None) if isinstance(rec, dict) else None
         if key is None:
             names = [f"'{f}'" for f in fields]
             wanted = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-            raise ValueError(f"{path}:{n + 1}: no {wanted} field")
+            raise ValueError(f"{where}:{n + 1}: no {wanted} field")
         if category is not None and rec.get("category") != category:
             continue
         turns = []
@@ -112,14 +120,40 @@ def read_prompt_file(path: str | os.PathLike, fmt: str = "auto", category: str |
                 break
             turns.append(t)
         if turns:
-            rid = rec.get("id", rec.get("question_id", rec.get("task_id", n)))
+            rid = rec.get("id", rec.get("question_id", rec.get("task_id", rec.get("prompt_id", n))))
             out.append(Prompt(f"{source}:{rid}", source, turns, rec.get("category")))
     return out
 
 
+FILE_SUFFIXES = (".jsonl", ".json", ".gz")  # a missing file by these names is a typo, not a dataset id
+
+# a Hugging Face dataset's prompt fields: the training files' own, ShareGPT's and the chat datasets' messages
+HF_FIELDS = ("turns", "question", "prompt", "conversations", "messages")
+
+
+def read_hf_prompts(name: str) -> list[Prompt]:
+    """The prompts of a Hugging Face dataset, ``name`` or ``name:split`` (default ``train``), through
+    ``datasets`` (downloaded once into its cache). Offline, or for a name the hub does not have, a clear error
+    that says to give a JSONL file instead."""
+    repo, _, split = name.partition(":")
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"{name} is no prompt file, and reading Hugging Face datasets needs the `datasets` "
+                         "package (pip install datasets)") from None
+    try:
+        rows = datasets.load_dataset(repo, split=split or "train")
+    except Exception as e:  # noqa: BLE001  (offline, no such dataset or split: datasets raises many kinds)
+        raise ValueError(f"{name} is no prompt file here, and loading it as a Hugging Face dataset failed "
+                         f"({type(e).__name__}: {e}). Offline, give a JSONL file of prompts instead") from None
+    return _prompts(enumerate(rows), HF_FIELDS, repo.replace("/", "__") + (f"__{split}" if split else ""), name)
+
+
 def read_prompts(files: list[str]) -> list[Prompt]:
-    """Training prompt files (format ``auto``), concatenated."""
-    return [p for f in files for p in read_prompt_file(f)]
+    """Training prompts (format ``auto``), concatenated: from files, or, for a name that is no file, from the
+    Hugging Face dataset of that name or in that folder (:func:`read_hf_prompts`)."""
+    return [p for f in files for p in (read_prompt_file(f) if Path(f).is_file() or Path(f).suffix in FILE_SUFFIXES
+                                       else read_hf_prompts(f))]
 
 
 def render(tokenizer, msgs: list[dict], chat: bool) -> str:

@@ -27,6 +27,7 @@ from peagle import kernels
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *DTYPES)
 QUANTIZATION_CHOICES = ("gguf", "none")
+LOAD_FORMATS = ("auto", "dummy")  # vLLM's names: the checkpoint's weights, or random ones at its dimensions
 COMPUTE_CHOICES = ("fast", "exact")
 DEVICE_HELP = "auto (CUDA when present), cpu, cuda or cuda:N"
 
@@ -170,10 +171,16 @@ def precision_name(weights: torch.dtype, compute: torch.dtype) -> str:
 
 
 def add_quantization_arg(p) -> None:
-    """``--quantization``, vLLM's name, and ``--compute`` for every command that loads a target."""
-    p.add_argument("--quantization", choices=QUANTIZATION_CHOICES, default=None,
-                   help="gguf (the default for a .gguf target, the default model's too): its Q8_0/Q4_0/Q4_1 matrices "
-                        "run as stored on peagle's CPU kernels; none: de-quantize the weights into --dtype")
+    """``--quantization``, ``--load-format`` (vLLM's names) and ``--compute`` for every command that loads a target."""
+    from peagle.models.quant import FORMATS
+
+    p.add_argument("--quantization", choices=QUANTIZATION_CHOICES + tuple(FORMATS), default=None,
+                   help="gguf (the default for a .gguf target, the default model's too): its GGUF matrices "
+                        "run as stored on peagle's CPU kernels; none: de-quantize the weights into --dtype; a block "
+                        "format (q4_0, q4_k, ...): with --load-format dummy, random blocks of that format")
+    p.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                   help="auto: the target's weights; dummy: random weights at its dimensions (--target: a preset "
+                        "such as llama-3.1-8b, a HF folder, a config.json or a .gguf file), as vLLM's")
     p.add_argument("--compute", choices=COMPUTE_CHOICES, default="fast",
                    help="fast (default): GGUF blocks through integer dot products, each row's activations rounded to "
                         "8 bits as llama.cpp does, and bfloat16 weights through bf16 dot products where the CPU has "

@@ -211,6 +211,37 @@ def test_packed_blocks_hold_the_files_values(fmt):
     assert not packable(blocks[:40])
 
 
+@pytest.mark.parametrize("cap", isa_caps())
+@pytest.mark.parametrize("fmts", [("q4_k", "q4_k", "q6_k"), ("q5_0", "q8_0"), ("q4_k", "q5_k", "q6_k")])
+def test_a_fused_weight_in_parts_gives_each_parts_bits(fmts, cap):
+    """Q4_K_M's fused q/k/v (Q6_K attn_v beside Q4_K q and k) kept in parts of their own formats
+    (``peagle::linear_parts``): every column the bits of its part's own linear, packed or as the file's blocks, its
+    bias slice with it, into a caller's buffer too; the Python :class:`QuantParts` as the same. A part written
+    into another's columns, a bias slice taken at the wrong offset, or a part's rows read with another's stride
+    changes some column."""
+    from peagle.models.layers import linear
+    from peagle.models.quant import QuantParts
+
+    rows = [48, 16, 32][:len(fmts)]
+    blocks = [blocks_of(random_blocks(f, n, 512, seed=i), f) for i, (f, n) in enumerate(zip(fmts, rows))]
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(7))
+    bias = torch.randn(sum(rows), generator=torch.Generator().manual_seed(8))
+    for parts in (blocks, [pack(b) for b in blocks]):
+        for m in (1, 5):
+            with kernels.use_isa(cap):
+                got = torch.ops.peagle.linear_parts(x[:m], parts, bias)
+                want = torch.cat([torch.ops.peagle.linear(x[:m], p, b) for p, b in
+                                  zip(parts, bias.split(rows))], dim=-1)
+                assert torch.equal(got, want), (fmts, m, parts[0].shape)
+                fused = QuantParts([QuantTensor(p, torch.float32) for p in parts], torch.float32)
+                with torch.no_grad():  # the kernels run inference (no backward)
+                    assert fused.shape == (sum(rows), 512) and torch.equal(linear(x[:m], fused, bias), want)
+    plain = torch.cat([QuantTensor(b, torch.float32).dequantize() for b in blocks])
+    assert torch.equal(QuantParts([QuantTensor(b, torch.float32) for b in blocks], torch.float32).dequantize(), plain)
+    with pytest.raises(RuntimeError, match="input features"):
+        torch.ops.peagle.linear_parts(x, [blocks[0], blocks_of(random_blocks(fmts[-1], 16, 256, seed=9), fmts[-1])])
+
+
 def quantized_copy(hf, fmts=("q4_1", "q4_0", "q8_0")):
     """A native model of ``hf`` whose linear weights gguf quantized (the formats in turn, so a tiny model
     holds each), packed for the integer path."""

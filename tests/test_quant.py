@@ -416,16 +416,15 @@ def layer_types(qkv, o, gate_up, down) -> dict[str, str]:
             b + "ffn_up.weight": gate_up[1], b + "ffn_down.weight": down}
 
 
-# every format but Q4_0/Q4_1 kept; then Q4_K_M's mixes: Q5_0 q/k beside a Q8_0 v (all Q8_0,
-# losslessly), gate and up in two K-quants (de-quantized: the fused matrix has one format)
+# every format but Q4_0/Q4_1 kept; then Q4_K_M's mixes: Q5_0 q/k beside a Q8_0 v, gate and up in two K-quants,
+# each fused matrix kept in parts of their own formats (QuantParts: no matrix de-quantized)
 K_FILES = {
     "k-quants": (layer_types(("Q4_K",) * 3, "Q5_K", ("Q5_1", "Q5_1"), "Q6_K"),
                  "kept quantized: 3 Q4_K, 2 Q5_1, 1 Q8_0, 1 Q5_K, 1 Q6_K",
                  ["q4_k", "q5_1", "q5_k", "q6_k", "q8_0"]),
     "mixed": (layer_types(("Q5_0", "Q5_0", "Q8_0"), "Q5_0", ("Q4_K", "Q6_K"), "Q5_0"),
-              "kept quantized: 4 Q8_0, 2 Q5_0 (2 Q5_0 re-encoded as Q8_0, losslessly: fused with Q8_0 ones); "
-              "de-quantized to float32: 1 Q4_K, 1 Q6_K (fused q/k/v or gate/up in formats that do not share one)",
-              ["q5_0", "q8_0"]),
+              "kept quantized: 4 Q5_0, 2 Q8_0, 1 Q4_K, 1 Q6_K",
+              ["q4_k", "q5_0", "q6_k", "q8_0"]),
 }
 
 

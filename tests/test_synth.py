@@ -163,3 +163,44 @@ def test_a_signal_stops_synth_cleanly_even_started_in_the_background(tiny_chat_d
     log = [json.loads(line) for line in (out / "synth_runs.jsonl").read_text().splitlines()]
     # the signal may fall between a record's write and its count
     assert 1 <= len(done) < 12 and len(done) - 1 <= log[-1]["responses"] <= len(done)
+
+
+def shard_record(i: int) -> dict:
+    return {"id": f"p{i}", "response": f"answer {i}", "prompt_token_ids": [1, 5], "response_token_ids": [7, i]}
+
+
+def test_a_torn_line_keeps_every_record_after_it(tmp_path):
+    """A damaged line mid-shard (a torn write that a later run appended after) is set aside, whole, in
+    ``.rejected``; the records before and after it stay, and the next record appended gets its own line."""
+    from peagle.train.synth import done_responses
+
+    shard = tmp_path / "responses-00000.jsonl"
+    torn = b'{"id": "p2", "resp'
+    shard.write_bytes(b"".join(json.dumps(shard_record(i)).encode() + b"\n" for i in range(2)) + torn + b"\n"
+                      + b"".join(json.dumps(shard_record(i)).encode() + b"\n" for i in range(3, 5))
+                      + b'{"id": "p5"')  # and a torn last line
+    with pytest.raises(ValueError, match="line 3 is not a response record"):
+        records(tmp_path)   # read before any repair: a clear error, nothing skipped silently
+    assert sorted(done_responses(tmp_path)) == ["p0", "p1", "p3", "p4"]
+    assert [r["id"] for r in records(tmp_path)] == ["p0", "p1", "p3", "p4"]
+    assert (tmp_path / "responses-00000.jsonl.rejected").read_bytes() == torn + b"\n" + b'{"id": "p5"\n'
+    with open(shard, "a") as fh:  # as synthesize appends the next response
+        fh.write(json.dumps(shard_record(5)) + "\n")
+    assert [r["id"] for r in records(tmp_path)] == ["p0", "p1", "p3", "p4", "p5"]
+
+
+def test_a_shard_is_read_from_its_gzip_or_its_plain_file_never_both(tmp_path):
+    """Killed between gzip and unlink: both files hold the shard; it is read once, and resuming removes the
+    plain copy."""
+    import gzip
+
+    from peagle.train.synth import done_responses
+
+    lines = "".join(json.dumps(shard_record(i)) + "\n" for i in range(3))
+    (tmp_path / "responses-00000.jsonl").write_text(lines)
+    with gzip.open(tmp_path / "responses-00000.jsonl.gz", "wt") as fh:
+        fh.write(lines)
+    (tmp_path / "responses-00001.jsonl").write_text(json.dumps(shard_record(3)) + "\n")
+    assert [r["id"] for r in records(tmp_path)] == ["p0", "p1", "p2", "p3"]
+    assert sorted(done_responses(tmp_path)) == ["p0", "p1", "p2", "p3"]
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["responses-00000.jsonl.gz", "responses-00001.jsonl"]

@@ -98,9 +98,75 @@ def test_resume_continues_exactly(tiny_chat_dir, synth_dir, tmp_path, restore_de
 
 
 def test_resume_refuses_changed_settings(tiny_chat_dir, synth_dir, tmp_path):
-    train(config(tiny_chat_dir, synth_dir, tmp_path / "h", max_steps=2))
-    with pytest.raises(ValueError, match="k: 4 -> 3"):
-        Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", max_steps=2, k=3, resume=True))
+    """Every setting that changes what a step trains is named when it differs, and so are data, a target and
+    hidden states that changed under the same names."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    data, target = tmp_path / "data", tmp_path / "target"
+    shutil.copytree(synth_dir, data)
+    shutil.copytree(tiny_chat_dir, target)
+    records = load_records(data, 256)
+    write_hidden(load_target(str(target), "float32")[0], records, tmp_path / "hidden", progress=False)
+    kw = dict(max_steps=2, hidden=str(tmp_path / "hidden"))
+    train(config(target, data, tmp_path / "h", **kw))
+    for change, named in ((dict(k=3), "k: 4 -> 3"), (dict(labels="hard"), "labels: 'soft' -> 'hard'"),
+                          (dict(epochs=2.0), "epochs: 1.0 -> 2.0"), (dict(segments=2), "segments: 1 -> 2"),
+                          (dict(hidden=None), "hidden: '.*' -> None"),
+                          (dict(data=str(synth_dir)), f"data: '{data}' -> '{synth_dir}'")):
+        with pytest.raises(ValueError, match=named):
+            Trainer(config(target, data, tmp_path / "h", **{**kw, **change, "resume": True}))
+    with pytest.raises(ValueError, match=f"target: '{target}' -> '{tiny_chat_dir}'"):
+        Trainer(config(tiny_chat_dir, data, tmp_path / "h", **kw, resume=True))
+    Trainer(config(target, data, tmp_path / "h", **kw, resume=True))  # unchanged: resumes
+
+    # the same names, other contents: a hidden-state shard rewritten, the target's weights, the data
+    shard = sorted((tmp_path / "hidden").glob("hidden-*.safetensors"))[0]
+    with safe_open(str(shard), "pt") as fh:
+        tensors, meta = {k: fh.get_tensor(k) for k in fh.keys()}, fh.metadata()
+    tensors["final"] = tensors["final"] * 2
+    save_file(tensors, str(shard), metadata=meta)
+    with pytest.raises(ValueError, match="hidden: the hidden-state shards in .* are not those"):
+        Trainer(config(target, data, tmp_path / "h", **kw, resume=True))
+    weights = load_file(str(target / "model.safetensors"))
+    save_file({k: v * 1.01 if v.is_floating_point() else v for k, v in weights.items()},
+              str(target / "model.safetensors"))
+    with pytest.raises(ValueError, match="target: the target's files .* are not those"):
+        Trainer(config(target, data, tmp_path / "h", max_steps=2, resume=True))
+    save_file(weights, str(target / "model.safetensors"))
+    last = max(data.glob("responses-*.jsonl*"))
+    (last.with_name("responses-09999.jsonl")).write_text(json.dumps(
+        {"id": "extra", "response": "x", "prompt_token_ids": records[0].ids[:records[0].prompt_len],
+         "response_token_ids": [5, 6, 7, 8]}) + "\n")
+    with pytest.raises(ValueError, match="data: the documents in .* are not those"):
+        Trainer(config(target, data, tmp_path / "h", max_steps=2, resume=True))
+
+
+def test_checkpoints_are_fsynced_before_the_rename_and_load_strictly(tiny_chat_dir, synth_dir, tmp_path, monkeypatch):
+    trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", max_steps=2))
+    trainer.train_step()
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a), str(b))), real_replace(a, b))[1])
+    trainer.save()
+    monkeypatch.undo()
+    for final in (tmp_path / "h" / STATE, tmp_path / "h" / "model.safetensors", tmp_path / "h" / "config.json"):
+        tmp = str(final) + ".tmp" if final.name == "state.pt" else str(final.parent / (final.name + ".tmp"))
+        i = events.index(("replace", tmp, str(final)))
+        assert ("fsync", tmp) in events[:i], (final, events)  # the data is on disk before the name is
+        assert ("fsync", str(final.parent)) in events[i:], (final, events)  # and the rename after it
+
+    path = tmp_path / "h" / STATE
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "head": {**state["head"], "stray.weight": torch.zeros(1)}}, path)
+    with pytest.raises(RuntimeError, match="stray.weight"):
+        Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", max_steps=2, resume=True))
+    torch.save({**state, "head": {k: v for k, v in state["head"].items() if k != "mask_embedding"}}, path)
+    with pytest.raises(RuntimeError, match="mask_embedding"):
+        Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", max_steps=2, resume=True))
 
 
 def test_init_from_starts_at_the_given_head_and_refuses_another_shape(tiny_chat_dir, synth_dir, tmp_path):
@@ -301,3 +367,17 @@ def test_processes_beyond_the_gpus_share_them_over_gloo(monkeypatch):
         assert (str(device), backend) == want
     assert placement(torch.device("cuda", 1)) == (torch.device("cuda", 1), "nccl")
     assert placement(torch.device("cpu")) == (torch.device("cpu"), "gloo")
+
+
+def test_a_gguf_targets_fingerprint_is_its_file(tmp_path):
+    """A GGUF target is read from its file (its folder holds a config and tokenizer alone): a rewritten file
+    changes the fingerprint a resumed run is checked by."""
+    from peagle.train.trainer import files_fingerprint, target_files
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"GGUF" + bytes(5000))
+    (tmp_path / "meta").mkdir()
+    assert target_files(str(f), tmp_path / "meta") == [f]
+    before = files_fingerprint(target_files(str(f), tmp_path / "meta"))
+    f.write_bytes(b"GGUF" + bytes(4000) + b"\1" * 1000)
+    assert files_fingerprint(target_files(str(f), tmp_path / "meta")) != before

@@ -43,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
     items = json.loads(resources.files("peagle.bench").joinpath("data/json_schemas.json").read_text())
     items = items[:args.num_schemas]
     engine = LLMEngine.from_pretrained(args.target, args.drafter, method=args.method, k=args.k, dtype=args.dtype,
-                                       device=args.device, quantization=args.quantization, compute=args.compute,
+                                       device=args.device, quantization=args.quantization, compute=args.compute, load_format=args.load_format,
                                        max_num_seqs=1, enforce_eager=args.enforce_eager,
                                        speculative_token_tree=args.speculative_token_tree,
                                        speculative_tree_budget=args.speculative_tree_budget)

@@ -128,19 +128,22 @@ class LLMEngine:
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str | None = None, method: str = "parallel",
                         k: int = 7, dtype: str | torch.dtype = "auto", device: str | torch.device = "auto",
-                        quantization: str | None = None, compute: str = "fast", **engine_kwargs) -> "LLMEngine":
+                        quantization: str | None = None, compute: str = "fast", load_format: str = "auto",
+                        **engine_kwargs) -> "LLMEngine":
         """Load a target (HF folder, GGUF, hub id; None = the default model), its tokenizer and a head,
         on ``device``, the weights in ``dtype`` (see :mod:`peagle.runtime`: ``auto`` is CUDA when present,
         bf16 there, bf16 weights with float32 arithmetic on the CPU), a GGUF target's quantized matrices
         kept as they ship unless ``quantization`` is ``none``, run through integer dot products unless ``compute``
         is ``exact`` (:func:`peagle.models.loader.load_target`), and the response lookup table its config names."""
-        from peagle.models.loader import (load_drafter_for, load_response_lookup, load_target, load_tokenizer,
-                                          resolve_target)
+        from peagle.models.loader import (dummy_target, load_drafter_for, load_response_lookup, load_target,
+                                          load_tokenizer, resolve_target)
 
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)
         # the tokenizer first: what parsing it frees is handed back before the weights arrive, not on top of them
-        tokenizer = load_tokenizer(resolve_target(target, weights=False))
-        model, path = load_target(target, dtype, device=device, quantization=quantization, compute=compute)
+        folder = dummy_target(target) if load_format == "dummy" else resolve_target(target, weights=False)
+        tokenizer = load_tokenizer(folder)
+        model, path = load_target(target, dtype, device=device, quantization=quantization, compute=compute,
+                                  load_format=load_format)
         head = load_drafter_for(model, path, drafter, tokenizer, method) if config.uses_head else None
         responses = load_response_lookup(config, path, drafter, model.cfg.vocab_size)
         return cls(model, head, config, tokenizer, responses=responses)

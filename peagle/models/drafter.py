@@ -17,11 +17,13 @@ from torch import nn
 
 from peagle import kernels
 from peagle.models.attention import Attention, AttnMeta, ChainMask, DenseKV, KVCache
-from peagle.models.checkpoint import check_checkpoint, fuse_checkpoint, read_safetensors, split_checkpoint
+from peagle.models.checkpoint import (check_checkpoint, fuse_checkpoint, read_safetensors, replace_durably,
+                                      split_checkpoint)
 from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_precision
 from peagle.models.llama import (CheckpointError, DecoderLayer, ModelConfig, native_layers, stack_key, stack_weights,
                                  stackable)
 from peagle.models.quant import QuantTensor, operand, read_as_is
+from peagle.models.speculators import drafter_tensors, read_config, speculators_config, speculators_tensors
 from peagle.runtime import to_device
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -333,6 +335,27 @@ def _param_name(disk: str) -> str:
 EMBED_ROWS = ("embed_tokens.rows", "embed_tokens.row_weights")  # the compact form's embedding rows
 
 
+def head_tensors(drafter: Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The head's checkpoint tensors (vLLM names, q/k/v and gate/up apart), floating point ones in ``dtype``."""
+    tensors = {}
+    for name, t in split_checkpoint(drafter.state_dict(), drafter).items():
+        t = t.detach().cpu()
+        tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+    return tensors
+
+
+def write_head(out_dir: str | os.PathLike, tensors: dict[str, torch.Tensor], cfg: dict) -> None:
+    """``model.safetensors`` and ``config.json`` in ``out_dir``, each through a temp file renamed durably."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    replace_durably(tmp, out / "model.safetensors")
+    tmp = out / "config.json.tmp"
+    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+    replace_durably(tmp, out / "config.json")
+
+
 def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,
                  base_embedding: torch.Tensor | None = None) -> None:
     """Write ``config.json`` + ``model.safetensors`` atomically (temp files, then rename).
@@ -341,30 +364,28 @@ def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtyp
     and only the rows that differ from the target's are kept (``embed_tokens.rows`` and
     ``embed_tokens.row_weights``; for a P-EAGLE head, the learned mask-token row). :func:`load_drafter`
     rebuilds the table; vLLM needs the complete layout, which ``peagle export`` writes."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for name, t in split_checkpoint(drafter.state_dict(), drafter).items():
-        t = t.detach().cpu()
-        tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+    tensors = head_tensors(drafter, dtype)
     if base_embedding is not None:
         emb = tensors.pop("embed_tokens.weight")
         rows = (emb != base_embedding.detach().cpu().to(dtype)).any(1).nonzero().squeeze(1)
         tensors[EMBED_ROWS[0]], tensors[EMBED_ROWS[1]] = rows, emb[rows].contiguous()
     cfg = drafter.cfg.to_dict()
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
-    tmp = out / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out / "model.safetensors")
-    tmp = out / "config.json.tmp"
-    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
-    os.replace(tmp, out / "config.json")
+    write_head(out_dir, tensors, cfg)
+
+
+def save_speculators(drafter: Drafter, out_dir: str | os.PathLike, kind: str, k: int, verifier: str,
+                     verifier_architectures: list[str], dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write the head in the speculators format (:mod:`peagle.models.speculators`) as a ``kind`` head
+    ("peagle" or "eagle3") for K = ``k``, trained for the target ``verifier``."""
+    cfg = speculators_config(drafter.cfg, kind, k, verifier, verifier_architectures, dtype)
+    write_head(out_dir, speculators_tensors(head_tensors(drafter, dtype), kind), cfg)
 
 
 def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
                  base_embedding: torch.Tensor | None = None, device: torch.device | str = "cpu",
                  linear_dtype: torch.dtype | None = None) -> Drafter:
-    """Load a vLLM-format head in ``dtype``, its linear layers' weights in ``linear_dtype`` if given (the
+    """Load a vLLM-format or speculators-format head in ``dtype``, its linear layers' weights in ``linear_dtype`` if given (the
     target's, :func:`peagle.models.layers.set_precision`). Tensors the head leaves out are handled as vLLM does:
     ``embed_tokens`` falls back to ``base_embedding`` (the target's), ``d2t``/``t2d`` to identity
     when the draft vocabulary is the full one."""
@@ -373,11 +394,15 @@ def load_drafter(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     if not cfg_file.is_file():
         raise CheckpointError(f"{path} has no config.json: not a drafter checkpoint")
     try:
-        cfg = DrafterConfig.from_dict(json.loads(cfg_file.read_text()))
+        raw, speculators = read_config(cfg_file.read_text())
+        cfg = DrafterConfig.from_dict(raw)
     except (json.JSONDecodeError, KeyError) as e:
         raise CheckpointError(f"bad drafter config.json in {path}: {e!r}") from None
     tensors = {_param_name(k): v for k, v in read_safetensors(path).items()}
     drafter = Drafter(cfg)
+    if speculators:  # layer 0's name; an EAGLE-3 head has no mask_hidden (never read by EAGLE-3 drafting)
+        tensors = drafter_tensors(tensors)
+        tensors.setdefault("mask_hidden", torch.zeros_like(drafter.mask_hidden))
     if "embed_tokens.weight" not in tensors:
         if base_embedding is None:
             raise CheckpointError(f"{path} has no embed_tokens.weight and no target embedding was given")

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from peagle import kernels
-from peagle.models.quant import QuantTensor
+from peagle.models.quant import QuantParts, QuantTensor
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -20,7 +20,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     the weight is GGUF blocks or a plain ``[out, in]`` matrix (any weight dtype,
     GGUF blocks included, float32 arithmetic, batch-invariant), else torch's, for either memory order of
     ``weight`` (:func:`set_fast_layout`), a weight packed for oneDNN (:func:`pack_for_inference`), or a
-    GGUF-quantized one (:class:`~peagle.models.quant.QuantTensor`, de-quantized per call off the kernels)."""
+    GGUF-quantized one (:class:`~peagle.models.quant.QuantTensor`, or a fused one in parts of several formats,
+    :class:`~peagle.models.quant.QuantParts`; de-quantized per call off the kernels)."""
+    if isinstance(weight, QuantParts):
+        if kernels.native(x):
+            return torch.ops.peagle.linear_parts(x, [p.blocks for p in weight.parts], bias)
+        weight = weight.dequantize(x.dtype)
     if isinstance(weight, QuantTensor):
         if kernels.native(x):
             return torch.ops.peagle.linear(x, weight.blocks, bias)
@@ -67,7 +72,7 @@ def set_fast_layout(model: nn.Module) -> None:
     """Store every :class:`Linear` weight in its dtype's fast order, exposed as an ``[out, in]`` view
     either way (state dicts keep HF names and shapes). Call after loading or changing dtype."""
     for m in model.modules():
-        if isinstance(m, Linear) and not m.weight.is_mkldnn and not isinstance(m.weight, QuantTensor):
+        if isinstance(m, Linear) and not m.weight.is_mkldnn and not isinstance(m.weight, (QuantTensor, QuantParts)):
             w = m.weight.data
             m.weight.data = w.t().contiguous().t() if wants_in_out(w) else w.contiguous()
 

@@ -18,7 +18,7 @@ from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
 from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference,
                                   pack_weight, packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
-from peagle.models.quant import QuantTensor, bf16_dots, formats, operand, quantized, read_as_is
+from peagle.models.quant import QuantParts, QuantTensor, bf16_dots, formats, operand, read_as_is
 from peagle.runtime import dtype_name, precision_name
 
 
@@ -230,13 +230,20 @@ def stack_key(layers) -> tuple:
             id(layers[0].input_layernorm.weight))
 
 
+def parts_of(w: torch.Tensor, n: int) -> list[torch.Tensor | None]:
+    """A fused weight as ``peagle::decoder_layers`` takes it in ``n`` slots: its parts' blocks
+    (:class:`~peagle.models.quant.QuantParts`), or itself then None."""
+    ts = [p.blocks for p in w.parts] if isinstance(w, QuantParts) else [operand(w)]
+    return ts + [None] * (n - len(ts))
+
+
 def stack_weights(layers) -> list[torch.Tensor | None]:
-    """Each layer's ten tensors in ``peagle::decoder_layers``' order (a GGUF matrix as its blocks: the operator
-    takes them as they are, no per-step unwrapping)."""
-    return [operand(t) for layer in layers for t in (
-        layer.input_layernorm.weight, layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias,
-        layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias, layer.post_attention_layernorm.weight,
-        layer.mlp.gate_up_proj.weight, layer.mlp.gate_up_proj.bias, layer.mlp.down_proj.weight,
+    """Each layer's 13 tensors in ``peagle::decoder_layers``' order (a GGUF matrix as its blocks: the operator
+    takes them as they are, no per-step unwrapping; q/k/v and gate/up in three and two slots, for their parts)."""
+    return [t for layer in layers for t in (
+        layer.input_layernorm.weight, *parts_of(layer.self_attn.qkv_proj.weight, 3), layer.self_attn.qkv_proj.bias,
+        operand(layer.self_attn.o_proj.weight), layer.self_attn.o_proj.bias, layer.post_attention_layernorm.weight,
+        *parts_of(layer.mlp.gate_up_proj.weight, 2), layer.mlp.gate_up_proj.bias, operand(layer.mlp.down_proj.weight),
         layer.mlp.down_proj.bias)]
 
 
@@ -324,9 +331,8 @@ class LlamaModel(nn.Module):
         compute`` with ``--compute exact``)."""
         quant = formats(self)
         if quant:  # packed blocks run the integer path, the file's blocks float32 arithmetic
-            packed = sorted({p.format for p in self.parameters() if quantized(p) and p.packed})
             return "; ".join(f"GGUF {'/'.join(f.upper() for f in fs)} weights, {arith} compute" for fs, arith in (
-                (packed, "int8"), ([f for f in quant if f not in packed], dtype_name(self.dtype))) if fs)
+                (formats(self, packed=True), "int8"), (formats(self, packed=False), dtype_name(self.dtype))) if fs)
         if bf16_dots(self):
             return f"{dtype_name(self.weight_dtype)} weights, bf16 dot products"
         return precision_name(self.weight_dtype, self.dtype)

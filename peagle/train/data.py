@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from peagle.models.attention import AttnMeta, Span
-from peagle.models.checkpoint import CheckpointError
+from peagle.models.checkpoint import CheckpointError, replace_durably
 from peagle.models.llama import LlamaModel
 from peagle.runtime import dtype_name
 from peagle.train.objective import Doc
@@ -145,7 +145,7 @@ def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.Pa
                    "offsets": torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), lens.cumsum(0)])}
         tmp = out / (HIDDEN_SHARD.format(i) + ".tmp")
         save_file(tensors, str(tmp), metadata={**meta, "ids": json.dumps([r.id for r in shards[i]])})
-        os.replace(tmp, out / HIDDEN_SHARD.format(i))
+        replace_durably(tmp, out / HIDDEN_SHARD.format(i))
     if bar is not None:
         bar.close()
     return len(todo)

@@ -11,19 +11,23 @@ processes reproduce one process with an N-times larger batch.
 Matmuls run under autocast in ``--dtype`` (bf16 where the device multiplies it natively); the
 head's weights and the optimizer state stay float32.
 
-Checkpoints (weights, optimizer, scheduler, RNG, step) are written atomically every
-``save_every`` steps; ``--resume`` continues exactly from the last one. The output folder is always
-a vLLM-format head (``config.json`` + ``model.safetensors``), refreshed at every checkpoint.
+Checkpoints (weights, optimizer, scheduler, RNG, step) are written atomically every ``save_every``
+steps, each fsynced before its rename; ``--resume`` continues exactly from the last one, and refuses
+(naming each difference) a run whose settings, data, hidden states or target differ from it. The
+output folder is always a vLLM-format head (``config.json`` + ``model.safetensors``), refreshed at
+every checkpoint.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import random
 import sys
 import time
+from array import array
 from dataclasses import dataclass
 from inspect import signature
 from pathlib import Path
@@ -32,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from peagle.models.checkpoint import CheckpointError, replace_durably
 from peagle.models.drafter import save_drafter
 from peagle.runtime import DTYPE_CHOICES, configure_cpu, resolve_device, resolve_dtype
 from peagle.train.data import HiddenSource, Record, budget_groups, draft_vocab, is_eval, load_records
@@ -50,6 +55,7 @@ class TrainConfig:
     target: str | None = None
     quantization: str | None = None  # a GGUF target's blocks kept (gguf, its default) or de-quantized (none)
     compute: str = "fast"  # a GGUF target's blocks through integer dot products (fast) or float32 (exact)
+    load_format: str = "auto"  # dummy: random target weights at its dimensions (memory and speed at any size)
     method: str = "peagle"
     layers: int = 1
     k: int = 8                       # depths trained (P-EAGLE: parallel groups; EAGLE-3: unrolled steps)
@@ -98,9 +104,45 @@ class TrainConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
 
 
-# Settings a resumed run must share with the run it continues.
-RESUME_KEYS = ("method", "layers", "k", "draft_vocab", "batch_size", "micro_tokens", "r", "r_min", "max_len",
-               "eval_fraction", "seed", "lr", "min_lr", "warmup_steps", "weight_decay")
+# Settings a resumed run must share with the run it continues: each changes which documents a step takes,
+# what they are trained towards, or the schedule (epochs set the number of steps the learning rate decays over).
+RESUME_KEYS = ("data", "hidden", "target", "quantization", "compute", "method", "layers", "k", "draft_vocab",
+               "labels", "mask_token_id", "epochs", "batch_size", "micro_tokens", "segments", "max_elements", "r",
+               "r_min", "max_len", "eval_fraction", "seed", "lr", "min_lr", "warmup_steps", "weight_decay")
+
+
+def records_fingerprint(records: list[Record]) -> str:
+    """The training documents as a short hash: ids, token ids and prompt lengths, in order. The same folder
+    name can hold other data (more synthesis, another target's responses, hidden states for fewer records)."""
+    h = hashlib.sha256()
+    for r in records:
+        h.update(f"{r.id}\0{r.prompt_len}\0".encode())
+        h.update(array("q", r.ids).tobytes())
+    return h.hexdigest()[:16]
+
+
+def files_fingerprint(files: list[Path], sample: int = 1 << 20) -> str:
+    """Files as a short hash of their names, sizes and first and last ``sample`` bytes: a target's weights or
+    ``peagle hidden``'s shards rewritten for another model change it (a fine-tune differs in its first
+    tensors), cheaply (a few MB of an 8B target's 16 GB) and alike on every node (no modification times)."""
+    h = hashlib.sha256()
+    for f in sorted(files):
+        size = f.stat().st_size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(sample))
+            fh.seek(max(0, size - sample))
+            h.update(fh.read(sample))
+    return h.hexdigest()[:16]
+
+
+def target_files(name: str | None, path: Path) -> list[Path]:
+    """The files that hold a target's weights: its GGUF file (read from there, beside a folder of its
+    config and tokenizer alone), else its folder's safetensors and config."""
+    from peagle.models.loader import target_gguf
+
+    gguf = target_gguf(name)
+    return [gguf] if gguf is not None else [*path.glob("*.safetensors"), path / "config.json"]
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int):
@@ -152,7 +194,8 @@ class Trainer:
             dist.init_process_group(backend)
         self.out = Path(cfg.out)
         self.target, path = load_target(cfg.target, "float32", device=self.device,  # online states: float32 KV
-                                        quantization=cfg.quantization, compute=cfg.compute)
+                                        quantization=cfg.quantization, compute=cfg.compute,
+                                        load_format=cfg.load_format)
         self.target.requires_grad_(False)
         records = load_records(cfg.data, cfg.max_len)
         self.source = HiddenSource(self.target, cfg.hidden)
@@ -171,6 +214,10 @@ class Trainer:
             raise ValueError(f"{len(self.train_records)} training documents are fewer than one step's "
                              f"{self.world * cfg.batch_size} (processes x --batch-size)")
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
+        self.fingerprints = {
+            "data": records_fingerprint(records),
+            "target": files_fingerprint(target_files(cfg.target, Path(path))),
+            "hidden": files_fingerprint(list(Path(cfg.hidden).glob("hidden-*.safetensors"))) if cfg.hidden else None}
 
         state = self._load_state() if cfg.resume else None
         init = None if state is not None or cfg.init_from is None else self._init_head()
@@ -300,7 +347,7 @@ class Trainer:
             save_drafter(self.head.to_drafter(), self.out)
             state = {
                 "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "last_eval": self.last_eval,
-                "config": dataclasses.asdict(self.cfg), "world_size": self.world,
+                "config": dataclasses.asdict(self.cfg), "world_size": self.world, "fingerprints": self.fingerprints,
                 "draft_ids": self.head.draft_vocab_ids().cpu(),
                 "mask_token_id": self.head.cfg.mask_token_id,
                 "head": {k: v for k, v in self.head.state_dict().items() if k != "embed_tokens.weight"},
@@ -311,7 +358,7 @@ class Trainer:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".tmp")
             torch.save(state, tmp)
-            os.replace(tmp, path)
+            replace_durably(tmp, path)
         if self.world > 1:
             dist.barrier()
 
@@ -330,20 +377,32 @@ class Trainer:
         return init
 
     def _load_state(self) -> dict | None:
+        """The checkpoint to resume from, refused (naming each setting) where this run differs from it."""
         path = self.out / STATE
         if not path.is_file():
             return None
-        state = torch.load(path, weights_only=False, map_location="cpu")
+        try:
+            state = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as e:  # noqa: BLE001  (a damaged or foreign file: name it, whatever torch raises)
+            raise CheckpointError(f"cannot read the training state {path}: {e}") from None
         old = state["config"]
         diff = [f"{k}: {old.get(k)!r} -> {getattr(self.cfg, k)!r}" for k in RESUME_KEYS if old.get(k) != getattr(self.cfg, k)]
         if state["world_size"] != self.world:
             diff.append(f"processes: {state['world_size']} -> {self.world}")
+        what = {"data": f"the documents in {self.cfg.data} (those with hidden states, cut to --max-len)",
+                "target": f"the target's files ({self.cfg.target or 'the default target'})",
+                "hidden": f"the hidden-state shards in {self.cfg.hidden}"}
+        old_fp = state.get("fingerprints", {})
+        diff += [f"{k}: {what[k]} are not those the checkpoint was trained on" for k in what
+                 if k in old_fp and old_fp[k] != self.fingerprints[k] and not any(d.startswith(f"{k}:") for d in diff)]
         if diff:
             raise ValueError(f"--resume with settings that differ from the checkpoint in {path}: " + "; ".join(diff))
         return state
 
     def _restore(self, state: dict) -> None:
-        self.head.load_state_dict(state["head"], strict=False)
+        """Every tensor of the checkpoint into the head, strictly (the embedding table is the target's, never
+        saved), then the optimizer, scheduler, RNG and counters."""
+        self.head.load_state_dict({**state["head"], "embed_tokens.weight": self.head.embed_tokens.weight})
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])

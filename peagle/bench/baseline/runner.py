@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> dict:
     path = resolve_target(None)
     texts = load_prompts(args.questions, args.prompts)
     engine = LLMEngine.from_pretrained(None, method="none", dtype=args.dtype, device=args.device,
-                                       quantization=args.quantization, compute=args.compute)
+                                       quantization=args.quantization, compute=args.compute, load_format=args.load_format)
     engine_threads = torch.get_num_threads()
     log(f"default model: {path}; {engine.device} {engine.precision}; HF torch threads {args.hf_threads}")
     # HF in the weights' dtype (it has one dtype for weights and arithmetic): bf16 against bf16 weights

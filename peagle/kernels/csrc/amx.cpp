@@ -242,7 +242,7 @@ inline const uint8_t* chunk_rows(const uint8_t* rec, uint8_t* buf) {
 // each row tile's sums, then each row's epilogue (the sums start from the row's c, as vnni_tiles.h's do).
 template <class U, WType T>
 void units(const QLinearArgs& a, int64_t u0, int64_t u1) {
-  constexpr int64_t PB = packed_chunk(T);
+  using V = VnniTiles<Zmm, T>;
   const int64_t nb = a.K / QBLOCK, M = a.M;
   const int full = int(M < 16 ? M : 16), left = int(M > 16 ? M % 16 : 0);
   U::configure(Shapes::int8(full, left));
@@ -254,14 +254,14 @@ void units(const QLinearArgs& a, int64_t u0, int64_t u1) {
       __m512 acc[16];
       for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* rec = a.w + (u * nb + b) * PB;
-        for (int64_t l = 0; l < PB; l += 64) __builtin_prefetch(rec + nb * PB + l, 0, 3);  // the next group's chunk
-        U::weights(chunk_rows<T>(rec, wbuf));
+        const PackedChunk<const uint8_t> pc = packed_chunk_at(a.w, T, u, b, a.K);
+        if (u + 1 < u1) V::prefetch(a, u + 1, b);  // the next group's chunk
+        U::weights(chunk_rows<T>(pc.rec, wbuf));
         U::sums(R != full, a.x.q + m0 * a.K + b * QBLOCK, a.K, sums);
         for (int r = 0; r < R; ++r) {
           const int64_t xb = (m0 + r) * nb + b;
           const __m512i is = _mm512_add_epi32(_mm512_load_si512(sums + 16 * r), _mm512_set1_epi32(a.x.c[xb]));
-          acc[r] = VnniTiles<Zmm, T>::epilogue(acc[r], rec, &is, a.x.d[xb], a.x.sd[xb]);
+          acc[r] = V::epilogue(acc[r], pc, 0, &is, a.x.d[xb], a.x.sd[xb]);
         }
       }
       for (int r = 0; r < R; ++r) {

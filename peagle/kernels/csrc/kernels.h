@@ -78,6 +78,12 @@ struct SubBlock {
   int8_t q[QBLOCK];
 };
 float half_to_float(uint16_t h);
+// Chunk j's 6-bit scale and min of a q4_k / q5_k super-block at p (llama.cpp's get_scale_min_k4).
+inline void kquant_scale_min(const uint8_t* p, int j, int& s, int& m) {
+  const uint8_t* sc = p + 4;
+  s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 15) | (sc[j - 4] >> 6) << 4;
+  m = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | (sc[j] >> 6) << 4;
+}
 // Chunk c (weights 32c .. 32c+31) of a row of GGUF blocks of type T. Static: each ISA's file compiles its
 // own copy for its target (no definition shared across targets).
 template <WType T>
@@ -100,9 +106,8 @@ static inline SubBlock sub_block(const uint8_t* row, int64_t c) {
       out.q[k] = int8_t((((qs[k % 16] >> (k & 16) / 4) & 15) | ((qh >> k) & 1) << 4) - offset);
   } else if constexpr (T == WType::q4_k || T == WType::q5_k) {
     const int j = int(c % 8);
-    const uint8_t* sc = p + 4;  // get_scale_min_k4
-    const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 15) | (sc[j - 4] >> 6) << 4;
-    const int mn = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | (sc[j] >> 6) << 4;
+    int s, mn;
+    kquant_scale_min(p, j, s, mn);
     out.s[0] = f16(p) * float(s);
     out.m = -(f16(p + 2) * float(mn));
     const uint8_t* qh = p + 16;
@@ -181,21 +186,25 @@ void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1);
 //
 // The SIMD paths read the weights packed (pack, ops.cpp): groups of QGROUP columns interleaved so that a
 // vector's lanes are columns and one weight load serves every row of a tile. uint8
-// [N / 16, K / block_weights, packed_bytes]: a record of packed_chunk bytes per (group, chunk of 32), each
-// holding, in order (packed_format):
-//     scales: 16 (column c's at c * scale_bytes), the file's fp16 d, or for the K-quants float32 d * sc
-//       (q6_k: two vectors, weights 0..15 and 16..31); mins: 16 likewise (q4_1, q5_1 the file's m, q4_k,
-//       q5_k float32 -(dmin * m));
-//     bit planes (q5: 1, q6_k: 2), 64 bytes each: byte 4c + i, bit v holding bit 4 + plane of column c's
-//       weight 4v + i, bit 4 + v that of weight 16 + 4v + i;
+// [N / 16, K / block_weights, packed_bytes]. A chunk of 32 weights of a group is a record of packed_chunk
+// bytes: its bit planes (q5: 1, q6_k: 2), 64 bytes each (byte 4c + i, bit v holding bit 4 + plane of column
+// c's weight 4v + i, bit 4 + v that of weight 16 + 4v + i), then its quants:
 //     q8_0: 8 vectors j of 64 bytes, column c's weights 4j .. 4j+3 at 4c, each q + 128 (as uint8);
 //     the others: 4 vectors v of 64 bytes, byte 4c + i holding column c's weight 4v + i in its low nibble and
 //       16 + 4v + i in its high one (q + offset's low 4 bits; for q4_0/q4_1 the file block's byte 4v + i).
+// Its scales: for the 32-weight formats, 16 fp16 d (column c's at 2c), then 16 fp16 m (q4_1, q5_1), before the
+// planes in the chunk's own record; for the K-quants, the file's own integers in a header of KHEAD bytes before
+// a super-block's 8 chunk records (packed_bytes = KHEAD + 8 records, within 3% of the file's bytes, where float
+// scales would add a third):
+//     q4_k, q5_k: d [16 fp16], dmin [16 fp16], sc [8 chunks x 16 uint8], mn [8 x 16 uint8]: s = d * sc and
+//       m = -(dmin * mn), the exact products sub_block makes;
+//     q6_k: d [16 fp16], sc [16 halves x 16 int8] (chunk j's halves 2j, 2j + 1), 32 bytes unused: s = d * sc.
 // The last dimension names the packed format as the block size names the file's.
 constexpr int64_t QGROUP = 16;
+constexpr int64_t KHEAD = 320;  // a packed K-quant super-block's header (a multiple of 64: records stay aligned)
+constexpr bool super_packed(WType t) { return t == WType::q4_k || t == WType::q5_k || t == WType::q6_k; }
 struct PackedFormat {
-  int scale_bytes;  // 2: fp16; 4: float32
-  int scales;       // scale vectors (q6_k: 2)
+  int scales;       // scale vectors a chunk (q6_k: 2)
   bool min;
   int planes;       // bit planes above the nibbles
   bool nibbles;     // else a byte a weight (q8_0)
@@ -203,23 +212,53 @@ struct PackedFormat {
 };
 constexpr PackedFormat packed_format(WType t) {
   switch (t) {
-    case WType::q8_0: return {2, 1, false, 0, false, 128};
-    case WType::q4_0: return {2, 1, false, 0, true, 8};
-    case WType::q4_1: return {2, 1, true, 0, true, 0};
-    case WType::q5_0: return {2, 1, false, 1, true, 16};
-    case WType::q5_1: return {2, 1, true, 1, true, 0};
-    case WType::q4_k: return {4, 1, true, 0, true, 0};
-    case WType::q5_k: return {4, 1, true, 1, true, 0};
-    case WType::q6_k: return {4, 2, false, 2, true, 32};
-    default: return {0, 0, false, 0, false, 0};
+    case WType::q8_0: return {1, false, 0, false, 128};
+    case WType::q4_0: return {1, false, 0, true, 8};
+    case WType::q4_1: return {1, true, 0, true, 0};
+    case WType::q5_0: return {1, false, 1, true, 16};
+    case WType::q5_1: return {1, true, 1, true, 0};
+    case WType::q4_k: return {1, true, 0, true, 0};
+    case WType::q5_k: return {1, true, 1, true, 0};
+    case WType::q6_k: return {2, false, 2, true, 32};
+    default: return {0, false, 0, false, 0};
   }
 }
-// Bytes of a record before its quants, a record's bytes, and the packed tensor's last dimension.
+// Bytes of a chunk record before its quants (the 32-weight formats' fp16 scales and mins, then the bit planes),
+// a chunk record's bytes, and the packed tensor's last dimension (a block's: one chunk, or a K-quant super-block).
 constexpr int64_t packed_quants(WType t) {
-  return QGROUP * (packed_format(t).scales + packed_format(t).min) * packed_format(t).scale_bytes + 64 * packed_format(t).planes;
+  return (super_packed(t) ? 0 : QGROUP * (1 + packed_format(t).min) * 2) + 64 * packed_format(t).planes;
 }
 constexpr int64_t packed_chunk(WType t) { return packed_quants(t) + (packed_format(t).nibbles ? 256 : 512); }
-constexpr int64_t packed_bytes(WType t) { return packed_chunk(t) * block_weights(t) / QBLOCK; }
+constexpr int64_t packed_bytes(WType t) { return super_packed(t) ? KHEAD + 8 * packed_chunk(t) : packed_chunk(t); }
+// Chunk b (weights 32b .. 32b+31) of packed group g of a K-wide weight: its record (quants at rec +
+// packed_quants) and where its scales lie (the record itself, or its super-block's header and its index there).
+template <class P>
+struct PackedChunk {
+  P* rec;
+  P* head;
+  int j;
+};
+template <class P>
+inline PackedChunk<P> packed_chunk_at(P* w, WType t, int64_t g, int64_t b, int64_t K) {
+  if (!super_packed(t)) {
+    P* r = w + (g * (K / QBLOCK) + b) * packed_chunk(t);
+    return {r, r, 0};
+  }
+  P* h = w + (g * (K / QK_K) + b / 8) * packed_bytes(t);
+  return {h + KHEAD + (b % 8) * packed_chunk(t), h, int(b % 8)};
+}
+// Column c's scale of half h (q6_k's weights 16..31: 1) and min of a packed chunk, as sub_block gives them.
+inline float packed_scale(const PackedChunk<const uint8_t>& pc, WType t, int64_t c, int h) {
+  auto f16 = [](const uint8_t* b) { uint16_t v; __builtin_memcpy(&v, b, 2); return half_to_float(v); };
+  if (!super_packed(t)) return f16(pc.rec + 2 * c);
+  if (t == WType::q6_k) return f16(pc.head + 2 * c) * float(int8_t(pc.head[32 + QGROUP * (2 * pc.j + h) + c]));
+  return f16(pc.head + 2 * c) * float(pc.head[64 + QGROUP * pc.j + c]);
+}
+inline float packed_min(const PackedChunk<const uint8_t>& pc, WType t, int64_t c) {
+  auto f16 = [](const uint8_t* b) { uint16_t v; __builtin_memcpy(&v, b, 2); return half_to_float(v); };
+  if (!super_packed(t)) return f16(pc.rec + 2 * (QGROUP + c));
+  return -(f16(pc.head + 32 + 2 * c) * float(pc.head[192 + QGROUP * pc.j + c]));
+}
 
 // x quantized (quantize_rows): row m's quants at q + m * K; its block b's d, d * s, c = -offset * s (the
 // start of a SIMD path's integer sum, whose packed quants are the weight's plus ``offset``) and c16, c's

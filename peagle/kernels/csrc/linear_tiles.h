@@ -172,7 +172,7 @@ static void dispatch_wtype(const LinearArgs& a, int64_t n0, int64_t n1) {
 // results do not change.
 template <class K, WType T>
 static void run_packed(const QLinearArgs& a, int64_t n0, int64_t n1) {
-  if (a.N / QGROUP * (a.K / QBLOCK) * packed_chunk(T) > stream_bytes(a.M == 1)) return run_tiles<K, true>(a, n0, n1);
+  if (a.N / QGROUP * (a.K / block_weights(T)) * packed_bytes(T) > stream_bytes(a.M == 1)) return run_tiles<K, true>(a, n0, n1);
   run_tiles<K>(a, n0, n1);
 }
 

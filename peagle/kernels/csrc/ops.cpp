@@ -289,9 +289,11 @@ WeightView weight_view(const at::Tensor& w) {
       if (w.size(2) == packed_bytes(t)) return {w.data_ptr(), t, w.size(0) * QGROUP, w.size(1) * block_weights(t), true};
     }
     if (w.size(2) == BF16_PAIR_BYTES) return {w.data_ptr(), WType::bf16, w.size(0) * QGROUP, w.size(1) * 2, true};
-    TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know "
-                "(34: q8_0, 18: q4_0, 20: q4_1, 22: q5_0, 24: q5_1, 144: q4_k, 176: q5_k, 210: q6_k; packed 16 columns at "
-                "a time: 544, 288, 320, 352, 384, 3072, 3584, 4096, bf16 pairs 64)");
+    std::string known;
+    for (WType t : {WType::q8_0, WType::q4_0, WType::q4_1, WType::q5_0, WType::q5_1, WType::q4_k, WType::q5_k, WType::q6_k})
+      known += std::to_string(block_bytes(t)) + " (packed " + std::to_string(packed_bytes(t)) + "), ";
+    TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know (q8_0, q4_0, q4_1, "
+                "q5_0, q5_1, q4_k, q5_k, q6_k: ", known, "bf16 pairs packed ", BF16_PAIR_BYTES, ")");
   }
   TORCH_CHECK(w.dim() == 2, "peagle::linear: the weight must be an [N, K] matrix");
   switch (w.scalar_type()) {
@@ -303,12 +305,14 @@ WeightView weight_view(const at::Tensor& w) {
   }
 }
 
-// A call's rows: x [..., K] as contiguous [M, K], the bias as float32 (or nullptr), y [M, N] to fill.
+// A call's rows: x [..., K] as contiguous [M, K], the bias as float32 (or nullptr), y [M, N] to fill, its rows
+// ldy apart (a fused weight's part fills its columns of a wider y: linear_parts_into).
 struct Call {
   at::Tensor x, y, bias;
   std::vector<int64_t> shape;  // y's, as x's with N last
-  int64_t M;
+  int64_t M, ldy;
   const float* b() const { return bias.defined() ? bias.data_ptr<float>() : nullptr; }
+  at::Tensor result() const { return y.is_contiguous() ? y.view(shape) : y; }
 };
 
 static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias, const at::Tensor* out) {
@@ -324,11 +328,18 @@ static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optiona
   c.M = c.x.size(0);
   c.shape.assign(x.sizes().begin(), x.sizes().end());
   c.shape.back() = w.N;
-  c.y = out ? out->view({c.M, w.N}) : at::empty({c.M, w.N}, x.options());  // (linear_into: one that fits)
+  if (out && out->dim() == 2 && !out->is_contiguous()) {  // columns of a wider y (linear_parts_into)
+    TORCH_CHECK(out->size(0) == c.M && out->size(1) == w.N && out->stride(1) == 1 && out->scalar_type() == at::kFloat,
+                "peagle::linear: out must be float32 [", c.M, ", ", w.N, "] with unit column stride");
+    c.y = *out;
+  } else {
+    c.y = out ? out->view({c.M, w.N}) : at::empty({c.M, w.N}, x.options());  // (linear_into: one that fits)
+  }
+  c.ldy = c.y.stride(0);
   return c;
 }
 
-// Where weight k (0..31) of column c sits in a packed record (kernels.h's layout): its quant's byte and
+// Where weight k (0..31) of column c sits in a chunk's packed record (kernels.h's layout): its quant's byte and
 // shift, and its bit planes' byte and bit.
 struct PackedAt {
   int64_t q, plane;
@@ -340,60 +351,135 @@ static PackedAt packed_at(const PackedFormat& f, WType t, int64_t c, int k) {
   return {Q + 64 * v + 4 * c + i, Q - 64 * f.planes + 4 * c + i, k < 16 ? 0 : 4, int(k < 16 ? v : 4 + v)};
 }
 
-// Chunk rec (one record) of column c of a packed matrix as float32: the file's values, sub_block's
-// arithmetic on the packed quants less the offset (the packing reproduces gguf's values bit for bit).
-static void packed_values(const uint8_t* rec, WType t, int64_t c, float* out) {
+// A packed chunk of column c as float32: the file's values, sub_block's arithmetic on the packed quants less the
+// offset and the packed scales (the packing reproduces gguf's values bit for bit).
+static void packed_values(const PackedChunk<const uint8_t>& pc, WType t, int64_t c, float* out) {
   const PackedFormat f = packed_format(t);
-  auto scale = [&](int64_t vec) {
-    const uint8_t* p = rec + (QGROUP * vec + c) * f.scale_bytes;
-    if (f.scale_bytes == 4) { float v; std::memcpy(&v, p, 4); return v; }
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return half_to_float(h);
-  };
-  const float s[2] = {scale(0), scale(f.scales - 1)}, m = f.min ? scale(f.scales) : 0.f;
+  const float s[2] = {packed_scale(pc, t, c, 0), packed_scale(pc, t, c, f.scales - 1)};
+  const float m = f.min ? packed_min(pc, t, c) : 0.f;
   for (int k = 0; k < QBLOCK; ++k) {
     const PackedAt at = packed_at(f, t, c, k);
-    int q = f.nibbles ? (rec[at.q] >> at.shift) & 15 : rec[at.q];
-    for (int h = 0; h < f.planes; ++h) q |= ((rec[at.plane + 64 * h] >> at.bit) & 1) << (4 + h);
+    int q = f.nibbles ? (pc.rec[at.q] >> at.shift) & 15 : pc.rec[at.q];
+    for (int h = 0; h < f.planes; ++h) q |= ((pc.rec[at.plane + 64 * h] >> at.bit) & 1) << (4 + h);
     out[k] = f.min ? std::fma(float(q), s[0], m) : float(q - f.offset) * s[k / 16];
   }
 }
 
+// Packing a chunk's quants, a column at a time, on bytes: the 16 bytes of its nibble vectors' column slots (byte 4v +
+// i: weight 4v + i low, 16 + 4v + i high) and each bit plane's 4 bytes, from the file's bytes as they lie.
+static inline uint64_t load64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+static inline uint32_t load32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+// Nibble bytes: weights 0..15 the nibble at ``shift`` of lo[0..15], weights 16..31 that of hi[0..15].
+static inline void nibble_bytes(const uint8_t* lo, const uint8_t* hi, int shift, uint8_t* out) {
+  constexpr uint64_t LOW = 0x0F0F0F0F0F0F0F0FULL;
+  for (int h = 0; h < 2; ++h) {
+    const uint64_t v = ((load64(lo + 8 * h) >> shift) & LOW) | ((load64(hi + 8 * h) >> shift) & LOW) << 4;
+    std::memcpy(out + 8 * h, &v, 8);
+  }
+}
+// A bit plane's 4 bytes (byte i, bit v: weight 4v + i's bit; bit 4 + v: weight 16 + 4v + i's) from 32 bytes holding
+// weight l's bit at ``bit`` of byte l.
+static inline uint32_t plane_of_bytes(const uint8_t* src, int bit) {
+  constexpr uint64_t ONE = 0x0101010101010101ULL;
+  uint32_t out = 0;
+  for (int h = 0; h < 2; ++h) {
+    const uint64_t a = (load64(src + 16 * h) >> bit) & ONE, b = (load64(src + 16 * h + 8) >> bit) & ONE;
+    out |= (uint32_t(a) | uint32_t(a >> 32) << 1 | uint32_t(b) << 2 | uint32_t(b >> 32) << 3) << (4 * h);
+  }
+  return out;
+}
+// The same from 32 bits (a q5_0 / q5_1 block's qh: weight l's at bit l).
+static inline uint32_t plane_of_bits(uint32_t qh) {
+  uint8_t bytes[32];
+  for (int l = 0; l < 32; ++l) bytes[l] = uint8_t((qh >> l) & 1);
+  return plane_of_bytes(bytes, 0);
+}
+
+// Column c of chunk b of a row (its file block at blk) into a packed record: quants and bit planes. The same bytes
+// as placing every weight's q + offset by packed_at (kernels.h's layout; tests: the file's values read back).
+static void pack_column(const uint8_t* blk, WType t, int64_t b, int64_t c, uint8_t* rec) {
+  const PackedFormat f = packed_format(t);
+  uint8_t* q = rec + packed_quants(t);
+  if (t == WType::q8_0) {  // byte q + 128 a weight, four weights a vector's column slot
+    for (int v = 0; v < 8; ++v) {
+      const uint32_t w = load32(blk + 2 + 4 * v) ^ 0x80808080u;
+      std::memcpy(q + 64 * v + 4 * c, &w, 4);
+    }
+    return;
+  }
+  alignas(8) uint8_t nib[16];
+  uint32_t planes[2] = {0, 0};
+  const int j = int(b % 8);
+  switch (t) {
+    case WType::q4_0: std::memcpy(nib, blk + 2, 16); break;  // the file's bytes are the packed ones
+    case WType::q4_1: std::memcpy(nib, blk + 4, 16); break;
+    case WType::q5_0: std::memcpy(nib, blk + 6, 16); planes[0] = plane_of_bits(load32(blk + 2)); break;
+    case WType::q5_1: std::memcpy(nib, blk + 8, 16); planes[0] = plane_of_bits(load32(blk + 4)); break;
+    case WType::q4_k: nibble_bytes(blk + 16 + 32 * (j / 2), blk + 32 + 32 * (j / 2), 4 * (j % 2), nib); break;
+    case WType::q5_k:
+      nibble_bytes(blk + 48 + 32 * (j / 2), blk + 64 + 32 * (j / 2), 4 * (j % 2), nib);
+      planes[0] = plane_of_bytes(blk + 16, j);
+      break;
+    case WType::q6_k: {  // chunk j: ql's nibbles at 64 (j / 4) + 32 (j % 2), shift 4 (j % 4 / 2); qh's 2 bits at 2 (j % 4)
+      const uint8_t* ql = blk + 64 * (j / 4) + 32 * (j % 2);
+      const uint8_t* qh = blk + 128 + 32 * (j / 4);
+      nibble_bytes(ql, ql + 16, 4 * (j % 4 / 2), nib);
+      planes[0] = plane_of_bytes(qh, 2 * (j % 4));
+      planes[1] = plane_of_bytes(qh, 2 * (j % 4) + 1);
+      break;
+    }
+    default: TORCH_CHECK(false, "peagle::pack: no packed layout for this format");
+  }
+  for (int v = 0; v < 4; ++v) std::memcpy(q + 64 * v + 4 * c, nib + 4 * v, 4);
+  for (int h = 0; h < f.planes; ++h) std::memcpy(q - 64 * (f.planes - h) + 4 * c, &planes[h], 4);
+}
+
 // The file's blocks uint8 [N, K / block weights, block bytes] (N a multiple of 16) packed for the integer
-// path, uint8 [N / 16, K / block weights, packed_bytes] (kernels.h's layout): for q8_0, q4_0, q4_1 a
-// permutation of the bytes, for q5_0, q5_1 of the bits; the K-quants' scales and mins multiplied out.
-static at::Tensor pack(const at::Tensor& blocks) {
+// path, uint8 [N / 16, K / block weights, packed_bytes] (kernels.h's layout), into ``out`` where given (a slice of
+// the model's one mapping: loading writes each matrix once, where it stays): the quants a permutation of the
+// bytes (q8_0, q4_0, q4_1) or of the bits, the scales the file's own (a K-quant's 6-bit ones as bytes).
+static at::Tensor pack(const at::Tensor& blocks, const c10::optional<at::Tensor>& into) {
   const WeightView w = weight_view(blocks);
   TORCH_CHECK(quantized(w.wtype) && !w.packed && w.N % QGROUP == 0,
               "peagle::pack: takes a GGUF file's blocks, uint8 [N, K / block weights, block bytes], N a multiple of 16");
   const WType t = w.wtype;
   const PackedFormat f = packed_format(t);
-  const int64_t nb = w.K / QBLOCK, PC = packed_chunk(t), RB = row_bytes(t, w.K);
-  at::Tensor out = at::zeros({w.N / QGROUP, blocks.size(1), packed_bytes(t)}, blocks.options());
+  const int64_t nb = w.K / QBLOCK, RB = row_bytes(t, w.K), BB = block_bytes(t);
+  const std::vector<int64_t> shape = {w.N / QGROUP, blocks.size(1), packed_bytes(t)};
+  at::Tensor out;
+  if (into.has_value() && into->defined()) {
+    TORCH_CHECK(into->scalar_type() == at::kByte && into->is_contiguous() && into->sizes().vec() == shape,
+                "peagle::pack: out must be contiguous uint8 ", c10::IntArrayRef(shape), ", got ", into->sizes());
+    out = *into;
+  } else {
+    out = at::empty(shape, blocks.options());
+  }
   const uint8_t* in = static_cast<const uint8_t*>(w.w);
   uint8_t* o = out.data_ptr<uint8_t>();
   parallel_for(0, w.N / QGROUP, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
-      for (int64_t b = 0; b < nb; ++b)
+      for (int64_t b = 0; b < nb; ++b) {
+        const PackedChunk<uint8_t> pc = packed_chunk_at(o, t, g, b, w.K);
+        if (t == WType::q6_k && pc.j == 0) std::memset(pc.head + 288, 0, KHEAD - 288);  // its header's unused bytes
         for (int64_t c = 0; c < QGROUP; ++c) {
-          const uint8_t* row = in + (g * QGROUP + c) * RB;
-          uint8_t* rec = o + (g * nb + b) * PC;
-          const SubBlock sb = sub_block(row, t, b);
-          if (f.scale_bytes == 2) {  // the file's fp16 d (and m): the block's first bytes
-            std::memcpy(rec + 2 * c, row + b * block_bytes(t), 2);
-            if (f.min) std::memcpy(rec + 2 * (QGROUP + c), row + b * block_bytes(t) + 2, 2);
-          } else {
-            for (int h = 0; h < f.scales; ++h) std::memcpy(rec + 4 * (QGROUP * h + c), &sb.s[h], 4);
-            if (f.min) std::memcpy(rec + 4 * (QGROUP * f.scales + c), &sb.m, 4);
+          const uint8_t* blk = in + (g * QGROUP + c) * RB + b * QBLOCK / block_weights(t) * BB;  // the chunk's block
+          if (t == WType::q6_k) {  // d, and the chunk's two int8 scales
+            std::memcpy(pc.head + 2 * c, blk + 208, 2);
+            for (int h = 0; h < 2; ++h) pc.head[32 + QGROUP * (2 * pc.j + h) + c] = blk[192 + 2 * pc.j + h];
+          } else if (super_packed(t)) {  // d, dmin, and the chunk's 6-bit scale and min
+            int sc, mn;
+            kquant_scale_min(blk, pc.j, sc, mn);
+            std::memcpy(pc.head + 2 * c, blk, 2);
+            std::memcpy(pc.head + 32 + 2 * c, blk + 2, 2);
+            pc.head[64 + QGROUP * pc.j + c] = uint8_t(sc);
+            pc.head[192 + QGROUP * pc.j + c] = uint8_t(mn);
+          } else {  // the file's fp16 d (and m): the block's first bytes
+            std::memcpy(pc.rec + 2 * c, blk, 2);
+            if (f.min) std::memcpy(pc.rec + 2 * (QGROUP + c), blk + 2, 2);
           }
-          for (int k = 0; k < QBLOCK; ++k) {
-            const int q = (sb.q[k] + f.offset) & 255;
-            const PackedAt at = packed_at(f, t, c, k);
-            rec[at.q] |= uint8_t(f.nibbles ? (q & 15) << at.shift : q);
-            for (int h = 0; h < f.planes; ++h) rec[at.plane + 64 * h] |= uint8_t(((q >> (4 + h)) & 1) << at.bit);
-          }
+          pack_column(blk, t, b, c, pc.rec);
         }
+      }
   });
   return out;
 }
@@ -421,12 +507,11 @@ at::Tensor dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
     });
     return out;
   }
-  const int64_t PC = packed_chunk(w.wtype);
   parallel_for(0, n, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       for (int64_t b = 0; b < nb; ++b) {
         float* dst = o + i * w.K + b * QBLOCK;
-        if (w.packed) packed_values(base + (ip[i] / QGROUP * nb + b) * PC, w.wtype, ip[i] % QGROUP, dst);
+        if (w.packed) packed_values(packed_chunk_at(base, w.wtype, ip[i] / QGROUP, b, w.K), w.wtype, ip[i] % QGROUP, dst);
         else chunk_values(base + ip[i] * RB, w.wtype, b, dst);
       }
   });
@@ -439,11 +524,11 @@ static at::Tensor run(const at::Tensor& x, const WeightView& w, const c10::optio
   const Call c = prepare(x, w, bias, out);
   const int64_t N = w.N, K = w.K;
   for (int64_t m0 = 0; m0 < c.M; m0 += ROW_CHUNK) {
-    LinearArgs a{c.x.data_ptr<float>() + m0 * K, w.w, c.b(), c.y.data_ptr<float>() + m0 * N,
-                 std::min(ROW_CHUNK, c.M - m0), N, K, K, N, w.wtype};
+    LinearArgs a{c.x.data_ptr<float>() + m0 * K, w.w, c.b(), c.y.data_ptr<float>() + m0 * c.ldy,
+                 std::min(ROW_CHUNK, c.M - m0), N, K, K, c.ldy, w.wtype};
     parallel_for(0, N, COL_GRAIN, [&](int64_t n0, int64_t n1) { kernel(a, n0, n1); });
   }
-  return c.y.view(c.shape);
+  return c.result();
 }
 
 // The integer path (kernels.h): x quantized once, then the weight's columns.
@@ -510,19 +595,19 @@ static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::opti
     parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) {
       const QRows q = quant_scratch(M, K);
       k.quantize(xp, K, K, offset, q, 0, M);
-      k.linear({q, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>(), M, N, K, N, w.wtype}, u0, u1);
+      k.linear({q, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>(), M, N, K, c.ldy, w.wtype}, u0, u1);
     });
-    return c.y.view(c.shape);
+    return c.result();
   }
   const QRows q = quant_scratch(M, K);
   parallel_for(0, M, row_grain(), [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
     const QRows qc{q.q + m0 * K, q.d + m0 * nb, q.sd + m0 * nb, q.c + m0 * nb, q.c16 + m0 * nb};
-    QLinearArgs a{qc, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
-                  std::min(ROW_CHUNK, M - m0), N, K, N, w.wtype};
+    QLinearArgs a{qc, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * c.ldy,
+                  std::min(ROW_CHUNK, M - m0), N, K, c.ldy, w.wtype};
     parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
   }
-  return c.y.view(c.shape);
+  return c.result();
 }
 
 // The bf16 dot-product path (kernels.h): x rounded to bf16 once, then the weight's columns.
@@ -554,11 +639,11 @@ static at::Tensor brun(const at::Tensor& x, const WeightView& w, const c10::opti
   parallel_for(0, M, row_grain(), [&](int64_t m0, int64_t m1) { k.rows(c.x.data_ptr<float>(), K, K, xp, m0, m1); });
   const int64_t units = w.packed ? N / QGROUP : N;
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
-    BLinearArgs a{xp + m0 * K, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * N,
-                  std::min(ROW_CHUNK, M - m0), N, K, N};
+    BLinearArgs a{xp + m0 * K, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * c.ldy,
+                  std::min(ROW_CHUNK, M - m0), N, K, c.ldy};
     parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });
   }
-  return c.y.view(c.shape);
+  return c.result();
 }
 
 static at::Tensor linear_to(const at::Tensor& x, const WeightView& v, const c10::optional<at::Tensor>& bias,
@@ -579,6 +664,42 @@ void linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optional<a
   const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
   if (fits(y, m * v.N)) linear_to(x, v, bias, "", &y);
   else y = linear_to(x, v, bias, "", nullptr).view({m, v.N});
+}
+
+// A fused weight (q/k/v, gate/up) given as its parts, each in its own format (a Q4_K_M file's Q6_K attn_v beside
+// Q4_K q and k): each part's linear fills its columns of y [M, sum of the parts' rows], its bias slice with it.
+// Column n's output is the part's own, as the fused matrix's would be: the same bits.
+void linear_parts_into(const at::Tensor& x, at::TensorList parts, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
+  TORCH_CHECK(!parts.empty(), "peagle::linear_parts: no parts");
+  if (parts.size() == 1) return linear_into(x, parts[0], bias, y);
+  std::vector<WeightView> views;
+  int64_t N = 0;
+  for (const at::Tensor& p : parts) {
+    views.push_back(weight_view(p));
+    TORCH_CHECK(views.back().K == views.front().K, "peagle::linear_parts: the parts have ", views.front().K, " and ",
+                views.back().K, " input features");
+    N += views.back().N;
+  }
+  const bool b = bias.has_value() && bias->defined();
+  TORCH_CHECK(!b || bias->numel() == N, "peagle::linear_parts: bias has ", b ? bias->numel() : 0, " entries, the parts ", N, " rows");
+  const int64_t m = x.numel() / std::max<int64_t>(x.size(-1), 1);
+  if (!fits(y, m * N)) y = at::empty({m, N}, x.options());
+  const at::Tensor y2 = y.view({m, N});
+  int64_t at = 0;
+  for (const WeightView& v : views) {
+    const at::Tensor cols = y2.narrow(1, at, v.N);
+    const c10::optional<at::Tensor> part_bias = b ? c10::optional<at::Tensor>(bias->narrow(0, at, v.N)) : c10::nullopt;
+    linear_to(x, v, part_bias, "", &cols);
+    at += v.N;
+  }
+}
+
+static at::Tensor linear_parts(const at::Tensor& x, at::TensorList parts, const c10::optional<at::Tensor>& bias) {
+  at::Tensor y;
+  linear_parts_into(x, parts, bias, y);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = y.size(-1);
+  return y.view(shape);
 }
 
 static at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
@@ -606,6 +727,7 @@ static at::Tensor bf16linear_reference(const at::Tensor& x, const at::Tensor& w,
 TORCH_LIBRARY(peagle, m) {
   // w: a float [N, K] matrix, GGUF blocks, uint8 [N, K / 32, block bytes], or packed (kernels.h)
   m.def("linear(Tensor x, Tensor w, Tensor? bias=None, str isa='') -> Tensor");
+  m.def("linear_parts(Tensor x, Tensor[] parts, Tensor? bias=None) -> Tensor");
   m.def("linear_ref(Tensor x, Tensor w, Tensor? bias=None, int lanes=8) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, Tensor table, Tensor seq, Tensor pos, Tensor rows, int block_size, "
         "int window, float scale, Tensor? sinks=None, str isa='', Tensor? tree_base=None, Tensor? tree_map=None) -> Tensor");
@@ -615,7 +737,7 @@ TORCH_LIBRARY(peagle, m) {
   m.def("qlinear_ref(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("bf16linear_ref(Tensor x, Tensor w, Tensor? bias=None) -> Tensor");
   m.def("dequantize_rows(Tensor blocks, Tensor ids) -> Tensor");
-  m.def("pack(Tensor blocks) -> Tensor");
+  m.def("pack(Tensor blocks, Tensor(a!)? out=None) -> Tensor");
   m.impl("pack", c10::DispatchKey::CPU, TORCH_FN(pack));
   m.impl("dequantize_rows", c10::DispatchKey::CPU, TORCH_FN(dequantize_rows));
   m.def("isa() -> str", [] { return best_isa(); });
@@ -634,6 +756,7 @@ TORCH_LIBRARY(peagle, m) {
   m.impl("attention", c10::DispatchKey::CPU, TORCH_FN(attention));
   m.impl("attention_ref", c10::DispatchKey::CPU, TORCH_FN(attention_reference));
   m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(linear));
+  m.impl("linear_parts", c10::DispatchKey::CPU, TORCH_FN(linear_parts));
   m.impl("linear_ref", c10::DispatchKey::CPU, TORCH_FN(linear_reference));
   m.impl("qlinear_ref", c10::DispatchKey::CPU, TORCH_FN(qlinear_reference));
   m.impl("bf16linear_ref", c10::DispatchKey::CPU, TORCH_FN(bf16linear_reference));

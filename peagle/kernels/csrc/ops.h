@@ -25,6 +25,8 @@ inline bool fits(const at::Tensor& out, int64_t numel) {
   return out.defined() && out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == numel;
 }
 void linear_into(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias, at::Tensor& y);
+// A fused weight given as parts of their own formats, each filling its columns of y (ops.cpp).
+void linear_parts_into(const at::Tensor& x, at::TensorList parts, const c10::optional<at::Tensor>& bias, at::Tensor& y);
 void attention_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
                     const at::Tensor& seq, const at::Tensor& pos, const at::Tensor& rows, int64_t block_size,
                     int64_t window, double scale, const c10::optional<at::Tensor>& tree_base,

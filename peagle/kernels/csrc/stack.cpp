@@ -21,10 +21,11 @@
 
 namespace peagle {
 
-static constexpr int64_t PER_LAYER = 10;  // see decoder_layers
+static constexpr int64_t PER_LAYER = 13;  // see decoder_layers
 
-// Weights per layer (PER_LAYER): input norm, qkv weight, qkv bias?, o weight, o bias?, post-attention norm,
-// gate_up weight, gate_up bias?, down weight, down bias? (the biases None where the model has none).
+// Weights per layer (PER_LAYER): input norm, qkv weight (or q, k and v: a file's parts in formats of their own),
+// k?, v?, qkv bias?, o weight, o bias?, post-attention norm, gate_up weight (or gate and up), up?, gate_up bias?,
+// down weight, down bias? (k, v and up None where the weight is fused; the biases None where the model has none).
 // Returns the last layer's output (before the final norm) and the input of each layer in ``taps`` (the
 // layer count for the last output). ``first_normed``: layer 0's attention input, if not rms_norm(x).
 // ``out_rows``: the rows whose output the caller reads (a drafting pass's drafted rows): the last layer writes every
@@ -51,6 +52,14 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
               "peagle::decoder_layers: first_normed must be [rows, width]");
   const at::Tensor c = cos.reshape({T, -1}), s = sin.reshape({T, -1});
   auto w = [&](int64_t l, int64_t i) -> c10::optional<at::Tensor> { return weights.get(l * PER_LAYER + i); };
+  auto parts = [&](int64_t l, int64_t i, int64_t n) {  // a fused weight's parts: the first, and those given after it
+    std::vector<at::Tensor> out;
+    for (int64_t j = 0; j < n; ++j)
+      if (const auto t = w(l, i + j); t.has_value() && t->defined()) out.push_back(*t);
+    return out;
+  };
+  std::vector<std::vector<at::Tensor>> qkv_w(L), gate_up_w(L);
+  for (int64_t l = 0; l < L; ++l) qkv_w[l] = parts(l, 1, 3), gate_up_w[l] = parts(l, 8, 2);
   std::vector<at::Tensor> tapped(taps.size());
   auto tap = [&](int64_t l, const at::Tensor& x, bool copy) {
     for (size_t i = 0; i < taps.size(); ++i)
@@ -68,7 +77,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
         x = residual;
       }
       tap(l, x, l > 0);
-      linear_into(normed, *w(l, 1), w(l, 2), qkv);
+      linear_parts_into(normed, qkv_w[l], w(l, 4), qkv);
       const at::Tensor heads_view = qkv.view({T, -1, head_dim});
       rope_write(heads_view, c, s, heads, k_pools[l], v_pools[l], slots);
       const bool cut = some && l == L - 1;  // from here on the kept rows alone (their attention fills att's rows)
@@ -78,12 +87,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
         att = att.index_select(0, *out_rows);
         x = x.index_select(0, *out_rows);
       }
-      linear_into(att, *w(l, 3), w(l, 4), o);
+      linear_into(att, *w(l, 5), w(l, 6), o);
       if (l == 0 && first_normed) normed = at::Tensor();  // (the caller's: layer 0's MLP input is ours)
-      add_rms_norm_into(o, x, *w(l, 5), eps, normed, residual);
-      linear_into(normed, *w(l, 6), w(l, 7), gate_up);
+      add_rms_norm_into(o, x, *w(l, 7), eps, normed, residual);
+      linear_parts_into(normed, gate_up_w[l], w(l, 10), gate_up);
       silu_mul_into(gate_up, act);
-      linear_into(act, *w(l, 8), w(l, 9), mlp_out);
+      linear_into(act, *w(l, 11), w(l, 12), mlp_out);
     }
   });
   x = at::add(residual, mlp_out);

@@ -4,7 +4,7 @@
 // + madd: exact there), each instantiated in its ISA's file after its `#pragma GCC target`. W supplies:
 // LANES, RMAX, columns(R), ivec/fvec, set1_i32, set1_i8, set1_f, zero_f, load (LANES * 4 bytes),
 // nibbles(raw, lo, hi), slli16, srli16, and_, or_, dpbusd(acc, w, x), cvt_f, mul, fma, load_ph (LANES fp16),
-// load_f, add, store. A unit is LANES columns: group unit / (QGROUP / LANES), the part unit % (QGROUP / LANES).
+// load_u8_f and load_i8_f (LANES uint8 / int8 as float), load_f, add, store. A unit is LANES columns: group unit / (QGROUP / LANES), the part unit % (QGROUP / LANES).
 #pragma once
 #include <cstring>
 
@@ -41,11 +41,22 @@ struct VnniTiles {
   static ivec bit(ivec h, int from, int to) {
     return W::and_(from < to ? W::slli16(h, to - from) : W::srli16(h, from - to), W::set1_i8(char(1 << to)));
   }
-  static fvec scales(const uint8_t* p) {  // LANES scales or mins
-    if constexpr (F.scale_bytes == 2) return W::load_ph(p);
-    else return W::load_f(reinterpret_cast<const float*>(p));
+  // The column scales of half h (q6_k: 0 and 1) and the mins of a part's LANES columns of a chunk (kernels.h's
+  // packed layout): the file's fp16 values, or a K-quant's d * sc and dmin * mn, the exact products sub_block makes.
+  static fvec scales(const PackedChunk<const uint8_t>& pc, int64_t part, int h) {
+    if constexpr (super_packed(T)) {
+      const fvec d = W::load_ph(pc.head + 2 * W::LANES * part);
+      if constexpr (T == WType::q6_k) return W::mul(d, W::load_i8_f(pc.head + 32 + QGROUP * (2 * pc.j + h) + W::LANES * part));
+      else return W::mul(d, W::load_u8_f(pc.head + 64 + QGROUP * pc.j + W::LANES * part));
+    } else {
+      return W::load_ph(pc.rec + 2 * W::LANES * part);
+    }
   }
-  static constexpr int64_t SB = F.scale_bytes * W::LANES;  // a part's scales
+  static fvec mins(const PackedChunk<const uint8_t>& pc, int64_t part) {  // a K-quant's: dmin * mn, the min negated
+    if constexpr (super_packed(T)) return W::mul(W::load_ph(pc.head + 32 + 2 * W::LANES * part),
+                                                 W::load_u8_f(pc.head + 192 + QGROUP * pc.j + W::LANES * part));
+    else return W::load_ph(pc.rec + 2 * (QGROUP + W::LANES * part));
+  }
   // The bit planes of a chunk whose (part's) quants start at q: they lie just before them.
   static void planes_of(const uint8_t* q, ivec* planes) {
     for (int h = 0; h < F.planes; ++h) planes[h] = W::load(q - 64 * (F.planes - h));
@@ -59,13 +70,20 @@ struct VnniTiles {
       hi = W::or_(hi, bit(planes[h], 4 + v, 4 + h));
     }
   }
-  // acc plus a chunk's integer sums is[0 .. SUMS) scaled: the column scales (and mins) of the part at s, the row's
-  // d (and d * its sum, sd).
-  static fvec epilogue(fvec acc, const uint8_t* s, const ivec* is, float d, float sd) {
+  // acc plus a chunk's integer sums is[0 .. SUMS) scaled: the part's column scales (and mins), the row's d (and d
+  // times its sum, sd). A K-quant's min term is (dmin * mn) * -sd: the product of m = -(dmin * mn) and sd, exactly.
+  static fvec epilogue(fvec acc, const PackedChunk<const uint8_t>& pc, int64_t part, const ivec* is, float d, float sd) {
     const fvec dx = W::set1_f(d);
-    for (int h = 0; h < SUMS; ++h) acc = W::fma(scales(s + QGROUP / W::LANES * SB * h), W::mul(W::cvt_f(is[h]), dx), acc);
-    if constexpr (F.min) acc = W::fma(scales(s + QGROUP / W::LANES * SB * SUMS), W::set1_f(sd), acc);
+    for (int h = 0; h < SUMS; ++h) acc = W::fma(scales(pc, part, h), W::mul(W::cvt_f(is[h]), dx), acc);
+    if constexpr (F.min) acc = W::fma(mins(pc, part), W::set1_f(super_packed(T) ? -sd : sd), acc);
     return acc;
+  }
+  // The next tile's chunk b (and, at a super-block's start, its header) on its way to the cache.
+  static void prefetch(const QLinearArgs& a, int64_t group, int64_t b) {
+    const PackedChunk<const uint8_t> pc = packed_chunk_at(a.w, T, group, b, a.K);
+    for (int64_t l = 0; l < packed_chunk(T); l += 64) __builtin_prefetch(pc.rec + l, 0, 3);
+    if (super_packed(T) && pc.j == 0)
+      for (int64_t l = 0; l < KHEAD; l += 64) __builtin_prefetch(pc.head + l, 0, 3);
   }
 
   // Rows [m, m+R) x units [u, u+G): R*G (q6_k: 2R*G) int32 vectors per chunk (starting from the row's
@@ -74,7 +92,7 @@ struct VnniTiles {
   // prefetched while these compute (where prefetches(R, G)).
   template <int R, int G>
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
-    constexpr int64_t PB = packed_chunk(T), QOFF = packed_quants(T), PARTS = QGROUP / W::LANES;
+    constexpr int64_t QOFF = packed_quants(T), PARTS = QGROUP / W::LANES;
     const int64_t nb = a.K / QBLOCK;
     fvec acc[R][G];
     for (int r = 0; r < R; ++r)
@@ -90,14 +108,12 @@ struct VnniTiles {
         }
       }
       const uint8_t* p[G];  // each unit's quants in this block
+      PackedChunk<const uint8_t> pc[G];
       for (int j = 0; j < G; ++j) {
         const int64_t part = (u + j) % PARTS;
-        const uint8_t* s = a.w + ((u + j) / PARTS * nb + b) * PB;
-        if constexpr (prefetches(R, G)) {
-          const uint8_t* next = a.w + ((u + G + j) / PARTS * nb + b) * PB;  // every 64-byte line holds each part
-          for (int64_t l = 0; l < PB; l += 64) __builtin_prefetch(next + l, 0, 3);
-        }
-        p[j] = s + QOFF + 4 * W::LANES * part;
+        pc[j] = packed_chunk_at(a.w, T, (u + j) / PARTS, b, a.K);
+        if constexpr (prefetches(R, G)) prefetch(a, (u + G + j) / PARTS, b);  // every 64-byte line holds each part
+        p[j] = pc[j].rec + QOFF + 4 * W::LANES * part;
       }
       // each weight vector loaded (and split) once for the R rows, each row's four activations broadcast
       // once for the G units: the integer sums are exact, so the order of the products changes nothing
@@ -128,12 +144,11 @@ struct VnniTiles {
       }
       for (int j = 0; j < G; ++j) {
         const int64_t part = (u + j) % PARTS;
-        const uint8_t* s = a.w + ((u + j) / PARTS * nb + b) * PB + SB * part;
         for (int r = 0; r < R; ++r) {
           const int64_t xb = (m + r) * nb + b;
           ivec sums[SUMS];
           for (int h = 0; h < SUMS; ++h) sums[h] = is[h][r][j];
-          acc[r][j] = epilogue(acc[r][j], s, sums, a.x.d[xb], a.x.sd[xb]);
+          acc[r][j] = epilogue(acc[r][j], pc[j], part, sums, a.x.d[xb], a.x.sd[xb]);
         }
       }
     }

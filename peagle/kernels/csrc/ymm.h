@@ -32,6 +32,12 @@ struct YmmBase {
   static fvec add(fvec a, fvec b) { return _mm256_add_ps(a, b); }
   static fvec fma(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
   static fvec load_ph(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static fvec load_u8_f(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static fvec load_i8_f(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
   static fvec load_f(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, fvec v) { _mm256_storeu_ps(p, v); }
 };

@@ -37,6 +37,12 @@ struct Zmm {
   static fvec add(fvec a, fvec b) { return _mm512_add_ps(a, b); }
   static fvec fma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
   static fvec load_ph(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static fvec load_u8_f(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static fvec load_i8_f(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
   static fvec load_f(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, fvec v) { _mm512_storeu_ps(p, v); }
 };
