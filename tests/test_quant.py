@@ -428,6 +428,36 @@ K_FILES = {
 }
 
 
+@pytest.mark.skipif(not kernels.available() or kernels.int_isa() == "none", reason="no integer path: nothing packed")
+@pytest.mark.parametrize("file", K_FILES)
+def test_a_packed_load_writes_each_matrix_once_where_it_stays(file, tmp_path):
+    """``read_gguf(packs=True)`` (the integer path's load) packs each matrix straight into one mapping: the bytes
+    :func:`pack` gives the file's blocks, fused parts side by side, so that fusing q/k/v and gate/up is a view of that
+    mapping (no copy), and moving weights onto huge pages later moves nothing. A part placed apart from its group,
+    or packed into another's place, fails it."""
+    from peagle.models.quant import QuantParts, in_arena
+
+    types, _, _ = K_FILES[file]
+    tiny_gguf(tmp_path / "k.gguf", types, hidden=256)
+    cfg = tiny_cfg(256)
+    args = (tmp_path / "k.gguf", tiny_names(cfg), cfg, True, torch.float32, torch.float32, torch.device("cpu"))
+    plain, packed = read_gguf(*args), read_gguf(*args, packs=True)
+    for name, w in packed.items():
+        if isinstance(w, QuantTensor):
+            assert w.packed and in_arena(w.blocks) and torch.equal(w.blocks, pack(plain[name].blocks)), name
+    with torch.device("meta"):
+        model = build_target(cfg, (0, 1, 1))
+    model.load_checkpoint(packed)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    for w in (attn.qkv_proj.weight, mlp.gate_up_proj.weight):
+        blocks = [p.blocks for p in w.parts] if isinstance(w, QuantParts) else [w.blocks]
+        assert all(in_arena(b) for b in blocks)  # fused where they lay: a view, or parts
+    before = attn.qkv_proj.weight
+    pack_model(model, model.model.embed_tokens)
+    assert all(in_arena(b) for b in ([p.blocks for p in before.parts] if isinstance(before, QuantParts)
+                                     else [before.blocks]))
+
+
 @pytest.mark.parametrize("file", K_FILES)
 def test_a_k_quant_gguf_runs_kept_quantized_as_its_de_quantized_copy(file, tmp_path, capsys):
     """Tiny GGUFs with the K-quants and 5-bit formats (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1; Q8_0 beside), and with

@@ -256,7 +256,8 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
                 print(f"peagle: {'no native CPU kernels' if dev.type == 'cpu' else dev.type}: the GGUF weights are "
                       f"de-quantized to {dtype_name(dt)}", file=sys.stderr)
             names = list(split_checkpoint(model.state_dict(), model))
-            sd = read_gguf(gguf, names, cfg, keep, dt, compute_dtype(dt, dev), dev)
+            sd = read_gguf(gguf, names, cfg, keep, dt, compute_dtype(dt, dev), dev,
+                           packs=keep and compute == "fast" and kernels.int_isa() != "none")
         else:
             sd = read_safetensors(path, dt, dev)
         model.load_checkpoint(sd)  # empties sd: the file's tensors are the model's, none held beside them

@@ -239,7 +239,8 @@ class QuantTensor(torch.Tensor):
         if func is aten.cat.default and (args[1] if len(args) > 1 else kwargs.get("dim", 0)) == 0:
             ts = args[0]
             if all(isinstance(t, QuantTensor) and t.blocks.shape[1:] == ts[0].blocks.shape[1:] for t in ts):
-                return QuantTensor(torch.cat([t.blocks for t in ts]), ts[0].dtype)
+                view = adjacent(ts)
+                return QuantTensor(torch.cat([t.blocks for t in ts]) if view is None else view, ts[0].dtype)
             if all(isinstance(t, QuantTensor) and t.shape[1] == ts[0].shape[1] for t in ts):
                 return QuantParts(list(ts), ts[0].dtype)  # formats of their own: fused as parts
         if func is aten.embedding.default:
@@ -251,6 +252,17 @@ class QuantTensor(torch.Tensor):
             return s.dequantize(kwargs.get("dtype") or s.dtype).to(kwargs.get("device") or s.device)
         raise NotImplementedError(f"{func} is not supported on a GGUF-quantized weight; load the target with "
                                   "--quantization none")
+
+
+def adjacent(ts: list[QuantTensor]) -> torch.Tensor | None:
+    """The blocks of ``ts`` as one view where they lie one after another in one memory (a packed load places fused
+    matrices so: fusing them then copies nothing), else None."""
+    b = [t.blocks for t in ts]
+    size = lambda x: x.numel() * x.element_size()  # noqa: E731
+    if any(x.untyped_storage().data_ptr() != b[0].untyped_storage().data_ptr() for x in b) or any(
+            x.data_ptr() + size(x) != y.data_ptr() for x, y in zip(b, b[1:])):
+        return None
+    return b[0].as_strided((sum(x.shape[0] for x in b), *b[0].shape[1:]), b[0].stride())
 
 
 class QuantParts(torch.Tensor):
@@ -377,7 +389,7 @@ def onto_huge_pages(weights: list[QuantTensor]) -> None:
     file's blocks) it would keep alive if its storage were swapped in place."""
     sharing: dict[int, list[QuantTensor]] = {}  # the weights of each blocks tensor
     for w in weights:
-        if w.blocks.device.type == "cpu" and w.blocks.is_contiguous():
+        if w.blocks.device.type == "cpu" and w.blocks.is_contiguous() and not in_arena(w.blocks):
             sharing.setdefault(w.blocks.data_ptr(), []).append(w)
     span = lambda b: -(-b.numel() * b.element_size() // 64) * 64  # noqa: E731  (cache-line aligned)
     total = sum(span(ws[0].blocks) for ws in sharing.values())
@@ -390,6 +402,14 @@ def onto_huge_pages(weights: list[QuantTensor]) -> None:
         for w in ws:
             w.blocks = home
         at += span(b)
+
+
+_ARENAS: list[tuple[int, int]] = []  # the address ranges of the mappings packed loads wrote weights into
+
+
+def in_arena(t: torch.Tensor) -> bool:
+    """Whether ``t`` lies in a mapping a packed load made (huge pages already: nothing to move)."""
+    return any(lo <= t.data_ptr() < hi for lo, hi in _ARENAS)
 
 
 def pack_bf16_rows(w: torch.Tensor) -> torch.Tensor | None:
@@ -520,15 +540,41 @@ def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], in
     return arch, tensors
 
 
+def packed_places(tensors: list, to_hf: dict[str, str], keepable: dict) -> dict[str, tuple[int, int]]:
+    """Where a packed load puts each matrix it packs: ``{file name: (byte offset, bytes)}`` in one mapping, the parts
+    of each fused group (q, k, v; gate, up) side by side in their order (fusing them is then a view), each start a
+    multiple of 64 bytes. The matrices packed: kept formats, 2-D, rows in whole groups of 16."""
+    from peagle.models.checkpoint import fused_groups
+
+    sizes = {}
+    for name, ttype, shape, _, _ in tensors:
+        if ttype in keepable and len(shape) == 2 and name in to_hf and shape[1] % GROUP == 0:
+            f = FORMATS[keepable[ttype]]
+            if shape[0] % f.weights == 0:
+                sizes[name] = shape[1] // GROUP * (shape[0] // f.weights) * f.packed_bytes
+    by_hf = {to_hf[n]: n for n in sizes}
+    groups = [[by_hf[p] for p in parts] for parts in fused_groups(by_hf).values()]
+    grouped = {n for g in groups for n in g}
+    places, at = {}, 0
+    for group in groups + [[n] for n in sizes if n not in grouped]:
+        for n in group:
+            places[n] = (at, sizes[n])
+            at += sizes[n]
+        at = -(-at // 64) * 64
+    return places
+
+
 def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype, compute: torch.dtype,
-              device: torch.device) -> dict[str, torch.Tensor]:
+              device: torch.device, packs: bool = False) -> dict[str, torch.Tensor]:
     """The tensors of a GGUF file under the HF names ``names`` (the state dict the model expects), in HF's
     conventions (llama.cpp's q/k row order undone; Gemma's norms stored as ``1 + w`` back to ``w``, as
     transformers reads them). With ``keep``, matrices in a block format of :data:`FORMATS` stay quantized
     (:class:`QuantTensor`, nominally ``compute`` for the embedding and ``dtype`` for the linear layers, as
     :func:`set_precision` would leave them), with one line saying how many of each format, and which
     quantized tensors were not kept; every other tensor is de-quantized into ``dtype`` (floating point: the
-    loader then casts what is not a linear weight), one tensor at a time."""
+    loader then casts what is not a linear weight), one tensor at a time. With ``packs`` (the integer path) each
+    kept matrix is read once and packed straight into its place in one mapping of huge pages (:func:`packed_places`:
+    fused parts side by side), the file's bytes never held beside the model: the model's memory is the file's size."""
     import gguf
 
     from peagle.models.checkpoint import fused_groups
@@ -553,13 +599,19 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     out: dict[str, torch.Tensor] = {}
     kept: Counter[str] = Counter()
     converted: Counter[str] = Counter()
+    places = packed_places(tensors, to_hf, keepable) if packs else {}
+    arena = anonymous_memory(max(a + n for a, n in places.values()), huge=True) if places else None
+    if arena is not None:
+        _ARENAS.append((arena.data_ptr(), arena.data_ptr() + arena.numel()))
+    scratch = np.empty(max((t[4] for t in tensors if t[0] in places), default=0), dtype=np.uint8)
     with open(path, "rb") as fh:
         for name, ttype, shape, offset, nbytes in tensors:
             hf = to_hf.get(name)
             if hf is None:
                 raise GGUFError(f"{path}: unexpected tensor {name!r} for a {cfg.model_type} model")
             n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            data = np.empty(nbytes, dtype=np.uint8)  # one tensor's bytes at a time, read (not mapped)
+            # one tensor's bytes at a time, read (not mapped): into the scratch a packed matrix is packed from
+            data = scratch[:nbytes] if name in places else np.empty(nbytes, dtype=np.uint8)
             fh.seek(offset)
             if fh.readinto(data) != nbytes:
                 raise GGUFError(f"{path}: truncated: tensor {name} ends past the end of the file")
@@ -570,7 +622,11 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
                 if shape[0] % f.weights or data.shape[1] != shape[0] // f.weights * f.block_bytes:
                     raise GGUFError(f"{path}: tensor {name} has {data.shape[1]} bytes a row for {f.name} {tuple(shape)}")
                 nominal = compute if hf.endswith("embed_tokens.weight") else dtype
-                out[hf] = QuantTensor(blocks_of(data if order is None else data[order], f.name), nominal)
+                blocks = blocks_of(data if order is None else data[order], f.name)
+                if name in places:
+                    start, size = places[name]
+                    blocks = pack(blocks, arena[start:start + size].view(n_rows // GROUP, -1, f.packed_bytes))
+                out[hf] = QuantTensor(blocks, nominal)
                 kept[ttype.name] += 1
                 continue
             if ttype not in plain:
