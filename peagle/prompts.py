@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-# The project's shared data sits beside the checkout (../shared/data); PEAGLE_DATA overrides.
-DATA = Path(os.environ.get("PEAGLE_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
-MT_BENCH = DATA / "bench" / "mt_bench" / "question.jsonl"
-HUMANEVAL = DATA / "bench" / "humaneval" / "HumanEval.jsonl.gz"
+# The two benchmark sets ship inside the package, each with its licence (MT-Bench: Apache-2.0, HumanEval: MIT),
+# so a clone or a wheel measures with nothing beside it. Training prompts are never these: they are any file given.
+DATA = Path(__file__).resolve().parent / "bench" / "data"
+MT_BENCH = DATA / "mt_bench" / "question.jsonl"
+HUMANEVAL = DATA / "humaneval" / "HumanEval.jsonl.gz"
 
 # the fields that may hold the prompt, in order of preference
 FORMATS: dict[str, tuple[str, ...]] = {
@@ -52,7 +53,7 @@ class Prompt:
 
 
 def dataset_path(name: str, path: str | os.PathLike | None) -> Path:
-    """``path``, or the shared copy of MT-Bench / HumanEval when none is given."""
+    """``path``, or the packaged copy of MT-Bench / HumanEval when none is given."""
     if name not in FORMATS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     if path is not None:

@@ -5,7 +5,7 @@ On the CPU, where peagle's native kernels run (:mod:`peagle.kernels`), the arith
 whatever the weights are, as in llama.cpp's F32/F16/BF16 files: a decode step reads the weights once
 (16-bit weights: half the bytes) and every row's result is the same bits however many rows share the
 pass (``--compute fast`` multiplies bfloat16 weights by bf16-rounded activations where the CPU has
-AVX512_BF16, accumulating in float32). ``auto`` there is bfloat16 weights (faster end to end than float16 on Zen 5, BENCHMARKS.md §15:
+AVX512_BF16, accumulating in float32). ``auto`` there is bfloat16 weights (faster end to end than float16 on Zen 5:
 widening bf16 is a shift). Without the kernels
 the CPU falls back to torch's matmul with one dtype for both: bfloat16 on CPUs that multiply it
 natively (AVX512_BF16 or AMX), else float32.
@@ -53,7 +53,7 @@ def cpu_threads() -> int:
     """Threads for the torch pool: ``PEAGLE_TORCH_THREADS``, else ``OMP_NUM_THREADS``, else the cores this
     process may run on (its affinity: ``taskset``, a container's cpuset), not the machine's count. Two
     OpenMP threads on one core wait for each other at every barrier: a decode step pinned to one core
-    took 1.4x as long with two (BENCHMARKS.md §30)."""
+    took 1.4x as long with two."""
     for name in ("PEAGLE_TORCH_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name, "").strip()
         if value.isdigit() and int(value) > 0:
@@ -74,8 +74,8 @@ def configure_cpu() -> None:
 def freeze_long_lived() -> None:
     """Freeze every object alive now for the cyclic collector (``gc.freeze``: never walked again): called where
     what exists will live as long as the process (the CLI's imports, a model loaded with its tokenizer). Walking
-    those millions of objects again at every full collection cost ~1 s of `peagle generate`'s start
-    (BENCHMARKS.md §48). A frozen object is still freed when its last reference goes; only a cycle of them
+    those millions of objects again at every full collection cost ~1 s of `peagle generate`'s
+    start. A frozen object is still freed when its last reference goes; only a cycle of them
     waits, until exit, when they are unfrozen for the interpreter's last collection (native extensions that
     count their objects, nanobind's, report the rest as leaks)."""
     gc.freeze()

@@ -213,7 +213,7 @@ def test_steps_verifying_drafts_alone_price_the_rows_for_the_head_and_the_gate()
 
 
 def test_a_drafted_step_costs_at_least_the_batchs_plain_step_error():
-    """Sixteen sequences (a Zen 4, BENCHMARKS.md §54): plain steps ran 1.8x the start-up curve, a 25-row step once
+    """Sixteen sequences (a Zen 4): plain steps ran 1.8x the start-up curve, a 25-row step once
     1.37x. Priced by that low, a response draft for each looked cheap enough for its 0.41 tokens a step, and drafting
     grew while serving lost; priced with the plain step's error it is not, and a fast step is still seen as one."""
     auto = AutoK(4, True, TARGET, DRAFTER)
@@ -281,7 +281,7 @@ def page_frame(addr: int) -> int | None:
 def test_measuring_costs_writes_the_context_it_reads(llama):
     """The start-up passes read a 128-position context nothing wrote. On the CPU a read of an untouched page maps
     the zero page, which the first request's write there must then copy (a TLB shootdown a page: +7 ms on a
-    96-token prefill, BENCHMARKS.md §30); written first, those pages are the pool's own from the start."""
+    96-token prefill); written first, those pages are the pool's own from the start."""
     probe = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
     untouched = torch.frombuffer(probe, dtype=torch.uint8)
     assert int(untouched[0]) == 0   # a read: the zero page is mapped there

@@ -143,8 +143,12 @@ def test_dataset_readers(tmp_path):
         read_prompt_file(tmp_path / "bad.jsonl", "custom")
 
 
-@pytest.mark.skipif(not (MT_BENCH.is_file() and HUMANEVAL.is_file()), reason="the shared data is not here")
-def test_shared_benchmark_files():
+def test_packaged_benchmark_files():
+    """MT-Bench and HumanEval ship inside the package, each with its licence, and are the datasets' defaults."""
+    from peagle.prompts import dataset_path
+
+    assert dataset_path("mt-bench", None) == MT_BENCH and dataset_path("humaneval", None) == HUMANEVAL
+    assert (MT_BENCH.parent / "LICENSE").is_file() and (HUMANEVAL.parent / "LICENSE").is_file()
     mt = read_prompt_file(MT_BENCH, "mt-bench")
     assert len(mt) == 80 and all(len(p.turns) == 2 for p in mt)
     assert len(read_prompt_file(HUMANEVAL, "humaneval")) == 164
@@ -576,6 +580,36 @@ def test_baseline_quotes_llama_bench_against_our_decode(monkeypatch):
     assert "| Q4_1 | 100.0 | 75.0 (d61) | 90.0 | 240.0 | 300.0 | 3.00x | 1.50 | 2.00 |" in md and "| BF16 |" in md
 
 
+def test_attack_victim_starts_the_attacks_on_a_short_stream():
+    """A victim stream of fewer than 20 events (a speculating server sends several tokens an event) still
+    releases the attacks when it ends; they once waited for a 20th event forever."""
+    import http.server
+    import threading
+
+    from peagle.bench.attack import victim
+
+    class SSE(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.end_headers()
+            for word in ("a", "b", "c"):
+                self.wfile.write(b'data: {"choices": [{"text": "%s"}]}\n\n' % word.encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), SSE)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    started = threading.Event()
+    try:
+        out = victim(srv.server_address[1], {"prompt": "x", "stream": True}, started)
+    finally:
+        srv.shutdown()
+    assert out["text"] == "abc" and len(out["times"]) == 3 and started.is_set()
+
+
 def test_bench_attack_tiny(tiny_chat_dir, tmp_path, capsys, monkeypatch):
     """``bench attack`` on the tiny model: every victim writes the same text, alone and attacked, and every
     attack gets its error object (a chunked 64 MiB body may read as a reset: the server stops reading it)."""
@@ -585,7 +619,8 @@ def test_bench_attack_tiny(tiny_chat_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "attack.json"
     rc = main(["bench", "attack", "--port", str(free_port()), "--max-tokens", "60", "--victims", "1", "--loris", "2",
                "--repeats", "1", "--wait-idle", "0", "--json", str(out), "--server-args",
-               f"--target {tiny_chat_dir} --max-model-len 128 --request-read-timeout 1"])
+               f"--target {tiny_chat_dir} --max-model-len 128 --request-read-timeout 1 "
+               "--speculative-config '{\"method\": \"none\"}'"])   # one event a token, as counted below
     printed = capsys.readouterr()
     assert rc == 0, printed.err
     res = json.loads(out.read_text())

@@ -143,7 +143,7 @@ def test_baseline_runs_the_sections_asked_for(tmp_path):
     from peagle.bench.peers import llamacpp
     from peagle.bench.baseline import parse_args, run
 
-    questions = tmp_path / "question.jsonl"  # MT-Bench's format; CI has no shared data
+    questions = tmp_path / "question.jsonl"  # MT-Bench's format, one question (fast)
     questions.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["Write a haiku."]}) + "\n")
     res = run(parse_args(["--questions", str(questions), "--sections", "prefill,drafting", "--prefill-tokens", "96",
                           "--prefill-reps", "1", "--micro-reps", "1", "--micro-warmup", "0", "--max-k", "2",

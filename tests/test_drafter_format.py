@@ -1,5 +1,5 @@
-"""The drafter's on-disk format (vLLM's LlamaForCausalLMEagle3 layout, PEAGLE.md §2): round trips,
-hand-built heads, refusing heads that do not fit the target, and broken checkpoints."""
+"""The drafter's on-disk format (vLLM's LlamaForCausalLMEagle3 layout, docs/vllm.md, "The checkpoint format"):
+round trips, hand-built heads, refusing heads that do not fit the target, and broken checkpoints."""
 from __future__ import annotations
 
 import dataclasses
@@ -191,7 +191,7 @@ def write_head(path, cfg: dict, tensors: dict[str, torch.Tensor]) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
 
 
-# a plain-torch reference of the EAGLE-3 head, written from PEAGLE.md §1 and the HF Llama layer
+# a plain-torch reference of the EAGLE-3 head, written from docs/design.md, "The drafter" and the HF Llama layer
 
 def _rms(x, w, eps=HB["EPS"]):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w

@@ -1,5 +1,6 @@
-"""The drafter-batch expansion: the worked example of PEAGLE.md §3, and torch against the fused
-Triton kernel (run by Triton's interpreter on CPU) and peagle's CPU kernel on random ragged batches."""
+"""The drafter-batch expansion: the worked example of docs/design.md ("One round of parallel drafting"), and
+torch against the fused Triton kernel (run by Triton's interpreter on CPU) and peagle's CPU kernel on random
+ragged batches."""
 from __future__ import annotations
 
 import dataclasses

@@ -205,3 +205,22 @@ def test_a_loaded_engine_is_frozen_for_the_collector_and_still_freed(tiny_chat_d
     finally:
         gc.enable()
     assert gc.get_freeze_count() < frozen   # the frozen engine and models among what was freed
+
+
+def test_a_target_without_a_head_is_told_so_in_one_line(tiny_chat_dir, tmp_path, monkeypatch, capsys):
+    """No shipped head and no --drafter: the random 1-layer head P-EAGLE then drafts with is announced once a
+    load (what to do instead included), never silent; a head that ships or is named says nothing."""
+    from peagle.models.drafter import save_drafter
+    from peagle.models.loader import init_drafter, load_drafter_for, load_target, load_tokenizer
+
+    monkeypatch.setenv("PEAGLE_CACHE", str(tmp_path / "cache"))
+    target, path = load_target(str(tiny_chat_dir), "float32")
+    tok = load_tokenizer(path)
+    capsys.readouterr()
+    for _ in range(2):  # made, then read from the cache: announced both times
+        load_drafter_for(target, path, None, tok)
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no head ships for tiny_chat" in err and "--method ngram" in err, err
+    save_drafter(init_drafter(target, 1, 1), tmp_path / "head")
+    load_drafter_for(target, path, str(tmp_path / "head"), tok)
+    assert "random" not in capsys.readouterr().err

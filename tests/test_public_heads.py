@@ -17,14 +17,14 @@ Facts the replicas copy, and where they come from:
   (8640 -> 2880), mask_hidden (1, 1, 8640), midlayer.* with hidden_norm, layers.{1,2,3}.* without it,
   norm.weight, lm_head.weight (2880 -> 201088) and an identity d2t/t2d. It reads target layers
   2, 12, 21 of 24, which are the default ids (2, L//2, L-3), so the replica names none.
-  ``architectures`` ["LlamaForCausalLMEagle3"] and trained for K = 10: the project's PEAGLE.md
-  (§1-2). The intermediate size is not known; the replica's is arbitrary.
+  ``architectures`` ["LlamaForCausalLMEagle3"] and trained for K = 10: docs/design.md
+  ("The drafter"). The intermediate size is not known; the replica's is arbitrary.
 - amazon/gpt-oss-120b-p-eagle: its model card, as captured by onlylabs.fyi (4 layers, 8 parallel
   tokens, 1.7B parameters, served by vLLM with eagle3 + parallel_drafting at K = 5). Its config.json
   was not found in the sources searched: the replica assumes the 20B head's field set at 120B's
   sizes (target: hidden 2880, 36 layers, so taps (2, 18, 33)), and writes the tap ids in
   ``eagle_config``, as EAGLE-3 heads commonly do.
-- amazon/Qwen3-Coder-30B-A3B-Instruct-P-EAGLE: PEAGLE.md (4 layers, trained for K = 18) and
+- amazon/Qwen3-Coder-30B-A3B-Instruct-P-EAGLE: public heads (4 layers, trained for K = 18) and
   vllm-project/vllm-ascend's e2e test (served on Qwen/Qwen3-Coder-30B-A3B-Instruct with parallel
   drafting, 8 speculative tokens). Its config.json was not found either: the replica assumes the same
   field set with default RoPE at the target's theta (1e7), ``ptd_token_id`` on a spare id, and a

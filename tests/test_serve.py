@@ -268,7 +268,11 @@ def test_full_queue_answers_503(server):
 def test_speculative_config_parsing():
     chain = {"speculative_token_tree": "chain", "speculative_tree_budget": 16, "prompt_lookup_max": 4,
              "prompt_lookup_min": 2, "response_lookup": "auto"}
-    assert speculative_config(None) == {"method": "none", "k": 1, "drafter": None, **chain, "response_lookup": "none"}
+    # no config: generate's default (P-EAGLE, the default head, auto K), not vLLM's none
+    assert speculative_config(None) == speculative_config("") == {"method": "parallel", "k": "auto", "drafter": None,
+                                                                 **chain}
+    assert speculative_config({"method": "none"}) == {"method": "none", "k": 1, "drafter": None, **chain,
+                                                      "response_lookup": "none"}
     assert speculative_config('{"method": "eagle3", "model": "h", "num_speculative_tokens": 5, '
                               '"parallel_drafting": true}') == {"method": "parallel", "k": 5, "drafter": "h", **chain}
     assert speculative_config({"method": "eagle3"}) == {"method": "eagle3", "k": "auto", "drafter": None, **chain}

@@ -1,7 +1,7 @@
 """The training objective sees what inference sees: the training forward of every (anchor, depth)
 element equals the drafter's output in the engine's own paged-cache passes, for P-EAGLE and for
 EAGLE-3; documents packed together do not see each other; sequence partition changes nothing but
-memory; position sampling keeps what §4 says."""
+memory; position sampling keeps what docs/design.md ("Training") says."""
 from __future__ import annotations
 
 import pytest
@@ -76,7 +76,7 @@ def test_peagle_training_forward_equals_inference(target):
     doc, el, train_out, drafter = training_forward(target, "peagle", seed=1)
     for a in (11, 20, 33):
         # the engine's drafter batch after verifying up to position a: x[1..a+1] paired with g[0..a],
-        # then K-1 mask slots (PEAGLE.md §3)
+        # then K-1 mask slots (docs/design.md, "One round of parallel drafting")
         ids = torch.cat([doc.ids[1:a + 2], torch.full((K - 1,), MASK)])
         with torch.no_grad():
             hidden = torch.cat([drafter.project(doc.taps[:a + 1]), drafter.mask_feature().expand(K - 1, -1)])

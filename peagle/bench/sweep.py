@@ -35,7 +35,7 @@ class SweepConfig:
     methods: list[str]
     ks: list[int | str]
     concurrencies: list[int]
-    datasets: list[tuple[str, str | None]]   # (name, file; None: the shared copy)
+    datasets: list[tuple[str, str | None]]   # (name, file; None: the packaged copy)
     out: Path
     temperature: float = 0.0
     seed: int = 0
@@ -64,7 +64,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_tree_args(p)
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated requests in flight")
     p.add_argument("--datasets", nargs="+", default=["mt-bench", "humaneval"], metavar="NAME[=PATH]",
-                   help="datasets to sweep (mt-bench and humaneval default to the shared copies)")
+                   help="datasets to sweep (mt-bench and humaneval default to the packaged copies)")
     add_dataset_args(p, single=False, num_prompts=20, output_len=128)
     p.add_argument("--no-baselines", action="store_true", help="skip the HF transformers peers")
     p.add_argument("--prompt-lookup-num-tokens", type=int, default=10, help="HF prompt-lookup decoding's K")

@@ -1,6 +1,7 @@
 """What a benchmark sends: prompts from a dataset file (:mod:`peagle.prompts`), chosen as
 ``vllm bench serve`` chooses them (a seeded shuffle, then the first N), wrapped in the chat template
-client-side (as vLLM does for its file datasets; without it acceptance collapses, PEAGLE.md §5), and
+client-side (as vLLM does for its file datasets; without it acceptance collapses: docs/design.md, "The choices
+peagle makes"), and
 an output length per request.
 
 With ``--multi-turn``, every user turn of a conversation is sent, each after the model's answer to
@@ -45,7 +46,7 @@ def add_dataset_args(p: argparse.ArgumentParser, single: bool = True, vllm_outpu
     if single:
         p.add_argument("--dataset-name", choices=DATASETS, required=True)
         p.add_argument("--dataset-path", default=None,
-                       help="the dataset file (default for mt-bench and humaneval: the shared copy)")
+                       help="the dataset file (default for mt-bench and humaneval: the packaged copy)")
     p.add_argument("--num-prompts", type=int, default=num_prompts,
                    help="conversations to send (all the dataset has, if fewer)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt shuffle (and of sampling)")

@@ -13,7 +13,7 @@ tenant takes the cores' arithmetic, rows get dearer and the tree shrinks. An emp
 decoding: the drafter is skipped, and the rows it missed are read in its next pass when drafting resumes
 (the engine keeps their target taps), so its KV has no holes. That catch-up pass is a cost of resuming
 (priced on the drafter's curve, about twice what its rows cost since they stop at their KV: priced at
-their cost, drafting resumed too often at 16 sequences, BENCHMARKS.md §53): spread over a probe interval,
+their cost, drafting resumed too often at 16 sequences): spread over a probe interval,
 it is added to every non-empty tree while rows are missed, so drafting resumes only for a gain that pays
 it back (near break-even the choice would otherwise flip every few steps and pay it each time); a long
 one (a prompt prefilled without drafts) is priced at the target's measured prefill rate, not the
@@ -169,7 +169,7 @@ class AutoK:
         at that many rows. It covers what timing bare passes at start-up leaves out (many sequences'
         attention, the host's per-sequence work, a busy machine) and what changes after it: on a VM whose cores
         another tenant shares, extra rows (integer products) grew dearer than a one-row pass (a wait on memory)
-        for minutes (BENCHMARKS.md §51), and the steps verifying the text's or the responses' drafts, most steps
+        for minutes, and the steps verifying the text's or the responses' drafts, most steps
         where the head is weak, are what shows it. A step is never faster than its work, so noise only adds: the
         error follows a new low at once and a higher time as a running ratio (a slow start or a burst of other
         tenants fades rather than stays)."""
@@ -185,7 +185,7 @@ class AutoK:
         plain step: what the start-up curve leaves out there (many sequences' attention and host work, a busy
         host) the drafted rows have too, while a row count seen a few times keeps the low of a quiet moment
         against the plain step's running ratio (16 sequences on a Zen 4: the error 1.37 at 25 rows against 1.80
-        at 16 priced a response draft at 0.37 tokens, which it yielded, and the step lost; BENCHMARKS.md §54)."""
+        at 16 priced a response draft at 0.37 tokens, which it yielded, and the step lost)."""
         rows = batch * (nodes + 1)
         return self.step_seconds(nodes, depth, batch) * max(self._error(rows), self._error(batch) if nodes else 0.0)
 
@@ -257,7 +257,7 @@ class AutoK:
             # sequence with missed rows runs its steps outside CUDA graphs until the drafter has read them.
             # And no probe where a head whose every draft were accepted would not pay at this batch (rows compute,
             # as 16 sequences' on a CPU): its acceptance could not change the choice, and each probe's deeper rows
-            # and catch-up cost P-EAGLE ~3% against `none` there (BENCHMARKS.md §54).
+            # and catch-up cost P-EAGLE ~3% against `none` there.
             if self.could_pay(batch, rate[0]) and (
                     not self.long_catch_up(missed_rows) or steps_left is None
                     or catch_up <= self.margin * steps_left * self.corrected_seconds(0, 0, batch)):

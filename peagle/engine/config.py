@@ -39,7 +39,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True     # off: a prompt is prefilled whole (a longer one runs alone)
     # fair prefill (vLLM's names; with chunked prefill): a prompt with more tokens left to prefill than
     # the threshold is long and gets at most that many a step while anything else runs (None or 0, as
-    # vLLM: an eighth of max_num_batched_tokens, BENCHMARKS.md §13); prompts prefill side by side, this many
+    # vLLM: an eighth of max_num_batched_tokens); prompts prefill side by side, this many
     # at most, of them this many long ones
     long_prefill_token_threshold: int | None = None
     # ... and no more than fit a step of this many ms by the measured cost of its rows (attention over
@@ -119,7 +119,7 @@ class EngineConfig:
     @property
     def priced(self) -> bool:
         """A cost model weighs the drafts: ``auto``'s, or ngram at K auto's (the text's drafts alone, verified
-        beside other sequences only while they pay their rows: at 16 they lost 13% unpriced, BENCHMARKS.md §54)."""
+        beside other sequences only while they pay their rows: at 16 they lost 13% unpriced)."""
         return self.auto or (self.method == "ngram" and self.num_speculative_tokens == "auto")
 
     @property

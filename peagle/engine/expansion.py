@@ -1,4 +1,5 @@
-"""Expanding the verified batch into the drafter's batch (PEAGLE.md §3), as vLLM lays it out.
+"""Expanding the verified batch into the drafter's batch, as vLLM lays it out (docs/design.md, "One round of
+parallel drafting").
 
 For request i the target read ``n_i`` rows (``cu_num_tokens[i]:cu_num_tokens[i+1]``), of which the
 first ``num_valid[i]`` stay (prefill: all; decode: accepted drafts + 1). Its drafter block is the

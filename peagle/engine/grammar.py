@@ -1,5 +1,5 @@
 """Structured outputs: a request's JSON schema, regex, EBNF grammar or list of choices as a token mask,
-through xgrammar (chosen on this CPU's costs: BENCHMARKS.md §20).
+through xgrammar (its masks the cheapest of three libraries on this CPU: docs/lessons.md).
 
 Speculative verification needs the grammar's state after each drafted token: walk a :class:`Matcher`
 forward over the drafts (:meth:`Matcher.accept`), :meth:`Matcher.fill` each row's mask on the way, then
@@ -223,8 +223,8 @@ def _byte_bias(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 def apply(logits: torch.Tensor, mask: torch.Tensor, rows: Sequence[int] | None = None) -> None:
     """Set the forbidden entries of ``logits`` [n, vocab] to -inf in place, row i by mask row i (a mask
     from :meth:`Grammars.new_mask` with at least n rows); ``rows`` picks the constrained rows (all if None).
-    A byte of mask is 8 logits' biases by table lookup: ~10x xgrammar's own CPU kernel on [8, 49152]
-    (BENCHMARKS.md §20). Logits are finite (a +inf plus -inf would be NaN)."""
+    A byte of mask is 8 logits' biases by table lookup: ~10x xgrammar's own CPU kernel on [8, 49152].
+    Logits are finite (a +inf plus -inf would be NaN)."""
     n, vocab = logits.shape
     words = (vocab + 31) // 32
     if mask.dtype != torch.int32 or mask.shape[1] < words:

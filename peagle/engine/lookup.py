@@ -4,7 +4,7 @@ the tokens that followed them then are proposed for the positions after. Where t
 its place at the positions they cover (its candidates stay below them in a tree, and after them); where
 ``auto`` skips the head's drafting, they are verified alone (a few rows, no drafter pass; the scheduler's
 ``_next_drafts``). Text that repeats (a summary quoting its source, code reusing its names, a list's
-pattern) is where a weak head misses and this hits (BENCHMARKS.md §39). Verification decides as for any
+pattern) is where a weak head misses and this hits. Verification decides as for any
 draft, so the output is unchanged."""
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ import numpy as np
 # the drafts the text's own proposal puts in a step without the head's (where auto skips it; K=auto with method
 # ngram): as many as the suffix it matched is long, at least LOOKUP_LEAST, at most LOOKUP_MOST. Verifying them
 # costs rows, not a drafter pass, and a long match is seldom cut short: over 72 ShareGPT and GSM8K-train
-# prompts' greedy outputs (a replay priced by the measured row costs, BENCHMARKS.md §40) 1.57x plain decoding
+# prompts' greedy outputs (a replay priced by the measured row costs) 1.57x plain decoding
 # with 3 drafts always, 1.68x by the match, 1.70x with loops running on (below); 7 always 1.65x, but 0.96x on
 # its worst prompt. A fixed 3 had measured 1.059x on the held-out prompts against 2 (1.046x), 5 (1.059x) and 8
-# (1.035x) (§39)
+# (1.035x)
 LOOKUP_LEAST, LOOKUP_MOST = 3, 7
 # ... while one sequence decodes alone: beside others the rows are compute, not nearly free (4 and 16 MT-Bench
-# requests in flight: 2-5% less against plain decoding by the match than at 3 always, §40)
+# requests in flight: 2-5% less against plain decoding by the match than at 3 always)
 LOOKUP_BATCH = 1
 
 
@@ -76,7 +76,7 @@ def with_lookup(candidates: list[list[int]], proposal: list[int]) -> list[list[i
 # the greedy outputs of the 12 held-out prompts and MT-Bench's 80 first turns, priced by a Zen 4's row costs:
 # prompt lookup alone 1.169x / 1.438x plain decoding, with the shipped table where it finds nothing 1.313x /
 # 1.626x; 1, 3 or 4 drafts and a least chance of 0.15 or 0.5 up to 3% less, contexts seen twice kept (a table 42%
-# larger) level (BENCHMARKS.md §50, docs/results/responses/replay.txt)
+# larger) level: docs/results/responses/replay.txt
 RESPONSE_MOST = 2
 RESPONSE_LEAST_CHANCE = 0.3
 RESPONSES_FILE = "responses-lookup.npz"   # beside a head: the table of the responses it was trained on

@@ -134,7 +134,7 @@ class ModelRunner:
         drafting call where it runs), EAGLE-3's as one bare pass. Round-robin, medians of ``rounds`` after a
         warm-up round: each drafter pass right after a target pass of its size, as a step runs them (its weights
         then cold: on a Zen 4 0.29 ms a row warm, about twice that after the target), and a burst of the host's
-        other work touches every size alike, not one (BENCHMARKS.md §42). Without a drafter (ngram) its curve is
+        other work touches every size alike, not one. Without a drafter (ngram) its curve is
         zero."""
         bs, dev, b = self.cfg.block_size, self.device, self.bounds
         most = min(self.cfg.max_num_seqs * (max(b.k_max, b.max_nodes) + 1) * 2, 512, self.num_blocks * bs // 2)

@@ -21,7 +21,7 @@ from peagle.engine.tree import Tree, ranks_of
 Work = list[tuple[Sequence, int]]   # a step's sequences, each with the new tokens it feeds
 MIN_LONG_CHUNK = 16                 # a long prompt's chunk while others run, at the least: it always progresses
 # a long prompt alone takes steps this many times the step target: chunks of 200 ms alone cost a
-# 6,000-token prefill 22-30% on a Zen 5, 4 x 200 ms 12% (BENCHMARKS.md §19); a request that arrives
+# 6,000-token prefill 22-30% on a Zen 5, 4 x 200 ms 12%; a request that arrives
 # meanwhile waits one such step
 ALONE_STEPS = 4
 
@@ -232,8 +232,8 @@ class Scheduler:
             k = self._num_drafts(seq, len(proposal))
             if kind == "match" and k <= LOOKUP_LEAST:   # a long match cut by the request's end is a short one
                 kind = "short"
-            # ngram alone verifies every proposal (a lone sequence's rows wait on memory: priced there it lost ~1%,
-            # BENCHMARKS.md §54); the defaults' gate, and ngram's beside other sequences, price them
+            # ngram alone verifies every proposal (a lone sequence's rows wait on memory: priced there it lost ~1%);
+            # the defaults' gate, and ngram's beside other sequences, price them
             free = kind == "match" or not self.cfg.uses_head and len(self.running) <= LOOKUP_BATCH
             if k and (free or not self.auto or self.auto.lookup_pays(k, len(self.running), kind)):
                 seq.set_drafts(Tree.chain(k), [[t] for t in proposal])

@@ -289,10 +289,10 @@ def tune_streaming(weights: list, rounds: int = 15) -> tuple[int, int] | None:
     packed group wide (one read stream) rather than the wider tiles that hide the dot products' latency, for
     passes of one row and taller (``csrc/linear_tiles.h``, ``run_packed``): the CPU's answer, not a constant
     (the default model's layer matmuls, two threads: on a Zen 4 every matrix is faster one group wide; on a
-    Zen 5 4-row passes are slower so, BENCHMARKS.md §30, §42). Times both on ``weights`` (a model's packed
+    Zen 5 4-row passes are slower so). Times both on ``weights`` (a model's packed
     weights, as decoding reads them) at 1 and 4 rows, alternating, the fastest of ``rounds`` each after two
     warm-up rounds (the host's other work only adds time: medians of 7 chose three ways in three processes on a
-    Zen 4, §46), and leaves the kernels' default (weights over 16 MiB: LM heads) only where the other wins by 3%.
+    Zen 4), and leaves the kernels' default (weights over 16 MiB: LM heads) only where the other wins by 3%.
     Once a process: the shape never changes a result, only its speed. Returns the limits (one row, taller);
     None without weights."""
     global _tuned

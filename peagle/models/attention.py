@@ -317,7 +317,7 @@ class KVCache:
     def materialize(self, slots: int) -> None:
         """Write zeros to the first ``slots`` slots, for a caller about to read them unwritten: on the CPU a read
         of an untouched page maps the zero page, and the first write there afterwards copies it (a TLB shootdown
-        a page: +7 ms on a 96-token prefill after the engine timed its passes, BENCHMARKS.md §30)."""
+        a page: +7 ms on a 96-token prefill after the engine timed its passes)."""
         self.k[:slots].zero_()
         self.v[:slots].zero_()
 

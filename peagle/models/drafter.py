@@ -1,4 +1,4 @@
-"""The P-EAGLE / EAGLE-3 draft head and its vLLM checkpoint format (PEAGLE.md §1-2).
+"""The P-EAGLE / EAGLE-3 draft head and its vLLM checkpoint format (docs/design.md, "The drafter"; docs/vllm.md).
 
 Layer 0 (``midlayer`` on disk) reads ``cat(input_layernorm(embed(tok)), hidden_norm(h))`` where
 ``h`` is ``fc(three target taps)``, ``fc(mask_hidden)`` in a mask slot, or the head's own

@@ -64,7 +64,7 @@ def pack_for_inference(model: nn.Module) -> None:
 
 def wants_in_out(w: torch.Tensor) -> bool:
     """float32 on a CPU without peagle's kernels multiplies the few rows of decoding faster with weights
-    stored ``[in, out]``; bf16, CUDA and the kernels want ``[out, in]`` (CPU-PERF.md)."""
+    stored ``[in, out]``; bf16, CUDA and the kernels want ``[out, in]``."""
     return w.dtype == torch.float32 and w.device.type == "cpu" and not kernels.native(w.device)
 
 

@@ -274,7 +274,7 @@ def generic_tokenizer(path: Path) -> bool:
     """Whether ``AutoTokenizer`` would give ``path`` transformers' generic ``TokenizersBackend`` (a
     ``tokenizer.json`` whose config names that class, no code of its own, a model type that keeps the class
     its files name), so it can be built directly: AutoTokenizer first reads the model's config through
-    ``AutoConfig``, which imports the model's modeling stack (~1 s of every start-up here, BENCHMARKS.md §48)."""
+    ``AutoConfig``, which imports the model's modeling stack (~1 s of every start-up here)."""
     from transformers.models.auto import tokenization_auto as auto
 
     try:
@@ -366,8 +366,7 @@ def head_format(target: LlamaModel, head) -> str:
     """The GGUF format of a head's matrices beside a target on the integer path: Q4_1 where in Q8_0 they would be
     over 5% of the bytes a target step reads (drafting a visible share of a round: the default model's head, 10.8%;
     Q4_1 0.2 ms less a round on a Zen 4, acceptance over 40 MT-Bench prompts 1.463 against 1.470), else Q8_0
-    (Gemma 3 270M's, 4.2% beside its 170 MB LM head: acceptance 1.235 in Q4_1 against 1.272, no time saved;
-    BENCHMARKS.md §46)."""
+    (Gemma 3 270M's, 4.2% beside its 170 MB LM head: acceptance 1.235 in Q4_1 against 1.272, no time saved)."""
     weights = {id(m.weight): m.weight for m in target.modules() if isinstance(m, Linear)}
     weights.setdefault(id(target.head_weight()), target.head_weight())
     q8 = sum(m.weight.numel() for m in head.modules() if isinstance(m, Linear)) * FORMATS["q8_0"].block_bytes // QBLOCK
@@ -377,7 +376,9 @@ def head_format(target: LlamaModel, head) -> str:
 def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,
                      method: str = "parallel", pack: bool = True):
     """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
-    1-layer head (cached, so every run uses the same one). Beside a target on the integer path its linear
+    1-layer head (cached, so every run uses the same one), announced in one line on stderr: its drafts are
+    seldom accepted, so ``auto`` K soon stops drafting and the output is the target's all the same, but a user
+    should know the speed is not P-EAGLE's (docs/models.md: a head, ``--method ngram``, or training one). Beside a target on the integer path its linear
     weights are quantized (:func:`head_format`) and packed too (lossless all the same);
     beside one on the bf16 dot-product path its bf16 weights are packed for it. ``pack=False`` keeps the
     head's weights as stored (``peagle export`` writes them back)."""
@@ -390,6 +391,8 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
             if tokenizer is None:
                 raise ValueError("no drafter given and no tokenizer to choose a mask token for a random head")
             save_drafter(init_drafter(target, 1, choose_mask_token(tokenizer)), path)
+        print(f"peagle: no head ships for {target_path.name}: drafting with a random 1-layer head (output unchanged, "
+              "little speed-up); pass --drafter, use --method ngram, or train one (docs/training.md)", file=sys.stderr)
     elif not path.exists():
         raise ModelNotFoundError(f"no drafter at {path}")
     head = load_drafter(path, target.dtype, base_embedding=target.model.embed_tokens.weight.detach(),

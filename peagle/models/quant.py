@@ -384,8 +384,8 @@ def onto_huge_pages(weights: list[QuantTensor]) -> None:
     """``weights``' blocks (CPU ones; blocks shared by several weights once) moved into one mapping backed by 2 MB
     pages (:func:`~peagle.runtime.anonymous_memory`). A decoding step streams every packed weight; on 4 KB pages it
     also misses the TLB on each of ~70,000 pages a step (the default model in bf16; llama.cpp maps the file, whose
-    page cache the kernel may keep in large folios): a plain step 5-9% faster, a round of 8 rows 0-3% (Zen 4,
-    BENCHMARKS.md §47). The same bytes, in new tensors: a block tensor packed where it lay is a view whose base (the
+    page cache the kernel may keep in large folios): a plain step 5-9% faster, a round of 8 rows 0-3% (Zen 4).
+    The same bytes, in new tensors: a block tensor packed where it lay is a view whose base (the
     file's blocks) it would keep alive if its storage were swapped in place."""
     sharing: dict[int, list[QuantTensor]] = {}  # the weights of each blocks tensor
     for w in weights:

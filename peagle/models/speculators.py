@@ -16,7 +16,7 @@ over a transformers ``PretrainedConfig``):
   ``speculative_tokens`` is the K the head was trained for; vLLM's default ``num_speculative_tokens``),
   ``default_proposal_method``, ``verifier`` (``name_or_path`` and ``architectures`` of the target).
 
-Weights: the vLLM layout's (PEAGLE.md §2) but layer 0 is ``layers.0.*`` (vLLM's native heads call it
+Weights: the vLLM layout's (docs/vllm.md, "The checkpoint format") but layer 0 is ``layers.0.*`` (vLLM's native heads call it
 ``midlayer.*``; vLLM maps one to the other), the embedding is always complete, and ``mask_hidden``
 (``[1, 1, 3 * hidden]``) belongs to P-EAGLE heads only (speculators' EAGLE-3 model has none).
 """

@@ -286,8 +286,9 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
 
     ``{"method": "eagle3", "model": DIR, "num_speculative_tokens": K, "parallel_drafting": true}`` is
     P-EAGLE; without ``parallel_drafting`` it is EAGLE-3; K may be ``"auto"`` (the default: the
-    engine chooses it each step); ``method: "none"`` or no config serves the
-    target alone; ``method: "ngram"`` (vLLM's) drafts from the text alone, no head. A missing ``model`` means
+    engine chooses it each step); no config means P-EAGLE with the target's default head and ``"auto"`` K, the
+    speculation ``peagle generate`` runs by default (vLLM's default is none: ``method: "none"`` serves the
+    target alone); ``method: "ngram"`` (vLLM's) drafts from the text alone, no head. A missing ``model`` means
     the target's default head. ``speculative_token_tree``
     (vLLM's key: ``"chain"``, ``"auto"`` or an explicit list of rank paths) and peagle's
     ``speculative_tree_budget`` shape P-EAGLE's drafts (:class:`peagle.engine.llm_engine.EngineConfig`), and
@@ -299,10 +300,9 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     lookup = {"prompt_lookup_max": EngineConfig.prompt_lookup_max, "prompt_lookup_min": EngineConfig.prompt_lookup_min}
     none = {"method": "none", "k": 1, "drafter": None, "speculative_token_tree": "chain", "speculative_tree_budget": 16,
             "response_lookup": "none", **lookup}
-    if raw is None or raw == "":
-        return none
     try:
-        cfg = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        cfg = {"parallel_drafting": True} if raw is None or raw == "" else json.loads(raw) if isinstance(raw, str) \
+            else dict(raw)
     except json.JSONDecodeError as e:
         raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
     if not isinstance(cfg, dict):

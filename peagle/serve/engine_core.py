@@ -1,6 +1,6 @@
 """The engine core: :class:`LLMEngine`'s step loop on the main thread of a process of its own.
 
-Why a process and not a thread beside the HTTP server (BENCHMARKS.md §10): every Python thread
+Why a process and not a thread beside the HTTP server: every Python thread
 that runs a parallel torch op gets its own OpenMP team, and with two teams libgomp manages more
 threads than there are cores, so it stops spin-waiting between parallel regions; the engine's
 worker then sleeps and wakes for each of a step's ~2,000 small ops, and a second thread ran the

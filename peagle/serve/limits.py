@@ -9,7 +9,7 @@ flag) and the three places that enforce them, each answering with an OpenAI erro
 * the request (:func:`check_request`, before any prompt is tokenized): choices, prompt characters and
   stop strings (400).
 
-Without them (BENCHMARKS.md §24) a 64 MB body was read and parsed whole, a 2M-character prompt was
+Without them a 64 MB body was read and parsed whole, a 2M-character prompt was
 tokenized on the event loop before its length was checked, and a connection that sent nothing held
 its slot forever."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The head being trained: a :class:`Drafter` whose embedding table is the target's, frozen, except
-the mask token's row, which is learned (PEAGLE.md §1). Initialised from the target where that
+the mask token's row, which is learned (docs/design.md, "The drafter"). Initialised from the target where that
 helps: its LM-head rows for the draft vocabulary and its final norm."""
 from __future__ import annotations
 

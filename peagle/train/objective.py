@@ -1,4 +1,4 @@
-"""The training objectives: P-EAGLE's parallel groups (PEAGLE.md §4) and EAGLE-3's training-time test.
+"""The training objectives: P-EAGLE's parallel groups (docs/design.md, "Training") and EAGLE-3's training-time test.
 
 Both work on *elements* ``(token row t, depth d)`` of a packed micro-batch: the anchor is the
 token at row ``t`` (position ``a`` in its document), the element sits at RoPE position ``a + d`` and
@@ -7,8 +7,8 @@ reads token ``x[a+1]`` with the target feature ``g[a]``, exactly as inference pa
 elements read the mask token and ``fc(mask_hidden)`` (P-EAGLE, all depths in one pass) or token
 ``x[a+d+1]`` and the head's own pre-norm output at depth ``d-1`` (EAGLE-3, one pass per depth).
 
-Attention follows the chain rule of §4: element ``(a_q, d_q)`` sees ``(a_k, d_k)`` iff both are in
-the same document and either ``d_k == 0 and a_k <= a_q`` or ``a_k == a_q and d_k <= d_q``; that is
+Attention follows the chain rule of docs/design.md ("Training"): element ``(a_q, d_q)`` sees ``(a_k, d_k)`` iff
+both are in the same document and either ``d_k == 0 and a_k <= a_q`` or ``a_k == a_q and d_k <= d_q``; that is
 what a mask slot sees at inference (all verified context, the bonus row, earlier mask slots).
 """
 from __future__ import annotations
@@ -114,8 +114,8 @@ def sample_elements(batch: Batch, k: int, r: float, r_min: float, gens: list[tor
 
 
 def chain_mask(batch: Batch, q: Elements, kv: Elements) -> ChainMask:
-    """§4's attention rule for queries ``q`` over keys ``kv`` (depth-major, so the depth-0 context
-    keys come first): ``(a_q, d_q)`` sees ``(a_k, d_k)`` iff same document and either ``d_k == 0
+    """The chain rule's attention (docs/design.md, "Training") for queries ``q`` over keys ``kv`` (depth-major,
+    so the depth-0 context keys come first): ``(a_q, d_q)`` sees ``(a_k, d_k)`` iff same document and either ``d_k == 0
     and a_k <= a_q`` or ``a_k == a_q and d_k <= d_q``."""
     n0 = int((kv.depth == 0).sum())
     k0 = kv.tok[:n0]

@@ -163,7 +163,7 @@ def doc_generator(seed: int, epoch: int, index: int) -> torch.Generator:
 def placement(device: torch.device) -> tuple[torch.device, str]:
     """This process's device and its process group's backend. One GPU per process; more processes than GPUs
     share them round-robin over gloo, as NCCL refuses two ranks on one device (for steps that leave a GPU idle:
-    four on one H100 trained the default head 1.04x faster than one, BENCHMARKS.md §43)."""
+    four on one H100 trained the default head 1.04x faster than one)."""
     if device.type != "cuda":
         return device, "gloo"
     if device.index is not None:

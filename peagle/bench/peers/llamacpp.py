@@ -8,9 +8,9 @@ at a time: decode rates and the serving table come from the binaries.
 
 The default model ships as a Q4_1 GGUF; the F32, F16, BF16 and Q8_0 files are made from it by
 llama.cpp's own quantizer (``allow_requantize``), so every precision holds the weights peagle runs.
-On CPUs with AMX, llama.cpp's repacked Q4_1 path crashes on any batch of more than one token
-(CPU-PERF.md); there the Q4_1 peer runs with ``n_batch=1`` (the prompt fed a token at a time, decode
-unchanged) and :func:`config_note` says so.
+On CPUs with AMX, llama.cpp's repacked Q4_1 path crashes on any batch of more than one token;
+there the Q4_1 peer runs with ``n_batch=1`` (the prompt fed a token at a time, decode unchanged)
+and :func:`config_note` says so.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 // Tree verification (peagle/engine/tree.py's accept_paths_torch states it in plain torch, the form CUDA runs)
 // as one pass over the batch on the CPU: a verify step's ~20 small torch ops cost 25 us of host work warm,
-// about twice that inside a step whose weights have evicted it (BENCHMARKS.md §35).
+// about twice that inside a step whose weights have evicted it.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>

@@ -116,7 +116,7 @@ static void silu_mul_rows(const float* gu, float* out, int64_t n, int64_t t0, in
 template <class E>
 static inline void weighted_sum_scalar(float (*acc)[MAX_HEAD_DIM], const float (*p)[KEY_BLOCK],
                                        const E* const* vrow, int64_t n, int64_t g, int64_t e0, int64_t d) {
-  if (e0 >= d) return;  // no tail (the SIMD paths' usual case): g x n empty loops cost 15% of 8 rows' attention (§48)
+  if (e0 >= d) return;  // no tail (the SIMD paths' usual case): g x n empty loops cost 15% of 8 rows' attention
   for (int64_t gi = 0; gi < g; ++gi)
     for (int64_t j = 0; j < n; ++j)
       for (int64_t e = e0; e < d; ++e) acc[gi][e] = std::fma(p[gi][j], row_value(vrow[j][e]), acc[gi][e]);
@@ -209,7 +209,7 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
   alignas(64) static thread_local float kbuf[KEY_BLOCK * MAX_HEAD_DIM];
   // the scores of nq queries over a block's nk keys (ksrc), a half pool's rows converted as the products load
   // them: the same values as converting them first, without a copy (converting first cost 41% of the attention's
-  // samples, §47); into kbuf first only where d leaves a tail of a vector
+  // samples); into kbuf first only where d leaves a tail of a vector
   auto key_scores = [&](const float* const* qq, int64_t nq, int64_t nk, float* const* out) {
     if constexpr (std::is_same_v<E, uint16_t>) {
       if (d % L) {
@@ -286,9 +286,9 @@ static void attend_tiles(const AttnArgs& a, int64_t i0, int64_t i1) {
       const int64_t ju = std::max(j0, LO), n = std::min(j0 + KEY_BLOCK, HI) - ju;
       int64_t blk = ju / bs, off = ju % bs;  // walked, not divided, key by key
       // Memory is read ahead of the arithmetic: a head's rows lie a slot apart, a stride the hardware's
-      // streams follow late, and one row's attention waited on memory more than it computed (BENCHMARKS.md
-      // §31). This block's values (read after its scores), its keys on the first block, the next block's keys
-      // and values (its values too: decoding after 1,024 / 3,072 tokens 1.10x / 1.13x, §45).
+      // streams follow late, and one row's attention waited on memory more than it computed.
+      // This block's values (read after its scores), its keys on the first block, the next block's keys
+      // and values (its values too: decoding after 1,024 / 3,072 tokens 1.10x / 1.13x).
       const bool first = j0 == LO - LO % KEY_BLOCK;
       for (int64_t j = 0; j < n; ++j, ++off) {
         if (off == bs) ++blk, off = 0;

@@ -95,7 +95,7 @@ struct Avx2 {
   // lane i = hsum(v[i]), the same additions in the same pairs, 8 reductions sharing each shuffle and add:
   // l + l+4 (two vectors a step), then l + l+2, l + l+1 (within 128-bit lanes); key i comes out at lane
   // i / 2 (even) or 4 + i / 2 (odd), put back in order by one permute
-  // inlined: called, its 8 accumulators went through the stack (a quarter of one row's attention, §48)
+  // inlined: called, its 8 accumulators went through the stack (a quarter of one row's attention)
   __attribute__((always_inline)) static vec hsum_many(const vec* v) {
     vec h[4], w[2];
     for (int i = 0; i < 4; ++i)
@@ -159,7 +159,7 @@ inline __m256i bcast4(const int8_t* p) {  // four int8 activations in every lane
 // (16 products of at most 15 x 127: no overflow); q8_0: |w| x sign(x, w) (at most 128 x 127 a product,
 // two per int16), each into int32. At most one packed group (two halves) a tile: four halves (two groups,
 // two streams of blocks read in turn) made one row 2.5x slower on Zen 5 (7.0 against 2.8 ms for the default
-// model's layer matmuls on one thread, BENCHMARKS.md §30).
+// model's layer matmuls on one thread).
 template <WType T>
 struct Avx2Int {
   using Args = QLinearArgs;

@@ -79,7 +79,7 @@ struct Avx512 {
   // lane i = hsum(v[i]), the same additions in the same pairs, 16 reductions sharing each shuffle and add:
   // l + l+8 (two vectors a step), then l + l+4, l + l+2, l + l+1 (within 128-bit lanes); the sums come out
   // with key 4t + j at lane 4j + t, put back in order by one permute
-  // inlined: called, its 16 accumulators went through the stack (a quarter of one row's attention, §48)
+  // inlined: called, its 16 accumulators went through the stack (a quarter of one row's attention)
   __attribute__((always_inline)) static vec hsum_many(const vec* v) {
     vec h[8], w[4], z[2];
     for (int i = 0; i < 8; ++i)

@@ -5,7 +5,7 @@
 // final norm, the LM head and the argmax at those rows, mapped to target ids. The same operators in the same order
 // as ModelRunner.propose's steps (the same bits: tests/test_fused_passes.py); what it saves is their ~25 Python and dispatcher round trips,
 // each paid on caches the target's pass has just flushed (0.47 ms of a K=1 round's host work on a Zen 4,
-// more than the drafter's own arithmetic; BENCHMARKS.md §46).
+// more than the drafter's own arithmetic).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>

@@ -1,7 +1,7 @@
 // The drafter-batch expansion (peagle/engine/expansion.py states it; expand_torch is its plain-torch form and
 // the Triton kernel its CUDA one) as one pass over the requests on the CPU: a decode step's expansion is a
 // few rows, and expand_torch's ~30 small torch ops cost more than the drafter's own layer arithmetic there
-// (0.13 ms of a K=1 round's 1.07 ms over a plain step; BENCHMARKS.md §33).
+// (0.13 ms of a K=1 round's 1.07 ms over a plain step).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>

@@ -164,11 +164,11 @@ static void dispatch_wtype(const LinearArgs& a, int64_t n0, int64_t n1) {
 // A packed weight larger than the caches streams from memory on every pass (an LM head: Gemma 3 270M's
 // 262,144 x 640 Q8_0 is 170 MB): there tiles one unit wide (one read stream, which the hardware prefetcher
 // keeps ahead of) beat the wider ones that hide vpdpbusd's latency for weights in cache (Zen 5, that head,
-// CPU time of one thread: 1 row 6.3 -> 4.8 ms, 2 rows 7.2 -> 5.0, 4 rows 6.1 -> 5.0; BENCHMARKS §23). One
+// CPU time of one thread: 1 row 6.3 -> 4.8 ms, 2 rows 7.2 -> 5.0, 4 rows 6.1 -> 5.0). One
 // packed group wide, not one unit: with 8 lanes (AVX2, AVX-VNNI) a group is two units sharing every cache
 // line, and a tile of one read each line twice (the default model's Q8_0 head, one row: AVX2 0.87 -> 0.67 ms,
-// AVX-VNNI 0.74 -> 0.50; §30). Where that starts is the CPU's, timed at start-up (stream_bytes, kernels.h:
-// on a Zen 4 every layer matrix runs faster so, §42). A column's sum is the same whatever the tile's shape:
+// AVX-VNNI 0.74 -> 0.50). Where that starts is the CPU's, timed at start-up (stream_bytes, kernels.h:
+// on a Zen 4 every layer matrix runs faster so). A column's sum is the same whatever the tile's shape:
 // results do not change.
 template <class K, WType T>
 static void run_packed(const QLinearArgs& a, int64_t n0, int64_t n1) {

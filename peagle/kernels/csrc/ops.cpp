@@ -224,7 +224,7 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
   // threads' shares of one sequence's items are equal), tile_rows halved while there are fewer than two work
   // items a thread (one sequence's verify rows: both threads busy), down to SPLIT_ROWS: tiles of three rows
   // or fewer wait on memory, and cut in two they read their keys twice for nothing (2 threads, 2 rows of a
-  // sequence: 0.49-0.54 ms split against 0.44-0.50 whole, 30 layers at 220 positions; BENCHMARKS.md §33)
+  // sequence: 0.49-0.54 ms split against 0.44-0.50 whole, 30 layers at 220 positions)
   constexpr int64_t SPLIT_ROWS = 3;
   std::vector<int64_t> tiles;
   for (int64_t tile_rows = std::max<int64_t>(1, MAX_QUERIES / (H / Hkv));; tile_rows = (tile_rows + 1) / 2) {
@@ -581,7 +581,7 @@ static QRows quant_scratch(int64_t M, int64_t K) {
 // each into its own scratch, inside the columns' range: one range a call instead of two, and no thread reads
 // quants another wrote. The same function on the same rows: the same bits. (Zen 4, engine steps, paired
 // bursts: K=1 rounds 0.97x, K=3 0.88-0.94x, plain steps and K=7 level; on the bf16 path the same change measured
-// level, not taken; BENCHMARKS.md §55.)
+// level, not taken.)
 static constexpr int64_t OWN_QUANT_ROWS = 8;
 
 static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::optional<at::Tensor>& bias,

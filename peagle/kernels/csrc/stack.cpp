@@ -105,7 +105,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
 // the layers (the last one past its KV for the verified rows alone), the taps concatenated, the final norm at the
 // verified rows, the LM head and each of those rows' argmax and finiteness. The same operators in the same order
 // as LlamaModel.forward and greedy() run them (the same bits: tests/test_fused_passes.py); what it saves is their ~10 Python and dispatcher round trips
-// a step, each on caches the weights' stream has just flushed (0.2 ms of a 4.8 ms step on a Zen 4, §46).
+// a step, each on caches the weights' stream has just flushed (0.2 ms of a 4.8 ms step on a Zen 4).
 // Returns (logits of ``logit_rows``, taps [T, sum of widths], argmax tokens, finite rows).
 static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> target_pass(
     const at::Tensor& ids, const at::Tensor& embed, const c10::List<c10::optional<at::Tensor>>& weights,

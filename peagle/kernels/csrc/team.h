@@ -1,7 +1,7 @@
 // Work split over torch's threads. An operator called on its own forks an OpenMP region per range (as
 // at::parallel_for). decoder_layers runs its layers inside one region, a team: the calling thread runs the
 // operators, and the other threads wait on a job board for their chunk of each range it posts, instead of
-// a region being forked and joined per operator (~150 a decoding step; BENCHMARKS.md §34). The chunks
+// a region being forked and joined per operator (~150 a decoding step). The chunks
 // are at::parallel_for's, so each thread's share is what it was; a range that makes one chunk runs on
 // the calling thread without waking anyone. A chunk's exception reaches the caller, as at::parallel_for's.
 #pragma once

@@ -29,7 +29,7 @@ struct VnniTiles {
   // Whether a tile prefetches the next tile's weights: not where one read stream (one packed group wide) feeds
   // fewer than 6 rows, which the hardware prefetcher keeps ahead of alone, the software's requests only adding
   // to it (Zen 4, engine steps, the two builds alternating: 1 row 0.95-0.99x, 2-3 rows 0.93-0.96x, 4-6 rows
-  // level, 8 rows 1.09x without them; BENCHMARKS.md §49)
+  // level, 8 rows 1.09x without them)
   static constexpr bool prefetches(int R, int G) { return G > stream_columns(R) || R >= 6; }
 
   static ivec bcast4(const int8_t* p) {  // four int8 activations in every lane

@@ -12,7 +12,7 @@ namespace {
 // vpdpbusd's latency (~5 cycles at two a cycle) wants about 12 independent sums in flight: R x G as near
 // 12 as 32 registers allow (R * G int32 and float32 vectors, the weights' 2G, two broadcasts). Taller passes
 // go in tiles of 4 rows, each tile's weights then read from L1 (Zen 5, the default model's layer matmuls on
-// one thread: 4 rows 3.0 -> 2.3 ms, 8 rows 4.2 -> 3.9 ms against tiles of 8 x 1; BENCHMARKS.md §30).
+// one thread: 4 rows 3.0 -> 2.3 ms, 8 rows 4.2 -> 3.9 ms against tiles of 8 x 1).
 struct Zmm {
   static constexpr int LANES = 16, RMAX = 4;
   static constexpr int columns(int R) { return R <= 1 ? 4 : 3; }
