@@ -359,11 +359,11 @@ class KVCache:
 class DenseKV:
     """Training's stand-in for :class:`KVCache`: one layer's keys and values, kept in the autograd
     graph and extended by each forward, so EAGLE-3's unrolled passes (training-time test) attend to
-    what earlier passes computed. The forward's ``meta`` is then a :class:`ChainMask`."""
+    what earlier passes computed. It may start from keys computed elsewhere (a segment's depth-0
+    prefix, :mod:`peagle.train.objective`). The forward's ``meta`` is then a :class:`ChainMask`."""
 
-    def __init__(self):
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+    def __init__(self, k: torch.Tensor | None = None, v: torch.Tensor | None = None):
+        self.k, self.v = k, v
 
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.k = k if self.k is None else torch.cat([self.k, k])
@@ -371,34 +371,153 @@ class DenseKV:
         return self.k, self.v
 
 
+SCORE_BUDGET = 1 << 24   # scores one query block of the chunked chain attention holds (64 MB in float32)
+
+
 @dataclass
 class ChainMask:
-    """Which keys a training query sees, in the shape of P-EAGLE's attention rule: part of the first
-    ``n_context`` keys (the depth-0 context; ``context[q, j]``) and at most a few keys of its own
-    chain (``chain[q, c]``: a key index, -1 for none). Same result as a dense ``[queries, keys]``
-    mask at a fraction of the work: a query never sees another anchor's deeper elements."""
+    """Which keys a training query sees, in the shape of P-EAGLE's attention rule. Queries and keys
+    are elements ``(token row, depth)``; keys are depth-major, so the depth-0 keys come first,
+    sorted by row. Query ``(a_q, d_q)`` sees key ``(a_k, d_k)`` iff both rows are in one document
+    and either ``d_k == 0 and a_k <= a_q`` or ``a_k == a_q and d_k <= d_q``.
 
-    context: torch.Tensor  # [queries, n_context] bool
+    Two views of the same rule, neither of them a dense ``[queries, keys]`` mask: for the chunked
+    attention, each query's context keys are one range ``first[q] <= j < end[q]`` and its own chain
+    at most ``C`` more (``chain[q, c]``, -1 for none); for FlexAttention, :meth:`mask_mod` states
+    the rule per (query, key) pair from the elements' rows and depths."""
+
+    first: torch.Tensor    # [queries] long
+    end: torch.Tensor      # [queries] long
     chain: torch.Tensor    # [queries, C] long
+    q_tok: torch.Tensor    # [queries] token row
+    q_depth: torch.Tensor
+    k_tok: torch.Tensor    # [keys]
+    k_depth: torch.Tensor
+    doc: torch.Tensor      # [rows] document of each token row
+
+    def mask_mod(self):
+        """The rule as FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``."""
+        q_tok, q_depth, k_tok, k_depth, doc = self.q_tok, self.q_depth, self.k_tok, self.k_depth, self.doc
+
+        def rule(b, h, q_idx, kv_idx):
+            qt, kt, kd = q_tok[q_idx], k_tok[kv_idx], k_depth[kv_idx]
+            return (doc[qt] == doc[kt]) & (((kd == 0) & (kt <= qt)) | ((kt == qt) & (kd <= q_depth[q_idx])))
+        return rule
+
+
+def _chain_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor, end: torch.Tensor,
+                 chain: torch.Tensor):
+    """Scores of one query block ``q [B, Hkv, g, d]`` (already scaled): over its context range
+    ``[Hkv, g, B, R]`` (keys ``r0 .. r0+R-1``, the union of the block's ranges) and over its chains
+    ``[Hkv, g, B, C]``, each float32 with -inf where not seen; and the keys and values they read."""
+    r0, r1 = int(first.min()), int(end.max())
+    kx, vx = k[r0:r1], v[r0:r1]
+    cols = torch.arange(r0, r1, device=q.device)
+    seen = (cols >= first[:, None]) & (cols < end[:, None])
+    s = torch.einsum("bhgd,rhd->hgbr", q, kx).float().masked_fill(~seen, float("-inf"))
+    B, C = chain.shape
+    idx = chain.clamp(min=0).view(-1)
+    # index_select, not k[idx]: its backward adds rows (index_add_), where advanced indexing's sorts them first
+    kc, vc = k.index_select(0, idx).view(B, C, *k.shape[1:]), v.index_select(0, idx).view(B, C, *v.shape[1:])
+    sc = torch.einsum("bhgd,bchd->hgbc", q, kc).float().masked_fill(chain < 0, float("-inf"))
+    return r0, r1, s, sc, kx, vx, kc, vc, idx
+
+
+class ChunkedChainAttention(torch.autograd.Function):
+    """Attention under a :class:`ChainMask` one query block at a time, saving only the output and
+    the log-sum-exp for backward (which recomputes each block's scores, as FlashAttention does): no
+    ``[H, queries, keys]`` tensor lives beyond one block, and a block scores only the keys its
+    queries' ranges span. Exact: the same softmax as a dense masked one, up to summation order."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, m: ChainMask, scale: float):
+        T, H, d = q.shape
+        Hkv = k.shape[1]
+        qs = (q * scale).view(T, Hkv, H // Hkv, d)
+        width = (int((m.end - m.first).max()) if T else 0) + m.chain.shape[1]
+        block = max(16, SCORE_BUDGET // (H * max(width, 1)))
+        out = torch.empty_like(q)
+        lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+        with torch.autocast(q.device.type, enabled=False):
+            for i in range(0, T, block):
+                j = min(i + block, T)
+                _, _, s, sc, _, vx, _, vc, _ = _chain_block(qs[i:j], k, v, m.first[i:j], m.end[i:j], m.chain[i:j])
+                top = s.amax(-1, keepdim=True)                                 # [Hkv, g, B, 1]
+                if sc.shape[-1]:
+                    top = torch.maximum(top, sc.amax(-1, keepdim=True))
+                p, pc = (s - top).exp(), (sc - top).exp()
+                total = p.sum(-1, keepdim=True) + pc.sum(-1, keepdim=True)
+                o = torch.einsum("hgbr,rhd->bhgd", (p / total).to(v.dtype), vx) + \
+                    torch.einsum("hgbc,bchd->bhgd", (pc / total).to(v.dtype), vc)
+                out[i:j] = o.reshape(j - i, H, d)
+                lse[i:j] = (top + total.log()).squeeze(-1).permute(2, 0, 1).reshape(j - i, H)
+        ctx.save_for_backward(q, k, v, out, lse, m.first, m.end, m.chain)
+        ctx.scale, ctx.block = scale, block
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, first, end, chain = ctx.saved_tensors
+        scale, block = ctx.scale, ctx.block
+        T, H, d = q.shape
+        Hkv = k.shape[1]
+        g = H // Hkv
+        qs = (q * scale).view(T, Hkv, g, d)
+        dq = torch.empty_like(q)
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        delta = (grad.float() * out.float()).sum(-1)                           # [T, H]
+        with torch.autocast(q.device.type, enabled=False):
+            for i in range(0, T, block):
+                j = min(i + block, T)
+                r0, r1, s, sc, kx, vx, kc, vc, idx = _chain_block(qs[i:j], k, v, first[i:j], end[i:j], chain[i:j])
+                B = j - i
+                go = grad[i:j].view(B, Hkv, g, d)
+                l = lse[i:j].view(B, Hkv, g).permute(1, 2, 0)[..., None]         # [Hkv, g, B, 1]
+                dl = delta[i:j].view(B, Hkv, g).permute(1, 2, 0)[..., None]
+                p, pc = (s - l).exp(), (sc - l).exp()
+                ds = p * (torch.einsum("bhgd,rhd->hgbr", go, vx).float() - dl)
+                dsc = pc * (torch.einsum("bhgd,bchd->hgbc", go, vc).float() - dl)
+                dq[i:j] = (torch.einsum("hgbr,rhd->bhgd", ds.to(k.dtype), kx)
+                           + torch.einsum("hgbc,bchd->bhgd", dsc.to(k.dtype), kc)).reshape(B, H, d) * scale
+                qb = qs[i:j]
+                dk[r0:r1] += torch.einsum("hgbr,bhgd->rhd", ds.to(q.dtype), qb).float()
+                dv[r0:r1] += torch.einsum("hgbr,bhgd->rhd", p.to(grad.dtype), go).float()
+                C = chain.shape[1]
+                dk.index_add_(0, idx, torch.einsum("hgbc,bhgd->bchd", dsc.to(q.dtype), qb).reshape(B * C, Hkv, d).float())
+                dv.index_add_(0, idx, torch.einsum("hgbc,bhgd->bchd", pc.to(grad.dtype), go).reshape(B * C, Hkv, d).float())
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask) -> torch.Tensor:
     """Grouped-query attention under a :class:`ChainMask`: q ``[T, H, d]``, k/v ``[S, Hkv, d]`` ->
-    ``[T, H*d]``; one softmax over the context keys and the chain keys together."""
+    ``[T, H*d]``. FlexAttention with the rule as its ``mask_mod`` on CUDA (its kernels skip the blocks
+    the mask leaves empty); elsewhere :class:`ChunkedChainAttention` (FlexAttention has no backward on
+    the CPU in torch 2.13, and its CPU forward needs a compiler)."""
     T, H, d = q.shape
-    Hkv = k.shape[1]
-    n0 = m.context.shape[1]
-    qg = q.view(T, Hkv, H // Hkv, d) * d ** -0.5
-    s0 = torch.einsum("thgd,shd->hgts", qg, k[:n0]).masked_fill(~m.context, float("-inf"))
-    idx = m.chain.clamp(min=0).view(-1)
-    C = m.chain.shape[1]
-    # index_select, not k[idx]: its backward adds rows (index_add_), where advanced indexing's sorts them first
-    # (on an H100 that backward was 56% of a training step's GPU time)
-    kc, vc = k.index_select(0, idx).view(T, C, Hkv, d), v.index_select(0, idx).view(T, C, Hkv, d)
-    sc = torch.einsum("thgd,tchd->hgtc", qg, kc).masked_fill(m.chain < 0, float("-inf"))
-    p = torch.cat([s0, sc], dim=-1).softmax(-1)
-    o = torch.einsum("hgts,shd->thgd", p[..., :n0], v[:n0]) + torch.einsum("hgtc,tchd->thgd", p[..., n0:], vc)
-    return o.reshape(T, H * d)
+    if q.device.type == "cuda":
+        return flex_chain(q, k, v, m).reshape(T, H * d)
+    return ChunkedChainAttention.apply(q, k, v, m, d ** -0.5).reshape(T, H * d)
+
+
+_compiled_flex = None
+
+
+def flex_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask, compiled: bool = True) -> torch.Tensor:
+    """:func:`attend_chain` through FlexAttention: ``[T, H, d]``. ``compiled=False`` runs torch's
+    eager reference (any device, forward only on the CPU), which materialises the scores: for tests."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # loads torch._dynamo
+
+    fn = flex_attention
+    if compiled:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=True)
+        fn = _compiled_flex
+    block = create_block_mask(m.mask_mod(), None, None, q.shape[0], k.shape[0], device=q.device)
+    o = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block,
+           enable_gqa=True)
+    return o[0].transpose(0, 1)
 
 
 def prefix_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:

@@ -36,7 +36,7 @@ from peagle.models.drafter import save_drafter
 from peagle.runtime import DTYPE_CHOICES, configure_cpu, resolve_device, resolve_dtype
 from peagle.train.data import HiddenSource, Record, budget_groups, draft_vocab, is_eval, load_records
 from peagle.train.head import TrainHead
-from peagle.train.objective import (LABELS, METHODS, Batch, Objective, Piece, auto_segments, evaluate, pieces,
+from peagle.train.objective import (LABELS, METHODS, Batch, Objective, Piece, evaluate, num_segments, pieces,
                                     sample_elements)
 
 STATE = "checkpoint/state.pt"
@@ -225,7 +225,7 @@ class Trainer:
             el = sample_elements(batch, cfg.k, cfg.r, cfg.r_min, gens)
             n_sup += self.objective.count(batch, el)
             n_tok += batch.ids.shape[0]
-            work += pieces(batch, el, auto_segments(batch, el, cfg.segments, cfg.max_elements))
+            work += pieces(batch, el, num_segments(el, cfg.segments, cfg.max_elements), cfg.method)
         return work, n_sup, n_tok
 
     def train_step(self) -> dict:
