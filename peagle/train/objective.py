@@ -325,7 +325,8 @@ class Objective(nn.Module):
                                    reduction="sum")
             return loss, correct, supervised
         rows, inverse = label[supervised].unique(return_inverse=True)  # depths share label rows
-        p = (batch.final[rows] @ self.target_head.t()).float().softmax(-1)[inverse]
+        th = self.target_head  # in the target's dtype: its logits as it computes them
+        p = (batch.final[rows].to(th.dtype) @ th.t()).float().softmax(-1)[inverse]
         loss = -(p * F.log_softmax(logits[supervised].float(), -1)).sum()
         return loss, correct, supervised
 
@@ -351,14 +352,17 @@ class Objective(nn.Module):
 
     def run(self, work: list[Piece], scale: float, backward: bool, model: nn.Module | None = None) -> Stats:
         """Forward (and backward, the loss times ``scale``), piece by piece. ``model`` is this
-        objective or its DistributedDataParallel wrapper, which then all-reduces the gradients in
-        the last backward only (``no_sync`` for the others). A segment's backward also carries the
+        objective, its DistributedDataParallel wrapper or itself under FSDP2's ``fully_shard``, which
+        then reduce the gradients in the last backward only. A segment's backward also carries the
         gradients later segments sent to its depth-0 keys and values (:class:`PrefixKV`)."""
         model = model or self
         stats = Stats.zeros(self.k, self.target_head.device)
         for i, piece in enumerate(work):
-            sync = i == len(work) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
-            with contextlib.nullcontext() if sync else model.no_sync():
+            sync = i == len(work) - 1
+            if hasattr(model, "set_requires_gradient_sync"):   # FSDP2's fully_shard
+                model.set_requires_gradient_sync(sync)
+            ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+            with model.no_sync() if ddp and not sync else contextlib.nullcontext():
                 loss, correct, supervised, rows, own = model(piece)
                 if backward:
                     sent = piece.prefix.sent_back(piece.own) if own else []

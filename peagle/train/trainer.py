@@ -40,6 +40,7 @@ from peagle.train.objective import (LABELS, METHODS, Batch, Objective, Piece, ev
                                     sample_elements)
 
 STATE = "checkpoint/state.pt"
+PARALLEL = ("ddp", "fsdp")
 LOG = "train_log.jsonl"
 
 
@@ -49,6 +50,7 @@ class TrainConfig:
     out: str
     target: str | None = None
     quantization: str | None = None  # a GGUF target's blocks kept (gguf, its default) or de-quantized (none)
+    target_dtype: str = "auto"       # the target's weights as loaded (auto: as peagle serves it); never a float32 copy
     compute: str = "fast"  # a GGUF target's blocks through integer dot products (fast) or float32 (exact)
     method: str = "peagle"
     layers: int = 1
@@ -83,6 +85,7 @@ class TrainConfig:
     device: str = "auto"             # auto (CUDA when present), cpu, cuda, cuda:N
     dtype: str = "auto"              # autocast dtype; auto: bfloat16 on CUDA and native-bf16 CPUs, else float32
     deterministic: bool = False      # torch's deterministic kernels (a GPU run then resumes bit for bit)
+    parallel: str = "ddp"            # many processes: ddp (each holds the head) or fsdp (FSDP2: each holds a shard)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -94,13 +97,15 @@ class TrainConfig:
             raise ValueError("r and r_min must be in (0, 1]")
         if self.labels not in LABELS:
             raise ValueError(f"unknown labels {self.labels!r}; choose one of {', '.join(LABELS)}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"unknown parallel {self.parallel!r}; choose one of {', '.join(PARALLEL)}")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
 
 
 # Settings a resumed run must share with the run it continues.
 RESUME_KEYS = ("method", "layers", "k", "draft_vocab", "batch_size", "micro_tokens", "r", "r_min", "max_len",
-               "eval_fraction", "seed", "lr", "min_lr", "warmup_steps", "weight_decay")
+               "eval_fraction", "seed", "lr", "min_lr", "warmup_steps", "weight_decay", "parallel")
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int):
@@ -133,7 +138,8 @@ def placement(device: torch.device) -> tuple[torch.device, str]:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig):
-        from peagle.models.loader import choose_mask_token, load_target, load_tokenizer
+        from peagle.models.loader import choose_mask_token, load_target, load_tokenizer, resolve_target
+        from peagle.train.target import load_target_ends
 
         self.cfg = cfg
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -151,8 +157,12 @@ class Trainer:
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group(backend)
         self.out = Path(cfg.out)
-        self.target, path = load_target(cfg.target, "float32", device=self.device,  # online states: float32 KV
-                                        quantization=cfg.quantization, compute=cfg.compute)
+        if cfg.hidden is None:
+            self.target, path = load_target(cfg.target, cfg.target_dtype, device=self.device,
+                                            quantization=cfg.quantization, compute=cfg.compute)
+        else:  # the states are on disk: the target's embedding, norm and LM head only
+            self.target = load_target_ends(cfg.target, cfg.target_dtype, self.device, cfg.quantization)
+            path = resolve_target(cfg.target, weights=False)
         self.target.requires_grad_(False)
         records = load_records(cfg.data, cfg.max_len)
         self.source = HiddenSource(self.target, cfg.hidden)
@@ -190,19 +200,40 @@ class Trainer:
             self.head.mask_embedding.requires_grad_(False)
         self.objective = Objective(self.head, cfg.method, cfg.k, self.target.lm_weight[draft_ids.to(self.device)],
                                    self.dtype, cfg.labels)
+        self.fsdp = self.world > 1 and cfg.parallel == "fsdp"
+        if state is not None:
+            self._restore_head(state)
+        self.model = self._parallel()
         self.opt = torch.optim.AdamW(self.head.trainable(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
         self.last_eval: dict | None = None
         if state is not None:
             self._restore(state)
-        # data parallel: DDP averages the gradients (gloo on CPU, NCCL on GPUs), in the step's last
-        # backward only; buffers (vocabulary maps, RoPE) never change, so they are not re-broadcast (the flag's
-        # name before torch 2.13 was broadcast_buffers, as GPU images often carry an older torch)
+
+    def _parallel(self) -> torch.nn.Module:
+        """The objective as the step runs it. Data parallel over processes (gloo on CPU, NCCL on GPUs), the
+        gradients averaged in the step's last backward only: DDP, each process holding the whole head; or FSDP2
+        (``fully_shard`` on each head layer, then the whole), each holding a shard of every weight and of Adam's
+        state, the layers gathered as they run (for heads too big for one device)."""
+        if self.world == 1:
+            return self.objective
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            from peagle.models.layers import Linear
+            for m in self.head.modules():  # FSDP shards row-major parameters: Linear's [in, out] order given up
+                if isinstance(m, Linear):
+                    m.weight.data = m.weight.data.contiguous()
+            for layer in [self.head.midlayer, *self.head.layers.values()]:
+                fully_shard(layer)
+            return fully_shard(self.objective)
+        # buffers (vocabulary maps, RoPE) never change, so DDP does not re-broadcast them (the flag's name
+        # before torch 2.13 was broadcast_buffers, as GPU images often carry an older torch)
         no_sync = "forward_sync_buffers" if "forward_sync_buffers" in signature(DistributedDataParallel).parameters \
             else "broadcast_buffers"
-        self.model = self.objective if self.world == 1 else DistributedDataParallel(
-            self.objective, device_ids=[self.device] if self.device.type == "cuda" else None, **{no_sync: False})
+        return DistributedDataParallel(self.objective, device_ids=[self.device] if self.device.type == "cuda" else None,
+                                       **{no_sync: False})
 
     # ------------------------------------------------------------------ one step
     def _my_docs(self, step: int) -> list[tuple[int, Record]]:
@@ -285,7 +316,7 @@ class Trainer:
         return self.last_eval
 
     def evaluate(self) -> None:
-        if self.rank == 0 and self.eval_records:
+        if self.eval_records and (self.rank == 0 or self.fsdp):  # under FSDP every process gathers the layers
             self.head.eval()
             res = evaluate(self.objective, self.source.docs(self.eval_records), self.cfg.k,
                            self.cfg.max_elements)
@@ -296,15 +327,16 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> None:
         """The vLLM-format head in ``out`` and the training state in ``out/checkpoint``, each atomically."""
+        head, optimizer = self._full_state()
         if self.rank == 0:
-            save_drafter(self.head.to_drafter(), self.out)
+            save_drafter(self.head.to_drafter(head), self.out)
             state = {
                 "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "last_eval": self.last_eval,
                 "config": dataclasses.asdict(self.cfg), "world_size": self.world,
                 "draft_ids": self.head.draft_vocab_ids().cpu(),
                 "mask_token_id": self.head.cfg.mask_token_id,
-                "head": {k: v for k, v in self.head.state_dict().items() if k != "embed_tokens.weight"},
-                "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                "head": {k: v for k, v in head.items() if k != "embed_tokens.weight"},
+                "optimizer": optimizer, "scheduler": self.sched.state_dict(),
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
             }
             path = self.out / STATE
@@ -314,6 +346,17 @@ class Trainer:
             os.replace(tmp, path)
         if self.world > 1:
             dist.barrier()
+
+    def _full_state(self) -> tuple[dict, dict]:
+        """The head's and the optimizer's whole state (under FSDP gathered from every process's shard: each
+        process takes part, rank 0 gets them)."""
+        if not self.fsdp:
+            return self.head.state_dict(), self.opt.state_dict()
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        head = get_model_state_dict(self.head, options=full)
+        return head, get_optimizer_state_dict(self.model, self.opt, options=full)
 
     def _init_head(self):
         """The head ``--init-from`` names, checked against this run's shape."""
@@ -335,16 +378,27 @@ class Trainer:
             return None
         state = torch.load(path, weights_only=False, map_location="cpu")
         old = state["config"]
-        diff = [f"{k}: {old.get(k)!r} -> {getattr(self.cfg, k)!r}" for k in RESUME_KEYS if old.get(k) != getattr(self.cfg, k)]
+        # a setting added after the checkpoint was written had its default there
+        was = {k: old.get(k, getattr(TrainConfig, k)) for k in RESUME_KEYS}
+        diff = [f"{k}: {was[k]!r} -> {getattr(self.cfg, k)!r}" for k in RESUME_KEYS if was[k] != getattr(self.cfg, k)]
         if state["world_size"] != self.world:
             diff.append(f"processes: {state['world_size']} -> {self.world}")
         if diff:
             raise ValueError(f"--resume with settings that differ from the checkpoint in {path}: " + "; ".join(diff))
         return state
 
-    def _restore(self, state: dict) -> None:
+    def _restore_head(self, state: dict) -> None:
+        """The checkpoint's head weights, before the head is sharded."""
         self.head.load_state_dict(state["head"], strict=False)
-        self.opt.load_state_dict(state["optimizer"])
+
+    def _restore(self, state: dict) -> None:
+        """The rest of the checkpoint: optimizer (sharded again under FSDP), schedule, RNG, counters."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+            set_optimizer_state_dict(self.model, self.opt, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
