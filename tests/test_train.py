@@ -152,13 +152,14 @@ def test_kill_9_loses_at_most_one_interval(tiny_chat_dir, synth_dir, tmp_path):
 
 def test_two_torchrun_processes_equal_one_with_the_doubled_batch(tiny_chat_dir, synth_dir, tmp_path):
     """Two gloo processes, as DDP (each the whole head) and as FSDP2 (each a shard of it and of Adam's state),
-    give the head one process trains on the doubled batch."""
-    one = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "one", "--batch-size", "4", "--max-steps", "3"))
+    give the head one process trains on the doubled batch; micro-batches in segments of at most ~64 elements."""
+    one = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "one", "--batch-size", "4", "--max-steps", "3",
+                          "--max-elements", "64"))
     assert one.wait(timeout=300) == 0, one.stdout.read()
     a = head_tensors(tmp_path / "one")
     for port, parallel in ((29517, "ddp"), (29518, "fsdp")):
         args = train_args(tiny_chat_dir, synth_dir, tmp_path / parallel, "--batch-size", "2", "--max-steps", "3",
-                          "--parallel", parallel)
+                          "--max-elements", "64", "--parallel", parallel)
         two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                               str(port), "-m", "peagle.cli", *args],
                              capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})

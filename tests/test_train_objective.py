@@ -209,7 +209,7 @@ def dense_chain(q, k, v, m):
     under a dense mask, here spelled from the rule itself (:meth:`ChainMask.mask_mod`)."""
     T, H, d = q.shape
     Hkv = k.shape[1]
-    seen = m.mask_mod()(0, 0, torch.arange(T)[:, None], torch.arange(k.shape[0])[None, :])
+    seen = m.mask_mod()(0, 0, torch.arange(T, device=q.device)[:, None], torch.arange(k.shape[0], device=q.device)[None, :])
     qg = q.view(T, Hkv, H // Hkv, d) * d ** -0.5
     p = torch.einsum("thgd,shd->hgts", qg, k).masked_fill(~seen, float("-inf")).softmax(-1)
     return torch.einsum("hgts,shd->thgd", p, v).reshape(T, H * d)
@@ -230,11 +230,13 @@ def assert_same(a, b, rel):
         assert err <= rel, (n, float(err))
 
 
-def sampled(target, method, n=(48, 30), dtype=torch.float32):
+def sampled(target, method, n=(48, 30), dtype=torch.float32, device="cpu"):
     docs = [make_doc(target, n[0], 10, seed=5), make_doc(target, n[1], 6, seed=6)]
-    head = make_head(target, dtype=dtype)
-    obj = Objective(head, method, K, target.lm_weight[head.to_target_ids(torch.arange(80))].to(dtype))
-    batch = Batch.pack([Doc(d.ids, d.prompt_len, d.taps.to(dtype), d.final.to(dtype), d.argmax) for d in docs])
+    head = make_head(target, dtype=dtype).to(device)
+    rows = target.lm_weight[head.to_target_ids(torch.arange(80, device=device)).cpu()]
+    obj = Objective(head, method, K, rows.to(device, dtype))
+    batch = Batch.pack([Doc(d.ids.to(device), d.prompt_len, d.taps.to(device, dtype), d.final.to(device, dtype),
+                            d.argmax.to(device)) for d in docs])
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
     el = sample_elements(batch, K, 0.8, 0.2, gens if method == "peagle" else None)
     return obj, batch, el
@@ -252,6 +254,21 @@ def test_chunked_attention_gives_the_dense_loss_and_gradients(target, method, mo
     monkeypatch.setattr(attention, "attend_chain", lambda q, k, v, m: dense_chain(q, k, v, m))
     dense = loss_and_grads(obj, pieces(batch, el, 1, method), count)
     assert_same(dense, chunked, 2e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_flex_attention_on_cuda_gives_the_dense_loss_and_gradients(target, method, monkeypatch):
+    """On CUDA training attends through compiled FlexAttention: the dense path's loss and gradients, one
+    pass and in 3 segments."""
+    obj, batch, el = sampled(target, method, device="cuda")
+    count = obj.count(batch, el)
+    flex = loss_and_grads(obj, pieces(batch, el, 1, method), count)
+    parted = loss_and_grads(obj, pieces(batch, el, 3, method), count)
+    monkeypatch.setattr(attention, "attend_chain", lambda q, k, v, m: dense_chain(q, k, v, m))
+    dense = loss_and_grads(obj, pieces(batch, el, 1, method), count)
+    assert_same(dense, flex, 1e-4)
+    assert_same(dense, parted, 1e-4)
 
 
 def test_flex_attention_mask_mod_gives_the_chunked_output(target):

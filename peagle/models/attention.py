@@ -9,6 +9,7 @@ the nodes of token trees (:class:`TreeRows`): each sees its context and its own 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -394,6 +395,7 @@ class ChainMask:
     k_tok: torch.Tensor    # [keys]
     k_depth: torch.Tensor
     doc: torch.Tensor      # [rows] document of each token row
+    block_mask: object = field(default=None, init=False, repr=False)  # FlexAttention's, built once for all layers
 
     def mask_mod(self):
         """The rule as FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``."""
@@ -500,23 +502,24 @@ def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask
     return ChunkedChainAttention.apply(q, k, v, m, d ** -0.5).reshape(T, H * d)
 
 
-_compiled_flex = None
+@functools.cache
+def compiled_flex():
+    """FlexAttention compiled once (its eager form materialises the scores)."""
+    from torch.nn.attention.flex_attention import flex_attention  # here: loads torch._dynamo
+
+    return torch.compile(flex_attention, dynamic=True)
 
 
 def flex_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask, compiled: bool = True) -> torch.Tensor:
     """:func:`attend_chain` through FlexAttention: ``[T, H, d]``. ``compiled=False`` runs torch's
     eager reference (any device, forward only on the CPU), which materialises the scores: for tests."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # loads torch._dynamo
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    fn = flex_attention
-    if compiled:
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=True)
-        fn = _compiled_flex
-    block = create_block_mask(m.mask_mod(), None, None, q.shape[0], k.shape[0], device=q.device)
-    o = fn(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block,
-           enable_gqa=True)
+    if m.block_mask is None:  # one for every layer of a pass
+        m.block_mask = create_block_mask(m.mask_mod(), None, None, q.shape[0], k.shape[0], device=q.device)
+    o = (compiled_flex() if compiled else flex_attention)(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                          v.transpose(0, 1)[None], block_mask=m.block_mask,
+                                                          enable_gqa=True)
     return o[0].transpose(0, 1)
 
 

@@ -342,7 +342,8 @@ class Objective(nn.Module):
             else:
                 piece.prefix.fill(self, batch)
                 kv = piece.prefix.caches(piece.context, torch.is_grad_enabled())
-                context = piece.prefix.el0.select(torch.arange(len(piece.prefix.el0), device=batch.device)[piece.context])
+                el0 = piece.prefix.el0
+                context = Elements(el0.tok[piece.context], el0.depth[piece.context])
                 normed = self.hidden(batch, el, kv, context)
                 n, m = piece.context.stop - piece.context.start, piece.own.stop - piece.own.start
                 own = [t[n:n + m] for c in kv for t in (c.k, c.v)]
