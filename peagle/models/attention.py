@@ -407,88 +407,111 @@ class ChainMask:
         return rule
 
 
-def _chain_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor, end: torch.Tensor,
-                 chain: torch.Tensor):
-    """Scores of one query block ``q [B, Hkv, g, d]`` (already scaled): over its context range
-    ``[Hkv, g, B, R]`` (keys ``r0 .. r0+R-1``, the union of the block's ranges) and over its chains
-    ``[Hkv, g, B, C]``, each float32 with -inf where not seen; and the keys and values they read."""
-    r0, r1 = int(first.min()), int(end.max())
-    kx, vx = k[r0:r1], v[r0:r1]
-    cols = torch.arange(r0, r1, device=q.device)
-    seen = (cols >= first[:, None]) & (cols < end[:, None])
-    s = torch.einsum("bhgd,rhd->hgbr", q, kx).float().masked_fill(~seen, float("-inf"))
-    B, C = chain.shape
-    idx = chain.clamp(min=0).view(-1)
-    # index_select, not k[idx]: its backward adds rows (index_add_), where advanced indexing's sorts them first
-    kc, vc = k.index_select(0, idx).view(B, C, *k.shape[1:]), v.index_select(0, idx).view(B, C, *v.shape[1:])
-    sc = torch.einsum("bhgd,bchd->hgbc", q, kc).float().masked_fill(chain < 0, float("-inf"))
-    return r0, r1, s, sc, kx, vx, kc, vc, idx
+class _Block:
+    """One query block of :class:`ChunkedChainAttention`, in the layout its matmuls take without copies:
+    the query heads that share a KV head folded into the rows (``[Hkv, g*B, d]``), keys ``[Hkv, S, d]``;
+    the block's context keys are ``r0 .. r1-1``, the union of its queries' ranges."""
+
+    def __init__(self, qh, kh, vh, k, v, first, end, chain, i, j, dtype):
+        Hkv, g, _, d = qh.shape
+        self.shape = (Hkv, g, j - i, d)
+        B, C = j - i, chain.shape[1]
+        self.r0, self.r1 = int(first.min()), int(end.max())
+        self.q = qh[:, :, i:j].reshape(Hkv, g * B, d)
+        self.k, self.v = kh[:, self.r0:self.r1], vh[:, self.r0:self.r1]
+        cols = torch.arange(self.r0, self.r1, device=qh.device)
+        self.hidden = (cols < first[:, None]) | (cols >= end[:, None])                # [B, R]
+        self.unchained = chain < 0                                                      # [B, C]
+        self.idx = chain.clamp(min=0).view(-1)
+        # index_select, not k[idx]: its backward adds rows (index_add_), where advanced indexing's sorts them first
+        self.kc = k.index_select(0, self.idx).view(B, C, Hkv, d).to(dtype).permute(2, 0, 1, 3)  # [Hkv, B, C, d]
+        self.vc = v.index_select(0, self.idx).view(B, C, Hkv, d).to(dtype).permute(2, 0, 1, 3)
+        self.qc = self.q.view(Hkv, g, B, d).transpose(1, 2)                               # [Hkv, B, g, d]
+
+    def probs(self) -> torch.Tensor:
+        """The block's attention weights ``[Hkv, g, B, R + C]``: its context range, then its chain keys (torch's
+        softmax, in the matmuls' dtype, as the dense path ran it)."""
+        Hkv, g, B, _ = self.shape
+        s = torch.bmm(self.q, self.k.transpose(1, 2)).view(Hkv, g, B, -1).masked_fill_(self.hidden, float("-inf"))
+        sc = torch.matmul(self.qc, self.kc.transpose(2, 3)).transpose(1, 2).masked_fill(self.unchained, float("-inf"))
+        return torch.cat([s, sc], -1).softmax(-1)
+
+    def chain_out(self, w: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """``sum_c w[h, g, b, c] * values[h, b, c, :]`` -> ``[Hkv, g, B, d]``."""
+        return torch.matmul(w.transpose(1, 2), values).transpose(1, 2)
+
+    def chain_grad(self, w: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``sum_g w[h, g, b, c] * rows[h, b, g, :]`` as rows of the chain keys ``[B*C, Hkv, d]``."""
+        Hkv, _, B, d = self.shape
+        return torch.matmul(w.permute(0, 2, 3, 1), rows).permute(1, 2, 0, 3).reshape(-1, Hkv, d)
 
 
 class ChunkedChainAttention(torch.autograd.Function):
-    """Attention under a :class:`ChainMask` one query block at a time, saving only the output and
-    the log-sum-exp for backward (which recomputes each block's scores, as FlashAttention does): no
-    ``[H, queries, keys]`` tensor lives beyond one block, and a block scores only the keys its
-    queries' ranges span. Exact: the same softmax as a dense masked one, up to summation order."""
+    """Attention under a :class:`ChainMask` one query block at a time, saving only its inputs for backward,
+    which recomputes each block's weights (as FlashAttention does): no ``[H, queries, keys]`` tensor lives
+    beyond one block, and a block scores only the keys its queries' ranges span. Exact: the dense masked
+    softmax, up to summation order. Matmuls run in the autocast dtype where autocast is on, as the dense
+    path's did, and torch's softmax and its backward in the scores' dtype."""
 
     @staticmethod
     def forward(ctx, q, k, v, m: ChainMask, scale: float):
         T, H, d = q.shape
         Hkv = k.shape[1]
-        qs = (q * scale).view(T, Hkv, H // Hkv, d)
+        g = H // Hkv
+        dev = q.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
         width = (int((m.end - m.first).max()) if T else 0) + m.chain.shape[1]
         block = max(16, SCORE_BUDGET // (H * max(width, 1)))
-        out = torch.empty_like(q)
-        lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
-        with torch.autocast(q.device.type, enabled=False):
+        out = torch.empty(T, H, d, dtype=dtype, device=q.device)
+        with torch.autocast(dev, enabled=False):
+            qh = (q * scale).to(dtype).view(T, Hkv, g, d).permute(1, 2, 0, 3)            # [Hkv, g, T, d]
+            kh, vh = (t.to(dtype).transpose(0, 1).contiguous() for t in (k, v))          # [Hkv, S, d]
             for i in range(0, T, block):
                 j = min(i + block, T)
-                _, _, s, sc, _, vx, _, vc, _ = _chain_block(qs[i:j], k, v, m.first[i:j], m.end[i:j], m.chain[i:j])
-                top = s.amax(-1, keepdim=True)                                 # [Hkv, g, B, 1]
-                if sc.shape[-1]:
-                    top = torch.maximum(top, sc.amax(-1, keepdim=True))
-                p, pc = (s - top).exp(), (sc - top).exp()
-                total = p.sum(-1, keepdim=True) + pc.sum(-1, keepdim=True)
-                o = torch.einsum("hgbr,rhd->bhgd", (p / total).to(v.dtype), vx) + \
-                    torch.einsum("hgbc,bchd->bhgd", (pc / total).to(v.dtype), vc)
-                out[i:j] = o.reshape(j - i, H, d)
-                lse[i:j] = (top + total.log()).squeeze(-1).permute(2, 0, 1).reshape(j - i, H)
-        ctx.save_for_backward(q, k, v, out, lse, m.first, m.end, m.chain)
-        ctx.scale, ctx.block = scale, block
+                b = _Block(qh, kh, vh, k, v, m.first[i:j], m.end[i:j], m.chain[i:j], i, j, dtype)
+                p = b.probs()
+                R = b.r1 - b.r0
+                o = torch.bmm(p.view(Hkv, g * (j - i), -1)[..., :R], b.v).view(Hkv, g, j - i, d)
+                out[i:j] = (o + b.chain_out(p[..., R:], b.vc)).permute(2, 0, 1, 3).reshape(j - i, H, d)
+        ctx.save_for_backward(q, k, v, m.first, m.end, m.chain)
+        ctx.scale, ctx.block, ctx.dtype = scale, block, dtype
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, out, lse, first, end, chain = ctx.saved_tensors
-        scale, block = ctx.scale, ctx.block
+        q, k, v, first, end, chain = ctx.saved_tensors
+        scale, block, dtype = ctx.scale, ctx.block, ctx.dtype
         T, H, d = q.shape
         Hkv = k.shape[1]
         g = H // Hkv
-        qs = (q * scale).view(T, Hkv, g, d)
-        dq = torch.empty_like(q)
-        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        delta = (grad.float() * out.float()).sum(-1)                           # [T, H]
+        dq = torch.empty(Hkv, g, T, d, dtype=torch.float32, device=q.device)
+        dk = torch.zeros(Hkv, k.shape[0], d, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(Hkv, v.shape[0], d, dtype=torch.float32, device=v.device)
+        dkc = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dvc = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         with torch.autocast(q.device.type, enabled=False):
+            qh = (q * scale).to(dtype).view(T, Hkv, g, d).permute(1, 2, 0, 3)
+            kh, vh = (t.to(dtype).transpose(0, 1).contiguous() for t in (k, v))
+            gh = grad.to(dtype).view(T, Hkv, g, d).permute(1, 2, 0, 3)                   # [Hkv, g, T, d]
             for i in range(0, T, block):
                 j = min(i + block, T)
-                r0, r1, s, sc, kx, vx, kc, vc, idx = _chain_block(qs[i:j], k, v, first[i:j], end[i:j], chain[i:j])
-                B = j - i
-                go = grad[i:j].view(B, Hkv, g, d)
-                l = lse[i:j].view(B, Hkv, g).permute(1, 2, 0)[..., None]         # [Hkv, g, B, 1]
-                dl = delta[i:j].view(B, Hkv, g).permute(1, 2, 0)[..., None]
-                p, pc = (s - l).exp(), (sc - l).exp()
-                ds = p * (torch.einsum("bhgd,rhd->hgbr", go, vx).float() - dl)
-                dsc = pc * (torch.einsum("bhgd,bchd->hgbc", go, vc).float() - dl)
-                dq[i:j] = (torch.einsum("hgbr,rhd->bhgd", ds.to(k.dtype), kx)
-                           + torch.einsum("hgbc,bchd->bhgd", dsc.to(k.dtype), kc)).reshape(B, H, d) * scale
-                qb = qs[i:j]
-                dk[r0:r1] += torch.einsum("hgbr,bhgd->rhd", ds.to(q.dtype), qb).float()
-                dv[r0:r1] += torch.einsum("hgbr,bhgd->rhd", p.to(grad.dtype), go).float()
-                C = chain.shape[1]
-                dk.index_add_(0, idx, torch.einsum("hgbc,bhgd->bchd", dsc.to(q.dtype), qb).reshape(B * C, Hkv, d).float())
-                dv.index_add_(0, idx, torch.einsum("hgbc,bhgd->bchd", pc.to(grad.dtype), go).reshape(B * C, Hkv, d).float())
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
+                b = _Block(qh, kh, vh, k, v, first[i:j], end[i:j], chain[i:j], i, j, dtype)
+                B, R = j - i, b.r1 - b.r0
+                p = b.probs()                                                             # [Hkv, g, B, R+C]
+                go = gh[:, :, i:j].reshape(Hkv, g * B, d)
+                goc = go.view(Hkv, g, B, d).transpose(1, 2)                               # [Hkv, B, g, d]
+                dp = torch.cat([torch.bmm(go, b.v.transpose(1, 2)).view(Hkv, g, B, R),
+                                torch.matmul(goc, b.vc.transpose(2, 3)).transpose(1, 2)], -1)
+                ds = torch.ops.aten._softmax_backward_data(dp, p, -1, p.dtype)           # p * (dp - sum(p * dp))
+                flat, pflat = ds.view(Hkv, g * B, -1), p.view(Hkv, g * B, -1)
+                dq[:, :, i:j] = (torch.bmm(flat[..., :R], b.k).view(Hkv, g, B, d)
+                                 + b.chain_out(ds[..., R:], b.kc)).float()
+                dk[:, b.r0:b.r1] += torch.bmm(b.q.transpose(1, 2), flat[..., :R]).transpose(1, 2).float()
+                dv[:, b.r0:b.r1] += torch.bmm(go.transpose(1, 2), pflat[..., :R]).transpose(1, 2).float()
+                dkc.index_add_(0, b.idx, b.chain_grad(ds[..., R:], b.qc).float())
+                dvc.index_add_(0, b.idx, b.chain_grad(p[..., R:], goc).float())
+        dq = dq.permute(2, 0, 1, 3).reshape(T, H, d) * scale
+        return dq.to(q.dtype), (dk.transpose(0, 1) + dkc).to(k.dtype), (dv.transpose(0, 1) + dvc).to(v.dtype), None, None
 
 
 def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask) -> torch.Tensor:
