@@ -50,8 +50,8 @@ def write_inputs(out: Path, cfg: dict, tokens: int, seed: int = 0) -> None:
     data = out / "data"
     data.mkdir(exist_ok=True)
     ids = torch.randint(3, V - 16, (tokens,), generator=g).tolist()
-    (data / SHARD.format(0)).write_text(json.dumps({"id": "long-0", "prompt": "", "response": "",
-                                                    "prompt_token_ids": ids[:64], "response_token_ids": ids[64:]}) + "\n")
+    record = {"id": "long-0", "prompt": "", "response": "", "prompt_token_ids": ids[:64], "response_token_ids": ids[64:]}
+    (data / SHARD.format(0)).write_text(json.dumps(record) + "\n")
     aux = load_target_ends(str(target), "bfloat16", "cpu").aux_layers
     hidden = out / "hidden"
     hidden.mkdir(exist_ok=True)

@@ -209,7 +209,8 @@ def dense_chain(q, k, v, m):
     under a dense mask, here spelled from the rule itself (:meth:`ChainMask.mask_mod`)."""
     T, H, d = q.shape
     Hkv = k.shape[1]
-    seen = m.mask_mod()(0, 0, torch.arange(T, device=q.device)[:, None], torch.arange(k.shape[0], device=q.device)[None, :])
+    rows, cols = torch.arange(T, device=q.device), torch.arange(k.shape[0], device=q.device)
+    seen = m.mask_mod()(0, 0, rows[:, None], cols[None, :])
     qg = q.view(T, Hkv, H // Hkv, d) * d ** -0.5
     p = torch.einsum("thgd,shd->hgts", qg, k).masked_fill(~seen, float("-inf")).softmax(-1)
     return torch.einsum("hgts,shd->thgd", p, v).reshape(T, H * d)

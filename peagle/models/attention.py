@@ -511,7 +511,8 @@ class ChunkedChainAttention(torch.autograd.Function):
                 dkc.index_add_(0, b.idx, b.chain_grad(ds[..., R:], b.qc).float())
                 dvc.index_add_(0, b.idx, b.chain_grad(p[..., R:], goc).float())
         dq = dq.permute(2, 0, 1, 3).reshape(T, H, d) * scale
-        return dq.to(q.dtype), (dk.transpose(0, 1) + dkc).to(k.dtype), (dv.transpose(0, 1) + dvc).to(v.dtype), None, None
+        dk, dv = dk.transpose(0, 1) + dkc, dv.transpose(0, 1) + dvc
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask) -> torch.Tensor:

@@ -284,10 +284,10 @@ class Objective(nn.Module):
         positions = batch.pos[el.tok] + el.depth
         if kv is None:
             kv = [DenseKV() for _ in range(head.cfg.num_layers)]
-        if context is not None and len(context):
-            keys_of = lambda e: Elements(torch.cat([context.tok, e.tok]), torch.cat([context.depth, e.depth]))  # noqa: E731
-        else:
-            keys_of = lambda e: e  # noqa: E731
+        def keys_of(e: Elements) -> Elements:   # the context's keys first: depth 0, sorted by row
+            if context is None or not len(context):
+                return e
+            return Elements(torch.cat([context.tok, e.tok]), torch.cat([context.depth, e.depth]))
         is0 = el.depth == 0
         if self.method == "peagle":
             ids = torch.where(is0, batch.ids[el.tok + 1], head.cfg.mask_token_id)

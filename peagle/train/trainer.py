@@ -3,10 +3,10 @@
 
 A step takes ``batch_size`` documents per process from a seeded per-epoch permutation, packs them
 into micro-batches, runs the objective (:mod:`peagle.train.objective`) on each, and divides every
-loss by one global count of supervised elements. Many processes are DistributedDataParallel over
-gloo (CPU) or NCCL (GPUs, one each), with ``no_sync`` for every micro-batch and segment but the
-last, so gradients are all-reduced once per step. Position sampling is seeded per document, so N
-processes reproduce one process with an N-times larger batch.
+loss by one global count of supervised elements. Many processes are DistributedDataParallel (or,
+with ``--parallel fsdp``, FSDP2's ``fully_shard``) over gloo (CPU) or NCCL (GPUs, one each), the
+gradients reduced in the last micro-batch's last segment only: once per step. Position sampling is
+seeded per document, so N processes reproduce one process with an N-times larger batch.
 
 Matmuls run under autocast in ``--dtype`` (bf16 where the device multiplies it natively); the
 head's weights and the optimizer state stay float32.
