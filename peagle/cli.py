@@ -276,8 +276,9 @@ TRAIN_HELP = {
                 "where a micro-batch holds more than --max-elements elements)",
     "max_elements": "elements (token, depth) one segment may hold: its activations, the memory bound "
                     "(docs/training-memory.md)",
-    "target_dtype": "the target's weights as loaded (a GGUF target's blocks stay quantized); with --hidden only "
-                    "its embedding, final norm and LM head are read",
+    "target_dtype": "the target's weights as loaded: stored (default) keeps its checkpoint's dtype, never a float32 "
+                    "copy of bf16 weights (a GGUF target's blocks stay quantized); with --hidden only its embedding, "
+                    "final norm and LM head are read",
     "parallel": "many processes (torchrun): ddp, each holding the whole head, or fsdp (FSDP2 fully_shard), each a "
                 "shard of the head's weights and optimizer state",
     "r": "position sampling: depth d keeps (n-d)*max(r**d, r_min) anchors",
@@ -310,7 +311,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
             kind = {"int | None": int, "str | None": str, "float": float, "int": int, "str": str}[str(f.type)]
             p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_,
                            choices={"dtype": DTYPE_CHOICES, "labels": LABELS, "quantization": QUANTIZATION_CHOICES,
-                                    "compute": COMPUTE_CHOICES, "target_dtype": DTYPE_CHOICES, "parallel": PARALLEL}
+                                    "compute": COMPUTE_CHOICES, "target_dtype": ("stored", *DTYPE_CHOICES), "parallel": PARALLEL}
                            .get(f.name))
 
 

@@ -14,6 +14,16 @@ from peagle.models.loader import read_config, resolve_quantization, resolve_targ
 from peagle.runtime import compute_dtype, resolve_device, resolve_dtype
 
 LAYERS = "model.layers."
+STORED = "stored"
+
+
+def stored_dtype(name: str | os.PathLike | None, quantization: str | None = None) -> str:
+    """The dtype a target's checkpoint keeps its weights in (its config's ``torch_dtype`` or ``dtype``; float32
+    where it names none): training loads the target as it is, never widened (a GGUF file's quantized blocks stay
+    blocks whatever this is)."""
+    gguf = target_gguf(name)
+    cfg = read_config(resolve_target(name, weights=resolve_quantization(quantization, gguf) != "gguf"))
+    return cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
 
 
 def load_target_ends(name: str | os.PathLike | None, dtype: str | torch.dtype = "auto",

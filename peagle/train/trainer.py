@@ -50,7 +50,7 @@ class TrainConfig:
     out: str
     target: str | None = None
     quantization: str | None = None  # a GGUF target's blocks kept (gguf, its default) or de-quantized (none)
-    target_dtype: str = "auto"       # the target's weights as loaded (auto: as peagle serves it); never a float32 copy
+    target_dtype: str = "stored"     # the target's weights as loaded: stored = its checkpoint's own dtype, never widened
     compute: str = "fast"  # a GGUF target's blocks through integer dot products (fast) or float32 (exact)
     method: str = "peagle"
     layers: int = 1
@@ -99,6 +99,9 @@ class TrainConfig:
             raise ValueError(f"unknown labels {self.labels!r}; choose one of {', '.join(LABELS)}")
         if self.parallel not in PARALLEL:
             raise ValueError(f"unknown parallel {self.parallel!r}; choose one of {', '.join(PARALLEL)}")
+        if self.target_dtype not in (*DTYPE_CHOICES, "stored"):
+            raise ValueError(f"unknown target dtype {self.target_dtype!r}; "
+                             f"choose stored or one of {', '.join(DTYPE_CHOICES)}")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
 
@@ -139,7 +142,7 @@ def placement(device: torch.device) -> tuple[torch.device, str]:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         from peagle.models.loader import choose_mask_token, load_target, load_tokenizer, resolve_target
-        from peagle.train.target import load_target_ends
+        from peagle.train.target import STORED, load_target_ends, stored_dtype
 
         self.cfg = cfg
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -157,11 +160,12 @@ class Trainer:
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group(backend)
         self.out = Path(cfg.out)
+        target_dtype = stored_dtype(cfg.target, cfg.quantization) if cfg.target_dtype == STORED else cfg.target_dtype
         if cfg.hidden is None:
-            self.target, path = load_target(cfg.target, cfg.target_dtype, device=self.device,
+            self.target, path = load_target(cfg.target, target_dtype, device=self.device,
                                             quantization=cfg.quantization, compute=cfg.compute)
         else:  # the states are on disk: the target's embedding, norm and LM head only
-            self.target = load_target_ends(cfg.target, cfg.target_dtype, self.device, cfg.quantization)
+            self.target = load_target_ends(cfg.target, target_dtype, self.device, cfg.quantization)
             path = resolve_target(cfg.target, weights=False)
         self.target.requires_grad_(False)
         records = load_records(cfg.data, cfg.max_len)
