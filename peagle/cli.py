@@ -327,7 +327,15 @@ TRAIN_HELP = {
     "hidden": "folder written by `peagle hidden` (default: run the target online)",
     "init_from": "start from this head's weights (vLLM format, same layers and draft vocabulary); fresh optimizer",
     "batch_size": "documents per process per step", "micro_tokens": "tokens packed into one micro-batch",
-    "segments": "sequence partition: segments per micro-batch (saves memory, same gradients)",
+    "segments": "sequence partition: at least this many segments per micro-batch (same gradients; more are used "
+                "where a micro-batch holds more than --max-elements elements)",
+    "max_elements": "elements (token, depth) one segment may hold: its activations, the memory bound "
+                    "(docs/training-memory.md)",
+    "target_dtype": "the target's weights as loaded: stored (default) keeps its checkpoint's dtype, never a float32 "
+                    "copy of bf16 weights (a GGUF target's blocks stay quantized); with --hidden only its embedding, "
+                    "final norm and LM head are read",
+    "parallel": "many processes (torchrun): ddp, each holding the whole head, or fsdp (FSDP2 fully_shard), each a "
+                "shard of the head's weights and optimizer state",
     "r": "position sampling: depth d keeps (n-d)*max(r**d, r_min) anchors",
     "eval_fraction": "share of documents held out (chosen by id hash)",
     "save_every": "steps between atomic checkpoints", "resume": "continue from out/checkpoint",
@@ -345,7 +353,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     from peagle.models.quant import FORMATS
     from peagle.runtime import COMPUTE_CHOICES, DTYPE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES
     from peagle.train.objective import LABELS
-    from peagle.train.trainer import TrainConfig
+    from peagle.train.trainer import PARALLEL, TrainConfig
 
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -359,8 +367,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
             kind = {"int | None": int, "str | None": str, "float": float, "int": int, "str": str}[str(f.type)]
             p.add_argument(*names, dest=f.name, type=kind, default=f.default, help=help_,
                            choices={"dtype": DTYPE_CHOICES, "labels": LABELS, "load_format": LOAD_FORMATS,
-                                    "quantization": QUANTIZATION_CHOICES + tuple(FORMATS),
-                                    "compute": COMPUTE_CHOICES}.get(f.name))
+                                    "quantization": QUANTIZATION_CHOICES + tuple(FORMATS), "compute": COMPUTE_CHOICES,
+                                    "target_dtype": ("stored", *DTYPE_CHOICES), "parallel": PARALLEL}.get(f.name))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from test_public_heads import vllm_problems
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.drafter import load_drafter
+from peagle.models.layers import Linear
 from peagle.models.loader import load_target
 from peagle.train.data import HiddenSource, draft_vocab, load_records, write_hidden
 from peagle.train.synth import synthesize
@@ -216,16 +217,23 @@ def test_kill_9_loses_at_most_one_interval(tiny_chat_dir, synth_dir, tmp_path):
 
 
 def test_two_torchrun_processes_equal_one_with_the_doubled_batch(tiny_chat_dir, synth_dir, tmp_path):
-    one = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "one", "--batch-size", "4", "--max-steps", "3"))
+    """Two gloo processes, as DDP (each the whole head) and as FSDP2 (each a shard of it and of Adam's state),
+    give the head one process trains on the doubled batch; micro-batches in segments of at most ~64 elements."""
+    one = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "one", "--batch-size", "4", "--max-steps", "3",
+                          "--max-elements", "64"))
     assert one.wait(timeout=300) == 0, one.stdout.read()
-    args = train_args(tiny_chat_dir, synth_dir, tmp_path / "two", "--batch-size", "2", "--max-steps", "3")
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517", "-m", "peagle.cli", *args],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert two.returncode == 0, two.stdout + two.stderr
-    a, b = head_tensors(tmp_path / "one"), head_tensors(tmp_path / "two")
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6, msg=k)
+    a = head_tensors(tmp_path / "one")
+    for port, parallel in ((29517, "ddp"), (29518, "fsdp")):
+        args = train_args(tiny_chat_dir, synth_dir, tmp_path / parallel, "--batch-size", "2", "--max-steps", "3",
+                          "--max-elements", "64", "--parallel", parallel)
+        two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                              str(port), "-m", "peagle.cli", *args],
+                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert two.returncode == 0, two.stdout + two.stderr
+        b = head_tensors(tmp_path / parallel)
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6, msg=f"{parallel}: {k}")
 
 
 def test_offline_hidden_states_equal_online(tiny_chat_dir, synth_dir, tmp_path):
@@ -247,6 +255,14 @@ def test_offline_hidden_states_equal_online(tiny_chat_dir, synth_dir, tmp_path):
         torch.testing.assert_close(b.final, a.final, rtol=4e-3, atol=1e-5)
     res = train(config(tiny_chat_dir, synth_dir, tmp_path / "off", hidden=str(tmp_path / "hidden"), max_steps=3))
     assert res["anchors"] > 0
+    # with the states on disk, training reads no decoder layer of the target: they stay on the meta device, and
+    # the head starts as it does beside the whole target
+    trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "ends", hidden=str(tmp_path / "hidden")))
+    assert trainer.target.model.layers and all(p.is_meta for p in trainer.target.model.layers.parameters())
+    whole = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "whole"))
+    assert not any(p.is_meta for p in whole.target.parameters())
+    mine, theirs = trainer.head.state_dict(), whole.head.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     # documents synthesized after `peagle hidden` ran are left out, with a note, until it runs again
     write_hidden(target, records[:-1], tmp_path / "hidden3", shard_docs=7, progress=False)
     partial = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "part", hidden=str(tmp_path / "hidden3")))
@@ -330,6 +346,16 @@ def test_bf16_autocast_keeps_float32_weights_and_optimizer_state(tiny_chat_dir, 
     a, b = runs["float32"][-1], runs["bfloat16"][-1]
     assert b["loss"] == pytest.approx(a["loss"], rel=0.05), (a, b)
     assert any(not torch.equal(p, q) for p, q in zip(heads["float32"], heads["bfloat16"]))
+
+
+def test_the_target_keeps_its_dtype(tiny_chat_dir, synth_dir, tmp_path):
+    """The target as loaded for serving (bf16 weights here): its layers stay bf16, no float32 copy of them,
+    the rows the labels come from keep the LM head's own dtype, and a step trains on them."""
+    trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", target_dtype="bfloat16", max_steps=1))
+    weights = [m.weight for m in trainer.target.modules() if isinstance(m, Linear)]
+    assert weights and all(w.dtype == torch.bfloat16 for w in weights)
+    assert trainer.objective.target_head.dtype == trainer.target.lm_weight.dtype
+    assert math.isfinite(trainer.train_step()["loss"])
 
 
 @pytest.mark.parametrize("method,states", [("peagle", "offline"), ("eagle3", "offline"), ("peagle", "online")])

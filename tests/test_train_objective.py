@@ -11,10 +11,12 @@ from conftest import kernels_on, native_from_hf, tiny_hf
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.drafter import Drafter, DrafterConfig
+from peagle.models import attention
 from peagle.models.attention import AttnMeta
 from peagle.train.data import target_view, target_views
 from peagle.train.head import TrainHead
-from peagle.train.objective import Batch, Doc, Objective, chain_mask, evaluate, pieces, sample_elements, segments
+from peagle.train.objective import (Batch, Doc, Objective, Piece, chain_mask, evaluate, num_segments, pieces,
+                                       sample_elements)
 
 MASK = 159
 K = 5
@@ -202,59 +204,147 @@ def test_packed_documents_do_not_see_each_other(target, method):
             offset += len(doc.ids)
 
 
-def saved_bytes(fn) -> int:
-    """Largest total size of tensors autograd keeps for backward within one forward+backward of ``fn``."""
-    peak, live = [0], [0]
+def dense_chain(q, k, v, m):
+    """The attention the trainer ran before it was chunked: every query scored against every key
+    under a dense mask, here spelled from the rule itself (:meth:`ChainMask.mask_mod`)."""
+    T, H, d = q.shape
+    Hkv = k.shape[1]
+    rows, cols = torch.arange(T, device=q.device), torch.arange(k.shape[0], device=q.device)
+    seen = m.mask_mod()(0, 0, rows[:, None], cols[None, :])
+    qg = q.view(T, Hkv, H // Hkv, d) * d ** -0.5
+    p = torch.einsum("thgd,shd->hgts", qg, k).masked_fill(~seen, float("-inf")).softmax(-1)
+    return torch.einsum("hgts,shd->thgd", p, v).reshape(T, H * d)
 
-    def pack(t):
-        live[0] += t.numel() * t.element_size()
-        peak[0] = max(peak[0], live[0])
-        return t
 
-    class Reset:
-        def __call__(self):
-            live[0] = 0
+def loss_and_grads(obj, work, count):
+    obj.head.zero_grad()
+    stats = obj.run(work, 1.0 / count, backward=True)
+    return stats.loss, {n: p.grad.clone() for n, p in obj.head.named_parameters() if p.grad is not None}
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(Reset())
-    return peak[0]
+
+def assert_same(a, b, rel):
+    (la, ga), (lb, gb) = a, b
+    torch.testing.assert_close(lb, la, rtol=rel, atol=0)
+    assert ga.keys() == gb.keys() and len(ga) > 5
+    for n in ga:
+        err = (gb[n] - ga[n]).norm() / ga[n].norm().clamp(min=1e-30)
+        assert err <= rel, (n, float(err))
+
+
+def sampled(target, method, n=(48, 30), dtype=torch.float32, device="cpu"):
+    docs = [make_doc(target, n[0], 10, seed=5), make_doc(target, n[1], 6, seed=6)]
+    head = make_head(target, dtype=dtype).to(device)
+    rows = target.lm_weight[head.to_target_ids(torch.arange(80, device=device)).cpu()]
+    obj = Objective(head, method, K, rows.to(device, dtype))
+    batch = Batch.pack([Doc(d.ids.to(device), d.prompt_len, d.taps.to(device, dtype), d.final.to(device, dtype),
+                            d.argmax.to(device)) for d in docs])
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    el = sample_elements(batch, K, 0.8, 0.2, gens if method == "peagle" else None)
+    return obj, batch, el
 
 
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
-def test_sequence_partition_gradients_equal_and_memory_falls(target, method):
-    docs = [make_doc(target, 48, 10, seed=5), make_doc(target, 30, 6, seed=6)]
-    head = make_head(target, dtype=torch.float64)
-    tgt_head = target.lm_weight[head.to_target_ids(torch.arange(80))].double()
-    obj = Objective(head, method, K, tgt_head)
-    batch = Batch.pack([Doc(d.ids, d.prompt_len, d.taps.double(), d.final.double(), d.argmax) for d in docs])
-    gens = [torch.Generator().manual_seed(i) for i in range(2)]
-    el = sample_elements(batch, K, 0.8, 0.2, gens if method == "peagle" else None)
+def test_chunked_attention_gives_the_dense_loss_and_gradients(target, method, monkeypatch):
+    """The chunked chain attention (in query blocks of 16 here, so that blocks straddle depths and
+    documents) against the dense masked softmax the trainer ran before: the same loss and gradients
+    in float32, through a 2-layer head over two packed documents."""
+    obj, batch, el = sampled(target, method)
     count = obj.count(batch, el)
-    grads, peaks = {}, {}
-    for s in (1, 4):
-        head.zero_grad()
-        peaks[s] = 0
-        for seg in segments(batch, el, s):  # measure each segment's own forward+backward
-            def one(reset, seg=seg):
-                reset()
-                sub = Objective(head, method, K, tgt_head)
-                normed = sub.hidden(batch, seg[0])
-                rows = seg[1] & batch.supervised_from(seg[0].tok)
-                loss, _, _ = sub.score(batch, seg[0].select(rows), normed[rows])
-                (loss / count).backward()
-            peaks[s] = max(peaks[s], saved_bytes(one))
-        grads[s] = {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
-    assert grads[1].keys() == grads[4].keys() and len(grads[1]) > 5
-    for n in grads[1]:
-        rel = (grads[4][n] - grads[1][n]).norm() / grads[1][n].norm().clamp(min=1e-30)
-        assert rel <= 1e-5, (n, float(rel))
-    assert peaks[4] < 0.8 * peaks[1], peaks
-    # the objective's own segment loop gives the same gradient
-    head.zero_grad()
-    obj.run(pieces(batch, el, 4), 1.0 / count, backward=True)
-    for n, p in head.named_parameters():
-        if p.grad is not None:
-            torch.testing.assert_close(p.grad, grads[1][n], rtol=1e-9, atol=1e-12)
+    monkeypatch.setattr(attention, "SCORE_BUDGET", 1)
+    chunked = loss_and_grads(obj, pieces(batch, el, 1, method), count)
+    monkeypatch.setattr(attention, "attend_chain", lambda q, k, v, m: dense_chain(q, k, v, m))
+    dense = loss_and_grads(obj, pieces(batch, el, 1, method), count)
+    assert_same(dense, chunked, 2e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_flex_attention_on_cuda_gives_the_dense_loss_and_gradients(target, method, monkeypatch):
+    """On CUDA training attends through compiled FlexAttention: the dense path's loss and gradients, one
+    pass and in 3 segments."""
+    obj, batch, el = sampled(target, method, device="cuda")
+    count = obj.count(batch, el)
+    flex = loss_and_grads(obj, pieces(batch, el, 1, method), count)
+    parted = loss_and_grads(obj, pieces(batch, el, 3, method), count)
+    monkeypatch.setattr(attention, "attend_chain", lambda q, k, v, m: dense_chain(q, k, v, m))
+    dense = loss_and_grads(obj, pieces(batch, el, 1, method), count)
+    assert_same(dense, flex, 1e-4)
+    assert_same(dense, parted, 1e-4)
+
+
+def test_flex_attention_mask_mod_gives_the_chunked_output(target):
+    """FlexAttention (CUDA's path) under :meth:`ChainMask.mask_mod`, in torch's eager reference on the CPU
+    (forward only there), gives the chunked attention's output: the rule and its two views agree."""
+    obj, batch, el = sampled(target, "peagle")
+    m = chain_mask(batch, el, el)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(len(el), h, 16, generator=g) for h in (4, 2, 2))
+    with torch.no_grad():
+        want = attention.ChunkedChainAttention.apply(q, k, v, m, 16 ** -0.5)
+        got = attention.flex_chain(q, k, v, m, compiled=False)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+class PeakSaved:
+    """The largest total size of activations autograd keeps for backward within one piece's forward and
+    backward (the count restarts at each piece's forward; the weights, saved as they are, not counted)."""
+
+    def __init__(self, obj, monkeypatch):
+        self.peak, self.live = 0, 0
+        self.weights = {t.untyped_storage().data_ptr() for t in [*obj.parameters(), *obj.buffers(), obj.target_head]}
+        forward = type(obj).forward
+
+        def counted(this, piece):
+            self.live = 0
+            return forward(this, piece)
+
+        monkeypatch.setattr(type(obj), "forward", counted)
+
+    def __enter__(self):
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in self.weights:
+                self.live += t.numel() * t.element_size()
+            self.peak = max(self.peak, self.live)
+            return t
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+
+@pytest.mark.parametrize("method", ["peagle", "eagle3"])
+def test_sequence_partition_gradients_equal_and_memory_falls(target, method, monkeypatch):
+    """1, 2 and 7 segments give the gradients of one pass (float64, a 2-layer head, so the
+    depth-0 keys a segment reads come from layers that themselves attend across the cut), and a
+    segment keeps only its own elements for backward: 7 segments keep under a quarter of one
+    pass's saved tensors."""
+    obj, batch, el = sampled(target, method, n=(60, 40), dtype=torch.float64)
+    count = obj.count(batch, el)
+    ref = loss_and_grads(obj, [Piece(batch, el)], count)
+    peaks = {}
+    for s in (1, 2, 7):
+        work = pieces(batch, el, s, method)
+        assert len(work) == s and sum(len(p.el) for p in work) == len(el)
+        with PeakSaved(obj, monkeypatch) as peak:
+            got = loss_and_grads(obj, work, count)
+        monkeypatch.undo()
+        peaks[s] = peak.peak
+        assert_same(ref, got, 1e-6)  # the loss runs in float32 (score)
+    assert peaks[7] < 0.25 * peaks[1], peaks
+
+
+def test_segments_are_used_exactly_when_a_micro_batch_needs_them(target):
+    """One segment while the elements fit ``max_elements``, more from one element past it, each
+    holding about ``max_elements`` at most (cut between rows: within a rollout's K elements)."""
+    _, batch, el = sampled(target, "peagle")
+    n = len(el)
+    assert num_segments(el, 1, n) == 1 and num_segments(el, 3, n) == 3
+    assert num_segments(el, 1, n - 1) == 2 and num_segments(el, 1, n // 4) == 5
+    for cap in (n // 2, n // 5):
+        work = pieces(batch, el, num_segments(el, 1, cap), "peagle")
+        assert max(len(p.el) for p in work) <= cap + K, [len(p.el) for p in work]
 
 
 def test_position_sampling_follows_the_recipe(target):
@@ -279,9 +369,9 @@ def test_chain_mask_rule():
                         Doc(torch.arange(4), 1, torch.zeros(4, 3), torch.zeros(4, 1), torch.zeros(4, dtype=torch.long))])
     el = sample_elements(batch, 3, 1.0, 1.0, None)
     m = chain_mask(batch, el, el)
-    n0 = m.context.shape[1]
-    seen = torch.zeros(len(el), len(el), dtype=torch.bool)  # the structured mask as a dense one
-    seen[:, :n0] = m.context
+    seen = torch.zeros(len(el), len(el), dtype=torch.bool)  # the ranges and chains as a dense mask
+    for i, (a, b) in enumerate(zip(m.first.tolist(), m.end.tolist())):
+        seen[i, a:b] = True
     for i, row in enumerate(m.chain.tolist()):
         for j in row:
             if j >= 0:
@@ -292,6 +382,7 @@ def test_chain_mask_rule():
             same = int(batch.doc[qa]) == int(batch.doc[ka])
             want = same and ((kd == 0 and ka <= qa) or (ka == qa and kd <= qd))
             assert bool(seen[i, j]) == want
+            assert bool(m.mask_mod()(0, 0, torch.tensor(i), torch.tensor(j))) == want  # FlexAttention's view
 
 
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
@@ -322,7 +413,7 @@ def test_mask_slots_learn_depth_dependent_predictions(method):
         batch = Batch.pack([doc() for _ in range(4)])
         gens = [torch.Generator().manual_seed(step * 10 + i) for i in range(4)] if method == "peagle" else None
         el = sample_elements(batch, k, 0.8, 0.5, gens)
-        obj.run(pieces(batch, el, 1), 1.0 / obj.count(batch, el), backward=True)
+        obj.run(pieces(batch, el, 1, method), 1.0 / obj.count(batch, el), backward=True)
         opt.step()
         opt.zero_grad()
     res = evaluate(obj, held_out, k)

@@ -9,6 +9,7 @@ the nodes of token trees (:class:`TreeRows`): each sees its context and its own 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -359,11 +360,11 @@ class KVCache:
 class DenseKV:
     """Training's stand-in for :class:`KVCache`: one layer's keys and values, kept in the autograd
     graph and extended by each forward, so EAGLE-3's unrolled passes (training-time test) attend to
-    what earlier passes computed. The forward's ``meta`` is then a :class:`ChainMask`."""
+    what earlier passes computed. It may start from keys computed elsewhere (a segment's depth-0
+    prefix, :mod:`peagle.train.objective`). The forward's ``meta`` is then a :class:`ChainMask`."""
 
-    def __init__(self):
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+    def __init__(self, k: torch.Tensor | None = None, v: torch.Tensor | None = None):
+        self.k, self.v = k, v
 
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.k = k if self.k is None else torch.cat([self.k, k])
@@ -371,34 +372,179 @@ class DenseKV:
         return self.k, self.v
 
 
+SCORE_BUDGET = 1 << 24   # scores one query block of the chunked chain attention holds (64 MB in float32)
+
+
 @dataclass
 class ChainMask:
-    """Which keys a training query sees, in the shape of P-EAGLE's attention rule: part of the first
-    ``n_context`` keys (the depth-0 context; ``context[q, j]``) and at most a few keys of its own
-    chain (``chain[q, c]``: a key index, -1 for none). Same result as a dense ``[queries, keys]``
-    mask at a fraction of the work: a query never sees another anchor's deeper elements."""
+    """Which keys a training query sees, in the shape of P-EAGLE's attention rule. Queries and keys
+    are elements ``(token row, depth)``; keys are depth-major, so the depth-0 keys come first,
+    sorted by row. Query ``(a_q, d_q)`` sees key ``(a_k, d_k)`` iff both rows are in one document
+    and either ``d_k == 0 and a_k <= a_q`` or ``a_k == a_q and d_k <= d_q``.
 
-    context: torch.Tensor  # [queries, n_context] bool
+    Two views of the same rule, neither of them a dense ``[queries, keys]`` mask: for the chunked
+    attention, each query's context keys are one range ``first[q] <= j < end[q]`` and its own chain
+    at most ``C`` more (``chain[q, c]``, -1 for none); for FlexAttention, :meth:`mask_mod` states
+    the rule per (query, key) pair from the elements' rows and depths."""
+
+    first: torch.Tensor    # [queries] long
+    end: torch.Tensor      # [queries] long
     chain: torch.Tensor    # [queries, C] long
+    q_tok: torch.Tensor    # [queries] token row
+    q_depth: torch.Tensor
+    k_tok: torch.Tensor    # [keys]
+    k_depth: torch.Tensor
+    doc: torch.Tensor      # [rows] document of each token row
+    block_mask: object = field(default=None, init=False, repr=False)  # FlexAttention's, built once for all layers
+
+    def mask_mod(self):
+        """The rule as FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)``."""
+        q_tok, q_depth, k_tok, k_depth, doc = self.q_tok, self.q_depth, self.k_tok, self.k_depth, self.doc
+
+        def rule(b, h, q_idx, kv_idx):
+            qt, kt, kd = q_tok[q_idx], k_tok[kv_idx], k_depth[kv_idx]
+            return (doc[qt] == doc[kt]) & (((kd == 0) & (kt <= qt)) | ((kt == qt) & (kd <= q_depth[q_idx])))
+        return rule
+
+
+class _Block:
+    """One query block of :class:`ChunkedChainAttention`, in the layout its matmuls take without copies:
+    the query heads that share a KV head folded into the rows (``[Hkv, g*B, d]``), keys ``[Hkv, S, d]``;
+    the block's context keys are ``r0 .. r1-1``, the union of its queries' ranges."""
+
+    def __init__(self, qh, kh, vh, k, v, first, end, chain, i, j, dtype):
+        Hkv, g, _, d = qh.shape
+        self.shape = (Hkv, g, j - i, d)
+        B, C = j - i, chain.shape[1]
+        self.r0, self.r1 = int(first.min()), int(end.max())
+        self.q = qh[:, :, i:j].reshape(Hkv, g * B, d)
+        self.k, self.v = kh[:, self.r0:self.r1], vh[:, self.r0:self.r1]
+        cols = torch.arange(self.r0, self.r1, device=qh.device)
+        self.hidden = (cols < first[:, None]) | (cols >= end[:, None])                # [B, R]
+        self.unchained = chain < 0                                                      # [B, C]
+        self.idx = chain.clamp(min=0).view(-1)
+        # index_select, not k[idx]: its backward adds rows (index_add_), where advanced indexing's sorts them first
+        self.kc = k.index_select(0, self.idx).view(B, C, Hkv, d).to(dtype).permute(2, 0, 1, 3)  # [Hkv, B, C, d]
+        self.vc = v.index_select(0, self.idx).view(B, C, Hkv, d).to(dtype).permute(2, 0, 1, 3)
+        self.qc = self.q.view(Hkv, g, B, d).transpose(1, 2)                               # [Hkv, B, g, d]
+
+    def probs(self) -> torch.Tensor:
+        """The block's attention weights ``[Hkv, g, B, R + C]``: its context range, then its chain keys (torch's
+        softmax, in the matmuls' dtype, as the dense path ran it)."""
+        Hkv, g, B, _ = self.shape
+        s = torch.bmm(self.q, self.k.transpose(1, 2)).view(Hkv, g, B, -1).masked_fill_(self.hidden, float("-inf"))
+        sc = torch.matmul(self.qc, self.kc.transpose(2, 3)).transpose(1, 2).masked_fill(self.unchained, float("-inf"))
+        return torch.cat([s, sc], -1).softmax(-1)
+
+    def chain_out(self, w: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """``sum_c w[h, g, b, c] * values[h, b, c, :]`` -> ``[Hkv, g, B, d]``."""
+        return torch.matmul(w.transpose(1, 2), values).transpose(1, 2)
+
+    def chain_grad(self, w: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``sum_g w[h, g, b, c] * rows[h, b, g, :]`` as rows of the chain keys ``[B*C, Hkv, d]``."""
+        Hkv, _, B, d = self.shape
+        return torch.matmul(w.permute(0, 2, 3, 1), rows).permute(1, 2, 0, 3).reshape(-1, Hkv, d)
+
+
+class ChunkedChainAttention(torch.autograd.Function):
+    """Attention under a :class:`ChainMask` one query block at a time, saving only its inputs for backward,
+    which recomputes each block's weights (as FlashAttention does): no ``[H, queries, keys]`` tensor lives
+    beyond one block, and a block scores only the keys its queries' ranges span. Exact: the dense masked
+    softmax, up to summation order. Matmuls run in the autocast dtype where autocast is on, as the dense
+    path's did, and torch's softmax and its backward in the scores' dtype."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, m: ChainMask, scale: float):
+        T, H, d = q.shape
+        Hkv = k.shape[1]
+        g = H // Hkv
+        dev = q.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
+        width = (int((m.end - m.first).max()) if T else 0) + m.chain.shape[1]
+        block = max(16, SCORE_BUDGET // (H * max(width, 1)))
+        out = torch.empty(T, H, d, dtype=dtype, device=q.device)
+        with torch.autocast(dev, enabled=False):
+            qh = (q * scale).to(dtype).view(T, Hkv, g, d).permute(1, 2, 0, 3)            # [Hkv, g, T, d]
+            kh, vh = (t.to(dtype).transpose(0, 1).contiguous() for t in (k, v))          # [Hkv, S, d]
+            for i in range(0, T, block):
+                j = min(i + block, T)
+                b = _Block(qh, kh, vh, k, v, m.first[i:j], m.end[i:j], m.chain[i:j], i, j, dtype)
+                p = b.probs()
+                R = b.r1 - b.r0
+                o = torch.bmm(p.view(Hkv, g * (j - i), -1)[..., :R], b.v).view(Hkv, g, j - i, d)
+                out[i:j] = (o + b.chain_out(p[..., R:], b.vc)).permute(2, 0, 1, 3).reshape(j - i, H, d)
+        ctx.save_for_backward(q, k, v, m.first, m.end, m.chain)
+        ctx.scale, ctx.block, ctx.dtype = scale, block, dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, first, end, chain = ctx.saved_tensors
+        scale, block, dtype = ctx.scale, ctx.block, ctx.dtype
+        T, H, d = q.shape
+        Hkv = k.shape[1]
+        g = H // Hkv
+        dq = torch.empty(Hkv, g, T, d, dtype=torch.float32, device=q.device)
+        dk = torch.zeros(Hkv, k.shape[0], d, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(Hkv, v.shape[0], d, dtype=torch.float32, device=v.device)
+        dkc = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dvc = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        with torch.autocast(q.device.type, enabled=False):
+            qh = (q * scale).to(dtype).view(T, Hkv, g, d).permute(1, 2, 0, 3)
+            kh, vh = (t.to(dtype).transpose(0, 1).contiguous() for t in (k, v))
+            gh = grad.to(dtype).view(T, Hkv, g, d).permute(1, 2, 0, 3)                   # [Hkv, g, T, d]
+            for i in range(0, T, block):
+                j = min(i + block, T)
+                b = _Block(qh, kh, vh, k, v, first[i:j], end[i:j], chain[i:j], i, j, dtype)
+                B, R = j - i, b.r1 - b.r0
+                p = b.probs()                                                             # [Hkv, g, B, R+C]
+                go = gh[:, :, i:j].reshape(Hkv, g * B, d)
+                goc = go.view(Hkv, g, B, d).transpose(1, 2)                               # [Hkv, B, g, d]
+                dp = torch.cat([torch.bmm(go, b.v.transpose(1, 2)).view(Hkv, g, B, R),
+                                torch.matmul(goc, b.vc.transpose(2, 3)).transpose(1, 2)], -1)
+                ds = torch.ops.aten._softmax_backward_data(dp, p, -1, p.dtype)           # p * (dp - sum(p * dp))
+                flat, pflat = ds.view(Hkv, g * B, -1), p.view(Hkv, g * B, -1)
+                dq[:, :, i:j] = (torch.bmm(flat[..., :R], b.k).view(Hkv, g, B, d)
+                                 + b.chain_out(ds[..., R:], b.kc)).float()
+                dk[:, b.r0:b.r1] += torch.bmm(b.q.transpose(1, 2), flat[..., :R]).transpose(1, 2).float()
+                dv[:, b.r0:b.r1] += torch.bmm(go.transpose(1, 2), pflat[..., :R]).transpose(1, 2).float()
+                dkc.index_add_(0, b.idx, b.chain_grad(ds[..., R:], b.qc).float())
+                dvc.index_add_(0, b.idx, b.chain_grad(p[..., R:], goc).float())
+        dq = dq.permute(2, 0, 1, 3).reshape(T, H, d) * scale
+        dk, dv = dk.transpose(0, 1) + dkc, dv.transpose(0, 1) + dvc
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask) -> torch.Tensor:
     """Grouped-query attention under a :class:`ChainMask`: q ``[T, H, d]``, k/v ``[S, Hkv, d]`` ->
-    ``[T, H*d]``; one softmax over the context keys and the chain keys together."""
+    ``[T, H*d]``. FlexAttention with the rule as its ``mask_mod`` on CUDA (its kernels skip the blocks
+    the mask leaves empty); elsewhere :class:`ChunkedChainAttention` (FlexAttention has no backward on
+    the CPU in torch 2.13, and its CPU forward needs a compiler)."""
     T, H, d = q.shape
-    Hkv = k.shape[1]
-    n0 = m.context.shape[1]
-    qg = q.view(T, Hkv, H // Hkv, d) * d ** -0.5
-    s0 = torch.einsum("thgd,shd->hgts", qg, k[:n0]).masked_fill(~m.context, float("-inf"))
-    idx = m.chain.clamp(min=0).view(-1)
-    C = m.chain.shape[1]
-    # index_select, not k[idx]: its backward adds rows (index_add_), where advanced indexing's sorts them first
-    # (on an H100 that backward was 56% of a training step's GPU time)
-    kc, vc = k.index_select(0, idx).view(T, C, Hkv, d), v.index_select(0, idx).view(T, C, Hkv, d)
-    sc = torch.einsum("thgd,tchd->hgtc", qg, kc).masked_fill(m.chain < 0, float("-inf"))
-    p = torch.cat([s0, sc], dim=-1).softmax(-1)
-    o = torch.einsum("hgts,shd->thgd", p[..., :n0], v[:n0]) + torch.einsum("hgtc,tchd->thgd", p[..., n0:], vc)
-    return o.reshape(T, H * d)
+    if q.device.type == "cuda":
+        return flex_chain(q, k, v, m).reshape(T, H * d)
+    return ChunkedChainAttention.apply(q, k, v, m, d ** -0.5).reshape(T, H * d)
+
+
+@functools.cache
+def compiled_flex():
+    """FlexAttention compiled once (its eager form materialises the scores)."""
+    from torch.nn.attention.flex_attention import flex_attention  # here: loads torch._dynamo
+
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def flex_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask, compiled: bool = True) -> torch.Tensor:
+    """:func:`attend_chain` through FlexAttention: ``[T, H, d]``. ``compiled=False`` runs torch's
+    eager reference (any device, forward only on the CPU), which materialises the scores: for tests."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if m.block_mask is None:  # one for every layer of a pass
+        m.block_mask = create_block_mask(m.mask_mod(), None, None, q.shape[0], k.shape[0], device=q.device)
+    o = (compiled_flex() if compiled else flex_attention)(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                          v.transpose(0, 1)[None], block_mask=m.block_mask,
+                                                          enable_gqa=True)
+    return o[0].transpose(0, 1)
 
 
 def prefix_then_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:

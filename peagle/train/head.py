@@ -57,10 +57,12 @@ class TrainHead(Drafter):
     def trainable(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
-    def to_drafter(self) -> Drafter:
-        """The plain vLLM-format head: the learned mask row written into the embedding table."""
+    def to_drafter(self, state: dict[str, torch.Tensor] | None = None) -> Drafter:
+        """The plain vLLM-format head: the learned mask row written into the embedding table. ``state``:
+        this head's whole state dict where its weights are sharded (FSDP)."""
         out = Drafter(self.cfg)
-        sd = {k: v.detach().clone() for k, v in self.state_dict().items() if k != "mask_embedding"}
-        sd["embed_tokens.weight"][self.cfg.mask_token_id] = self.mask_embedding.detach()
+        state = self.state_dict() if state is None else state
+        sd = {k: v.detach().clone() for k, v in state.items() if k != "mask_embedding"}
+        sd["embed_tokens.weight"][self.cfg.mask_token_id] = state["mask_embedding"].detach()
         out.load_state_dict(sd)
         return out.eval()

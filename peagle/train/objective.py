@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -114,40 +114,123 @@ def sample_elements(batch: Batch, k: int, r: float, r_min: float, gens: list[tor
 
 
 def chain_mask(batch: Batch, q: Elements, kv: Elements) -> ChainMask:
-    """The chain rule's attention (docs/design.md, "Training") for queries ``q`` over keys ``kv`` (depth-major,
-    so the depth-0 context keys come first): ``(a_q, d_q)`` sees ``(a_k, d_k)`` iff same document and either ``d_k == 0
-    and a_k <= a_q`` or ``a_k == a_q and d_k <= d_q``."""
+    """The chain rule's attention (docs/design.md, "Training") for queries ``q`` over keys ``kv`` (depth-major, so
+    the depth-0 context keys come first, sorted by row): ``(a_q, d_q)`` sees ``(a_k, d_k)`` iff same document and
+    either ``d_k == 0 and a_k <= a_q`` or ``a_k == a_q and d_k <= d_q``. The context keys of a query are one range of
+    the depth-0 keys: its document's first up to its own row."""
     n0 = int((kv.depth == 0).sum())
     k0 = kv.tok[:n0]
-    context = (batch.doc[q.tok][:, None] == batch.doc[k0][None, :]) & (k0[None, :] <= q.tok[:, None])
+    first = torch.searchsorted(k0, q.tok - batch.pos[q.tok])
+    end = torch.searchsorted(k0, q.tok, right=True)
     deep = (kv.depth > 0).nonzero().squeeze(1)
     c = int(kv.depth.max()) if deep.numel() else 0
     table = torch.full((batch.ids.shape[0], c + 1), -1, dtype=torch.long, device=batch.device)  # (row, depth) -> key
     table[kv.tok[deep], kv.depth[deep]] = deep
     chain = table[q.tok][:, 1:]
     chain = torch.where(torch.arange(1, c + 1, device=batch.device)[None, :] <= q.depth[:, None], chain, -1)
-    return ChainMask(context, chain)
+    return ChainMask(first, end, chain, q.tok, q.depth, kv.tok, kv.depth, batch.doc)
 
 
-def segments(batch: Batch, el: Elements, num_segments: int) -> list[tuple[Elements, torch.Tensor]]:
-    """Sequence partition: ``(elements to run, which of them carry loss)`` per segment.
+class PrefixKV:
+    """The depth-0 elements of one partitioned micro-batch, their keys and values at every layer
+    (one pass without gradients, computed when the first segment needs them), and the gradients the
+    segments run so far sent back to them.
 
-    Depth-0 elements belong to the segment of their row, deeper ones (a whole rollout) to the
-    segment of row ``t + 1``. A segment runs the depth-0 prefix up to its right edge as context
-    (no loss there) plus its own rollouts, so every element sees exactly the keys it sees in one
-    pass and the summed gradients equal the single-pass gradient, with peak memory about one
-    segment's."""
-    if num_segments <= 1:
-        return [(el, torch.ones(len(el), dtype=torch.bool, device=batch.device))]
+    Every element attends to the depth-0 keys before it (docs/design.md), so a segment needs the keys and values
+    of the depth-0 elements before its first row, and nothing else of them. It reads them as leaves
+    and adds the gradient they receive here; segments run last to first, so when one runs, every
+    later segment has already sent its share, and its backward feeds that share through its own
+    depth-0 elements' keys and values. The summed gradients are those of one pass over the whole
+    micro-batch, while a segment holds the activations of its own elements only."""
+
+    def __init__(self, el0: Elements):
+        self.el0 = el0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.gk: list[torch.Tensor] = []
+        self.gv: list[torch.Tensor] = []
+        self.leaves: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def fill(self, objective: "Objective", batch: Batch) -> None:
+        if self.k:
+            return
+        kv = [DenseKV() for _ in range(objective.head.cfg.num_layers)]
+        with torch.no_grad():
+            objective.hidden(batch, self.el0, kv)
+        self.k, self.v = [c.k for c in kv], [c.v for c in kv]
+        self.gk = [torch.zeros(k.shape, dtype=torch.float32, device=k.device) for k in self.k]
+        self.gv = [torch.zeros(v.shape, dtype=torch.float32, device=v.device) for v in self.v]
+
+    def caches(self, context: slice, grad: bool) -> list[DenseKV]:
+        """Per layer, a cache that starts from the keys and values of the depth-0 elements ``context``
+        (leaves that collect their gradient when ``grad``)."""
+        self.leaves = [(k[context].detach().requires_grad_(grad), v[context].detach().requires_grad_(grad))
+                       for k, v in zip(self.k, self.v)]
+        return [DenseKV(k, v) for k, v in self.leaves]
+
+    def sent_back(self, own: slice) -> list[torch.Tensor]:
+        """The gradients later segments sent to the depth-0 elements ``own``, per layer: keys', values'."""
+        return [g[own] for pair in zip(self.gk, self.gv) for g in pair]
+
+    def collect(self, context: slice) -> None:
+        """Add the gradients the last segment's backward left on its context leaves."""
+        for l, (k, v) in enumerate(self.leaves):
+            if k.grad is not None:
+                self.gk[l][context] += k.grad.float()
+                self.gv[l][context] += v.grad.float()
+        self.leaves = []
+
+
+@dataclass
+class Piece:
+    """One unit of forward and backward: a micro-batch's segment. ``prefix`` None: the whole
+    micro-batch in one pass. Else ``context`` and ``own`` index ``prefix.el0``: the depth-0
+    elements before the segment that its elements attend to, and its own."""
+
+    batch: Batch
+    el: Elements
+    prefix: PrefixKV | None = None
+    context: slice = field(default_factory=lambda: slice(0, 0))
+    own: slice = field(default_factory=lambda: slice(0, 0))
+
+
+def home_rows(el: Elements, method: str) -> torch.Tensor:
+    """The row whose segment an element belongs to (the paper's Algorithm 1): a depth-0 element its
+    own; P-EAGLE's rollout from anchor ``a`` (whose depth-1 element sits at position ``a + 1``) row
+    ``a + 1``; EAGLE-3's rollout row ``a``, with its depth-0 element, whose output its depth 1 reads."""
+    return el.tok + ((el.depth > 0) & (method == "peagle")).long()
+
+
+def num_segments(el: Elements, requested: int, max_elements: int) -> int:
+    """At least ``requested`` segments, and as many as it takes to hold at most about
+    ``max_elements`` elements each."""
+    return max(requested, math.ceil(len(el) / max_elements))
+
+
+def pieces(batch: Batch, el: Elements, count: int, method: str) -> list[Piece]:
+    """The micro-batch in ``count`` segments of about equal element counts, cut between rows, last
+    segment first (:class:`PrefixKV`). A segment holds the depth-0 elements of its rows and the
+    rollouts homed there (:func:`home_rows`); the depth-0 elements before it enter as keys only."""
+    if count <= 1:
+        return [Piece(batch, el)]
     n = batch.ids.shape[0]
-    bounds = torch.linspace(0, n, num_segments + 1, device=batch.device).round().long()
-    home = torch.bucketize(el.tok + (el.depth > 0).long(), bounds[1:-1], right=True)
+    home = home_rows(el, method)
+    per_row = torch.bincount(home, minlength=n).cumsum(0)
+    cuts = torch.searchsorted(per_row, torch.linspace(0, len(el), count + 1, device=batch.device)[1:-1].round().long(),
+                              right=True)
+    bounds = [0, *sorted(set(cuts.tolist())), n]
+    is0 = el.depth == 0
+    prefix = PrefixKV(el.select(is0))
+    rows0 = prefix.el0.tok
     out = []
-    for s in range(num_segments):
-        run = ((el.depth == 0) & (el.tok < bounds[s + 1])) | ((el.depth > 0) & (home == s))
-        if bool(run.any()):
-            out.append((el.select(run), home[run] == s))
-    return out
+    for lo, hi in zip(bounds, bounds[1:]):
+        mine = (home >= lo) & (home < hi)
+        if not bool(mine.any()):
+            continue
+        start = lo - int(batch.pos[lo])    # the first document in the segment begins here
+        i, j, e = (int(x) for x in torch.searchsorted(rows0, torch.tensor([start, lo, hi], device=batch.device)))
+        out.append(Piece(batch, el.select(mine), prefix, slice(i, j), slice(j, e)))
+    return out[::-1]
 
 
 @dataclass
@@ -162,14 +245,6 @@ class Stats:
     @classmethod
     def zeros(cls, k: int, device: torch.device) -> "Stats":
         return cls(torch.zeros((), device=device), torch.zeros(k, device=device), torch.zeros(k, device=device))
-
-
-Piece = tuple[Batch, Elements, torch.Tensor]  # (batch, elements to run, which of them carry loss)
-
-
-def pieces(batch: Batch, el: Elements, num_segments: int) -> list[Piece]:
-    """The segments of one micro-batch as units of forward and backward."""
-    return [(batch, seg, home) for seg, home in segments(batch, el, num_segments)]
 
 
 class Objective(nn.Module):
@@ -200,17 +275,25 @@ class Objective(nn.Module):
         """Matmuls in ``dtype`` (weights stay float32); float32: no autocast."""
         return torch.autocast(self.target_head.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
-    def hidden(self, batch: Batch, el: Elements) -> torch.Tensor:
-        """Normed outputs ``[len(el), H]`` of the head for ``el`` (depth-major)."""
+    def hidden(self, batch: Batch, el: Elements, kv: list[DenseKV] | None = None,
+               context: Elements | None = None) -> torch.Tensor:
+        """Normed outputs ``[len(el), H]`` of the head for ``el`` (depth-major). ``kv`` per layer, where
+        given, starts from the keys and values of the depth-0 elements ``context`` (all before ``el``'s
+        rows), which ``el`` attends to as well; its keys and values are left there."""
         head = self.head
         positions = batch.pos[el.tok] + el.depth
-        kv = [DenseKV() for _ in range(head.cfg.num_layers)]
+        if kv is None:
+            kv = [DenseKV() for _ in range(head.cfg.num_layers)]
+        def keys_of(e: Elements) -> Elements:   # the context's keys first: depth 0, sorted by row
+            if context is None or not len(context):
+                return e
+            return Elements(torch.cat([context.tok, e.tok]), torch.cat([context.depth, e.depth]))
         is0 = el.depth == 0
         if self.method == "peagle":
             ids = torch.where(is0, batch.ids[el.tok + 1], head.cfg.mask_token_id)
             hidden = head.mask_feature().expand(len(el), -1).clone()
             hidden[is0] = head.project(batch.taps[el.tok[is0]])
-            normed, _ = head(ids, hidden, positions, kv, chain_mask(batch, el, el))
+            normed, _ = head(ids, hidden, positions, kv, chain_mask(batch, el, keys_of(el)))
             return normed
         outs, prev = [], None
         for d in range(int(el.depth.max()) + 1):
@@ -220,7 +303,7 @@ class Objective(nn.Module):
                 hidden = head.project(batch.taps[q.tok])
             else:  # the head's own output for the same anchor one depth up
                 hidden = prev[1][torch.searchsorted(prev[0], q.tok)]
-            keys = el.select(el.depth <= d)
+            keys = keys_of(el.select(el.depth <= d))
             normed, pre = head(batch.ids[q.tok + d + 1], hidden, positions[at], kv, chain_mask(batch, q, keys))
             outs.append(normed)
             prev = (q.tok, pre)
@@ -242,33 +325,52 @@ class Objective(nn.Module):
                                    reduction="sum")
             return loss, correct, supervised
         rows, inverse = label[supervised].unique(return_inverse=True)  # depths share label rows
-        p = (batch.final[rows] @ self.target_head.t()).float().softmax(-1)[inverse]
+        th = self.target_head  # in the target's dtype: its logits as it computes them
+        p = (batch.final[rows].to(th.dtype) @ th.t()).float().softmax(-1)[inverse]
         loss = -(p * F.log_softmax(logits[supervised].float(), -1)).sum()
         return loss, correct, supervised
 
-    def forward(self, batch: Batch, el: Elements, home: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One piece: (summed loss, correct, supervised) over its loss-carrying elements, and which
-        of ``el`` those are."""
+    def forward(self, piece: Piece) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                             list[torch.Tensor]]:
+        """One piece: (summed loss, correct, supervised) over its supervised elements, which of the
+        piece's elements those are, and (a segment) its own depth-0 elements' keys and values per
+        layer, keys then values, to which :meth:`run` sends the later segments' gradients."""
+        batch, el = piece.batch, piece.el
         with self.autocast():
-            normed = self.hidden(batch, el)
-            rows = home & batch.supervised_from(el.tok)
+            if piece.prefix is None:
+                normed, own = self.hidden(batch, el), []
+            else:
+                piece.prefix.fill(self, batch)
+                kv = piece.prefix.caches(piece.context, torch.is_grad_enabled())
+                el0 = piece.prefix.el0
+                context = Elements(el0.tok[piece.context], el0.depth[piece.context])
+                normed = self.hidden(batch, el, kv, context)
+                n, m = piece.context.stop - piece.context.start, piece.own.stop - piece.own.start
+                own = [t[n:n + m] for c in kv for t in (c.k, c.v)]
+            rows = batch.supervised_from(el.tok)
             loss, correct, supervised = self.score(batch, el.select(rows), normed[rows])
-        return loss, correct, supervised, rows
+        return loss, correct, supervised, rows, own
 
     def run(self, work: list[Piece], scale: float, backward: bool, model: nn.Module | None = None) -> Stats:
         """Forward (and backward, the loss times ``scale``), piece by piece. ``model`` is this
-        objective or its DistributedDataParallel wrapper, which then all-reduces the gradients in
-        the last backward only (``no_sync`` for the others)."""
+        objective, its DistributedDataParallel wrapper or itself under FSDP2's ``fully_shard``, which
+        then reduce the gradients in the last backward only. A segment's backward also carries the
+        gradients later segments sent to its depth-0 keys and values (:class:`PrefixKV`)."""
         model = model or self
         stats = Stats.zeros(self.k, self.target_head.device)
         for i, piece in enumerate(work):
-            sync = i == len(work) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
-            with contextlib.nullcontext() if sync else model.no_sync():
-                loss, correct, supervised, rows = model(*piece)
+            sync = i == len(work) - 1
+            if hasattr(model, "set_requires_gradient_sync"):   # FSDP2's fully_shard
+                model.set_requires_gradient_sync(sync)
+            ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+            with model.no_sync() if ddp and not sync else contextlib.nullcontext():
+                loss, correct, supervised, rows, own = model(piece)
                 if backward:
-                    (loss * scale).backward()
-            depth = piece[1].depth[rows]
+                    sent = piece.prefix.sent_back(piece.own) if own else []
+                    torch.autograd.backward([loss * scale, *own], [None, *(g.to(t.dtype) for g, t in zip(sent, own))])
+                    if piece.prefix is not None:
+                        piece.prefix.collect(piece.context)
+            depth = piece.el.depth[rows]
             stats.loss += loss.detach()
             stats.correct += torch.bincount(depth[correct & supervised], minlength=self.k)[:self.k]
             stats.count += torch.bincount(depth[supervised], minlength=self.k)[:self.k]
@@ -289,9 +391,9 @@ def evaluate(objective: Objective, docs: list[Doc], k: int, max_elements: int = 
         batch = Batch.pack([doc])
         el = sample_elements(batch, k, 1.0, 1.0, None)
         hits = torch.zeros(batch.ids.shape[0], k, dtype=torch.bool, device=dev)
-        for seg, home in segments(batch, el, auto_segments(batch, el, 1, max_elements)):
-            _, ok, _, rows = objective(batch, seg, home)
-            tok, depth = seg.tok[rows], seg.depth[rows]
+        for piece in pieces(batch, el, num_segments(el, 1, max_elements), objective.method):
+            _, ok, _, rows, _ = objective(piece)
+            tok, depth = piece.el.tok[rows], piece.el.depth[rows]
             hits[tok, depth] = ok
             correct += torch.bincount(depth[ok], minlength=k)[:k]
             count += torch.bincount(depth, minlength=k)[:k]
@@ -302,10 +404,3 @@ def evaluate(objective: Objective, docs: list[Doc], k: int, max_elements: int = 
     acc = (correct / count.clamp(min=1)).tolist()
     return {"acc": [round(a, 4) for a in acc], "al": round(1.0 + float(runs_t.mean()), 4),
             "anchors": int(runs_t.numel())}
-
-
-def auto_segments(batch: Batch, el: Elements, requested: int, max_elements: int) -> int:
-    """At least ``requested`` segments, more when one segment would exceed ``max_elements`` elements."""
-    deep = int((el.depth > 0).sum())
-    room = max_elements - batch.ids.shape[0]
-    return max(requested, math.ceil(deep / room) if room > 0 else requested)

@@ -3,10 +3,10 @@
 
 A step takes ``batch_size`` documents per process from a seeded per-epoch permutation, packs them
 into micro-batches, runs the objective (:mod:`peagle.train.objective`) on each, and divides every
-loss by one global count of supervised elements. Many processes are DistributedDataParallel over
-gloo (CPU) or NCCL (GPUs, one each), with ``no_sync`` for every micro-batch and segment but the
-last, so gradients are all-reduced once per step. Position sampling is seeded per document, so N
-processes reproduce one process with an N-times larger batch.
+loss by one global count of supervised elements. Many processes are DistributedDataParallel (or,
+with ``--parallel fsdp``, FSDP2's ``fully_shard``) over gloo (CPU) or NCCL (GPUs, one each), the
+gradients reduced in the last micro-batch's last segment only: once per step. Position sampling is
+seeded per document, so N processes reproduce one process with an N-times larger batch.
 
 Matmuls run under autocast in ``--dtype`` (bf16 where the device multiplies it natively); the
 head's weights and the optimizer state stay float32.
@@ -41,10 +41,11 @@ from peagle.models.drafter import save_drafter
 from peagle.runtime import DTYPE_CHOICES, configure_cpu, resolve_device, resolve_dtype
 from peagle.train.data import HiddenSource, Record, budget_groups, draft_vocab, is_eval, load_records
 from peagle.train.head import TrainHead
-from peagle.train.objective import (LABELS, METHODS, Batch, Objective, Piece, auto_segments, evaluate, pieces,
+from peagle.train.objective import (LABELS, METHODS, Batch, Objective, Piece, evaluate, num_segments, pieces,
                                     sample_elements)
 
 STATE = "checkpoint/state.pt"
+PARALLEL = ("ddp", "fsdp")
 LOG = "train_log.jsonl"
 
 
@@ -54,6 +55,7 @@ class TrainConfig:
     out: str
     target: str | None = None
     quantization: str | None = None  # a GGUF target's blocks kept (gguf, its default) or de-quantized (none)
+    target_dtype: str = "stored"     # the target's weights as loaded: stored = its checkpoint's own dtype, never widened
     compute: str = "fast"  # a GGUF target's blocks through integer dot products (fast) or float32 (exact)
     load_format: str = "auto"  # dummy: random target weights at its dimensions (memory and speed at any size)
     method: str = "peagle"
@@ -89,6 +91,7 @@ class TrainConfig:
     device: str = "auto"             # auto (CUDA when present), cpu, cuda, cuda:N
     dtype: str = "auto"              # autocast dtype; auto: bfloat16 on CUDA and native-bf16 CPUs, else float32
     deterministic: bool = False      # torch's deterministic kernels (a GPU run then resumes bit for bit)
+    parallel: str = "ddp"            # many processes: ddp (each holds the head) or fsdp (FSDP2: each holds a shard)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -100,15 +103,21 @@ class TrainConfig:
             raise ValueError("r and r_min must be in (0, 1]")
         if self.labels not in LABELS:
             raise ValueError(f"unknown labels {self.labels!r}; choose one of {', '.join(LABELS)}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"unknown parallel {self.parallel!r}; choose one of {', '.join(PARALLEL)}")
+        if self.target_dtype not in (*DTYPE_CHOICES, "stored"):
+            raise ValueError(f"unknown target dtype {self.target_dtype!r}; "
+                             f"choose stored or one of {', '.join(DTYPE_CHOICES)}")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
 
 
 # Settings a resumed run must share with the run it continues: each changes which documents a step takes,
 # what they are trained towards, or the schedule (epochs set the number of steps the learning rate decays over).
-RESUME_KEYS = ("data", "hidden", "target", "quantization", "compute", "method", "layers", "k", "draft_vocab",
-               "labels", "mask_token_id", "epochs", "batch_size", "micro_tokens", "segments", "max_elements", "r",
-               "r_min", "max_len", "eval_fraction", "seed", "lr", "min_lr", "warmup_steps", "weight_decay")
+RESUME_KEYS = ("data", "hidden", "target", "quantization", "target_dtype", "load_format", "compute", "method", "layers",
+               "k", "draft_vocab", "labels", "mask_token_id", "epochs", "batch_size", "micro_tokens", "segments",
+               "max_elements", "r", "r_min", "max_len", "eval_fraction", "seed", "lr", "min_lr", "warmup_steps",
+               "weight_decay", "parallel")
 
 
 def records_fingerprint(records: list[Record]) -> str:
@@ -175,7 +184,8 @@ def placement(device: torch.device) -> tuple[torch.device, str]:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig):
-        from peagle.models.loader import choose_mask_token, load_target, load_tokenizer
+        from peagle.models.loader import choose_mask_token, load_target, load_tokenizer, resolve_target
+        from peagle.train.target import STORED, load_target_ends, stored_dtype
 
         self.cfg = cfg
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -193,9 +203,15 @@ class Trainer:
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group(backend)
         self.out = Path(cfg.out)
-        self.target, path = load_target(cfg.target, "float32", device=self.device,  # online states: float32 KV
-                                        quantization=cfg.quantization, compute=cfg.compute,
-                                        load_format=cfg.load_format)
+        target_dtype = cfg.target_dtype
+        if target_dtype == STORED:  # random weights have no stored dtype: vLLM's dummy weights take bf16's
+            target_dtype = "bfloat16" if cfg.load_format == "dummy" else stored_dtype(cfg.target, cfg.quantization)
+        if cfg.hidden is None:
+            self.target, path = load_target(cfg.target, target_dtype, device=self.device, quantization=cfg.quantization,
+                                            compute=cfg.compute, load_format=cfg.load_format)
+        else:  # the states are on disk: the target's embedding, norm and LM head only
+            self.target = load_target_ends(cfg.target, target_dtype, self.device, cfg.quantization)
+            path = resolve_target(cfg.target, weights=False)
         self.target.requires_grad_(False)
         records = load_records(cfg.data, cfg.max_len)
         self.source = HiddenSource(self.target, cfg.hidden)
@@ -237,19 +253,40 @@ class Trainer:
             self.head.mask_embedding.requires_grad_(False)
         self.objective = Objective(self.head, cfg.method, cfg.k, self.target.lm_weight[draft_ids.to(self.device)],
                                    self.dtype, cfg.labels)
+        self.fsdp = self.world > 1 and cfg.parallel == "fsdp"
+        if state is not None:
+            self._restore_head(state)
+        self.model = self._parallel()
         self.opt = torch.optim.AdamW(self.head.trainable(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg, self.total_steps))
         self.step, self.tokens, self.elapsed = 0, 0, 0.0
         self.last_eval: dict | None = None
         if state is not None:
             self._restore(state)
-        # data parallel: DDP averages the gradients (gloo on CPU, NCCL on GPUs), in the step's last
-        # backward only; buffers (vocabulary maps, RoPE) never change, so they are not re-broadcast (the flag's
-        # name before torch 2.13 was broadcast_buffers, as GPU images often carry an older torch)
+
+    def _parallel(self) -> torch.nn.Module:
+        """The objective as the step runs it. Data parallel over processes (gloo on CPU, NCCL on GPUs), the
+        gradients averaged in the step's last backward only: DDP, each process holding the whole head; or FSDP2
+        (``fully_shard`` on each head layer, then the whole), each holding a shard of every weight and of Adam's
+        state, the layers gathered as they run (for heads too big for one device)."""
+        if self.world == 1:
+            return self.objective
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            from peagle.models.layers import Linear
+            for m in self.head.modules():  # FSDP shards row-major parameters: Linear's [in, out] order given up
+                if isinstance(m, Linear):
+                    m.weight.data = m.weight.data.contiguous()
+            for layer in [self.head.midlayer, *self.head.layers.values()]:
+                fully_shard(layer)
+            return fully_shard(self.objective)
+        # buffers (vocabulary maps, RoPE) never change, so DDP does not re-broadcast them (the flag's name
+        # before torch 2.13 was broadcast_buffers, as GPU images often carry an older torch)
         no_sync = "forward_sync_buffers" if "forward_sync_buffers" in signature(DistributedDataParallel).parameters \
             else "broadcast_buffers"
-        self.model = self.objective if self.world == 1 else DistributedDataParallel(
-            self.objective, device_ids=[self.device] if self.device.type == "cuda" else None, **{no_sync: False})
+        return DistributedDataParallel(self.objective, device_ids=[self.device] if self.device.type == "cuda" else None,
+                                       **{no_sync: False})
 
     # ------------------------------------------------------------------ one step
     def _my_docs(self, step: int) -> list[tuple[int, Record]]:
@@ -272,7 +309,7 @@ class Trainer:
             el = sample_elements(batch, cfg.k, cfg.r, cfg.r_min, gens)
             n_sup += self.objective.count(batch, el)
             n_tok += batch.ids.shape[0]
-            work += pieces(batch, el, auto_segments(batch, el, cfg.segments, cfg.max_elements))
+            work += pieces(batch, el, num_segments(el, cfg.segments, cfg.max_elements), cfg.method)
         return work, n_sup, n_tok
 
     def train_step(self) -> dict:
@@ -332,7 +369,7 @@ class Trainer:
         return self.last_eval
 
     def evaluate(self) -> None:
-        if self.rank == 0 and self.eval_records:
+        if self.eval_records and (self.rank == 0 or self.fsdp):  # under FSDP every process gathers the layers
             self.head.eval()
             res = evaluate(self.objective, self.source.docs(self.eval_records), self.cfg.k,
                            self.cfg.max_elements)
@@ -343,15 +380,16 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> None:
         """The vLLM-format head in ``out`` and the training state in ``out/checkpoint``, each atomically."""
+        head, optimizer = self._full_state()
         if self.rank == 0:
-            save_drafter(self.head.to_drafter(), self.out)
+            save_drafter(self.head.to_drafter(head), self.out)
             state = {
                 "step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "last_eval": self.last_eval,
                 "config": dataclasses.asdict(self.cfg), "world_size": self.world, "fingerprints": self.fingerprints,
                 "draft_ids": self.head.draft_vocab_ids().cpu(),
                 "mask_token_id": self.head.cfg.mask_token_id,
-                "head": {k: v for k, v in self.head.state_dict().items() if k != "embed_tokens.weight"},
-                "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                "head": {k: v for k, v in head.items() if k != "embed_tokens.weight"},
+                "optimizer": optimizer, "scheduler": self.sched.state_dict(),
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
             }
             path = self.out / STATE
@@ -361,6 +399,17 @@ class Trainer:
             replace_durably(tmp, path)
         if self.world > 1:
             dist.barrier()
+
+    def _full_state(self) -> tuple[dict, dict]:
+        """The head's and the optimizer's whole state (under FSDP gathered from every process's shard: each
+        process takes part, rank 0 gets them)."""
+        if not self.fsdp:
+            return self.head.state_dict(), self.opt.state_dict()
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        head = get_model_state_dict(self.head, options=full)
+        return head, get_optimizer_state_dict(self.model, self.opt, options=full)
 
     def _init_head(self):
         """The head ``--init-from`` names, checked against this run's shape."""
@@ -386,7 +435,9 @@ class Trainer:
         except Exception as e:  # noqa: BLE001  (a damaged or foreign file: name it, whatever torch raises)
             raise CheckpointError(f"cannot read the training state {path}: {e}") from None
         old = state["config"]
-        diff = [f"{k}: {old.get(k)!r} -> {getattr(self.cfg, k)!r}" for k in RESUME_KEYS if old.get(k) != getattr(self.cfg, k)]
+        # a setting added after the checkpoint was written had its default there
+        was = {k: old.get(k, getattr(TrainConfig, k)) for k in RESUME_KEYS}
+        diff = [f"{k}: {was[k]!r} -> {getattr(self.cfg, k)!r}" for k in RESUME_KEYS if was[k] != getattr(self.cfg, k)]
         if state["world_size"] != self.world:
             diff.append(f"processes: {state['world_size']} -> {self.world}")
         what = {"data": f"the documents in {self.cfg.data} (those with hidden states, cut to --max-len)",
@@ -399,11 +450,19 @@ class Trainer:
             raise ValueError(f"--resume with settings that differ from the checkpoint in {path}: " + "; ".join(diff))
         return state
 
-    def _restore(self, state: dict) -> None:
-        """Every tensor of the checkpoint into the head, strictly (the embedding table is the target's, never
-        saved), then the optimizer, scheduler, RNG and counters."""
+    def _restore_head(self, state: dict) -> None:
+        """The checkpoint's head weights, strictly (the embedding table is the target's, never saved), before the head
+        is sharded."""
         self.head.load_state_dict({**state["head"], "embed_tokens.weight": self.head.embed_tokens.weight})
-        self.opt.load_state_dict(state["optimizer"])
+
+    def _restore(self, state: dict) -> None:
+        """The rest of the checkpoint: optimizer (sharded again under FSDP), schedule, RNG, counters."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+            set_optimizer_state_dict(self.model, self.opt, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
