@@ -541,9 +541,12 @@ def flex_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask, 
 
     if m.block_mask is None:  # one for every layer of a pass
         m.block_mask = create_block_mask(m.mask_mod(), None, None, q.shape[0], k.shape[0], device=q.device)
+    # the full kernel for every pass: a segment's short query runs (a prefix's keys) otherwise take the decoding
+    # kernel, for which Inductor found no configuration on an H200 (torch 2.11)
+    opts = {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}} if compiled else {}
     o = (compiled_flex() if compiled else flex_attention)(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                           v.transpose(0, 1)[None], block_mask=m.block_mask,
-                                                          enable_gqa=True)
+                                                          enable_gqa=True, **opts)
     return o[0].transpose(0, 1)
 
 

@@ -436,7 +436,8 @@ class Trainer:
             raise CheckpointError(f"cannot read the training state {path}: {e}") from None
         old = state["config"]
         # a setting added after the checkpoint was written had its default there
-        was = {k: old.get(k, getattr(TrainConfig, k)) for k in RESUME_KEYS}
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+        was = {k: old.get(k, defaults[k]) for k in RESUME_KEYS}
         diff = [f"{k}: {was[k]!r} -> {getattr(self.cfg, k)!r}" for k in RESUME_KEYS if was[k] != getattr(self.cfg, k)]
         if state["world_size"] != self.world:
             diff.append(f"processes: {state['world_size']} -> {self.world}")

@@ -2,7 +2,7 @@
 default target), the dense attention peagle ran before the chunked one (verbatim, its context mask spelled from the
 same ranges) and the chunked one, alternating. Usage (DATA: a `peagle synth` folder, e.g. two 2,048-token documents):
 
-    PYTHONPATH=. python docs/bench_chain_attention.py DATA ROUNDS
+    PYTHONPATH=. python benchmarks/bench_chain_attention.py DATA ROUNDS
 """
 import json
 import sys

@@ -7,8 +7,8 @@ states in ``peagle hidden``'s. Then it trains ``--steps`` steps with ``--hidden`
 (CUDA: ``torch.cuda.max_memory_allocated``; CPU: the process's peak RSS) and tokens/s of the last step. Usage
 (a GPU: the 8B step; ``--small`` checks the script on a CPU in seconds):
 
-    python docs/train_step_at_scale.py /tmp/scale --layers 4 -k 8 --tokens 8192 --device cuda
-    python docs/train_step_at_scale.py /tmp/scale-small --small --device cpu
+    python benchmarks/train_step_at_scale.py /tmp/scale --layers 4 -k 8 --tokens 8192 --device cuda
+    python benchmarks/train_step_at_scale.py /tmp/scale-small --small --device cpu
 """
 from __future__ import annotations
 
@@ -75,13 +75,16 @@ def main() -> None:
     ap.add_argument("--max-elements", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=2, help="the first includes FlexAttention's compilation")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--online", action="store_true", help="the target itself (llama-3.1-8b, --load-format dummy, "
+                                                          "bf16) computes the states: no --hidden")
     args = ap.parse_args()
     out = Path(args.out)
     cfg = SMALL if args.small else LLAMA_31_8B
     write_inputs(out, cfg, args.tokens)
+    where = dict(target="llama-3.1-8b", load_format="dummy") if args.online else dict(
+        target=str(out / "target"), hidden=str(out / "hidden"))
     trainer = Trainer(TrainConfig(
-        data=str(out / "data"), out=str(out / "head"), target=str(out / "target"), hidden=str(out / "hidden"),
-        target_dtype="bfloat16", layers=args.layers, k=args.k, draft_vocab=min(args.draft_vocab, cfg["vocab_size"]),
+        data=str(out / "data"), out=str(out / "head"), **where, target_dtype="bfloat16", layers=args.layers, k=args.k, draft_vocab=min(args.draft_vocab, cfg["vocab_size"]),
         mask_token_id=cfg["vocab_size"] - 1, max_len=args.tokens, micro_tokens=args.tokens, batch_size=1,
         max_elements=args.max_elements, eval_fraction=0.0, progress=False, device=args.device,
         max_steps=args.steps, save_every=10 ** 9, eval_every=10 ** 9))
@@ -98,7 +101,7 @@ def main() -> None:
         peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(json.dumps({"step": step + 1, "loss": rec["loss"], "wall_s": round(wall, 2),
                           "tokens_per_s": round(args.tokens / wall, 1), "peak_gib": round(peak / 2 ** 30, 2),
-                          "device": str(trainer.device), "layers": args.layers, "k": args.k,
+                          "device": str(trainer.device), "layers": args.layers, "k": args.k, "online": args.online,
                           "hidden_size": cfg["hidden_size"]}), flush=True)
 
 

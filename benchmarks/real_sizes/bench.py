@@ -1,0 +1,146 @@
+"""Real model sizes on the CPU: peagle against llama.cpp's own binaries on the same GGUF files (random weights at
+Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B dimensions, written by ``peagle dummy-gguf`` and quantized by
+``llama-quantize``: ``make_files.sh``), in one run, per file and thread count:
+
+- decoding (tg128) and prompt processing (pp512): ``llama-bench`` against peagle's engine (median step times);
+- start to the first token and peak RSS: the whole process, ``llama-bench -p 0 -n 1`` against ``peagle generate
+  --max-new-tokens 1``, a warm page cache;
+- a speculative round (verify K + 1 rows, one P-EAGLE drafting pass; a random 1-layer head, lookups off) at
+  K = 1, 3, 7 against a plain step;
+- the memory floor: the bytes a step reads (the packed weights) over the read bandwidth measured here.
+
+    python benchmarks/real_sizes/bench.py FILE.gguf [...] --threads 1,2 --llama BIN --out DIR
+
+Raw outputs (llama-bench's JSON, each child's stderr) and ``results.json`` go to DIR; the table is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def timed(cmd: list[str], env: dict | None = None) -> tuple[float, int, str]:
+    """(wall s, peak RSS bytes, stderr) of a whole process, through GNU time."""
+    out = subprocess.run(["/usr/bin/time", "-f", "TIME %e %M", *cmd], capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise RuntimeError(f"{cmd[0]} failed ({out.returncode}): {out.stderr[-2000:]}")
+    wall, rss = out.stderr.strip().splitlines()[-1].split()[1:]
+    return float(wall), int(rss) * 1024, out.stderr
+
+
+def llama_bench(binary: str, path: str, threads: int, reps: int, raw: Path) -> dict:
+    out = subprocess.run([binary, "-m", path, "-t", str(threads), "-p", "512", "-n", "128", "-r", str(reps),
+                          "-o", "json"], capture_output=True, text=True, check=True)
+    raw.write_text(out.stdout)
+    rows = json.loads(out.stdout)
+    get = lambda p, n: next(r for r in rows if r["n_prompt"] == p and r["n_gen"] == n)  # noqa: E731
+    return {"tg": get(0, 128)["avg_ts"], "tg_sd": get(0, 128)["stddev_ts"], "pp512": get(512, 0)["avg_ts"]}
+
+
+def inner(path: str, reps: int) -> dict:
+    """In a child with its thread count set: peagle's engine on ``path``: step times, prefill rate, bytes a step."""
+    import torch
+
+    from peagle.engine.config import EngineConfig
+    from peagle.engine.llm_engine import LLMEngine
+    from peagle.engine.sampling import SamplingParams
+    from peagle.models.layers import Linear
+    from peagle.models.loader import load_drafter_for, load_target, load_tokenizer, resolve_target
+    from peagle.models.quant import weight_bytes
+
+    tok = load_tokenizer(resolve_target(path, weights=False))
+    target, folder = load_target(path)
+    head = load_drafter_for(target, folder, None, tok)
+    weights = {id(m.weight): m.weight for m in target.modules() if isinstance(m, Linear)}
+    weights.setdefault(id(target.head_weight()), target.head_weight())
+    step_bytes = sum(weight_bytes(w) for w in weights.values())
+    off = dict(prompt_lookup_max=0, response_lookup="none", max_num_seqs=1, max_model_len=1024)
+    engines = {0: LLMEngine(target, None, EngineConfig(method="none", **off), tok)}
+    for k in (1, 3, 7):
+        engines[k] = LLMEngine(target, head, EngineConfig(method="parallel", num_speculative_tokens=k, **off), tok)
+    prompt = tok("The quick brown fox jumps over the lazy dog. " * 4)["input_ids"]
+    for e in engines.values():
+        e.add_request(list(prompt), SamplingParams(max_tokens=10 ** 6, ignore_eos=True))
+        e.step()  # prefill
+    times: dict[int, list[float]] = {k: [] for k in engines}
+    for _ in range(reps):  # the engines interleaved: a burst of load lands on all of them
+        for k, e in engines.items():
+            for _ in range(8):
+                t = time.perf_counter()
+                e.step()
+                times[k].append(time.perf_counter() - t)
+    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    long = (prompt * 64)[:512]
+    pp = []
+    for _ in range(2):
+        e = LLMEngine(target, None, EngineConfig(method="none", **off, max_num_batched_tokens=512), tok)
+        e.add_request(list(long), SamplingParams(max_tokens=1, ignore_eos=True))
+        t = time.perf_counter()
+        while e.has_unfinished():
+            e.step()
+        pp.append(time.perf_counter() - t)
+    n = torch.get_num_threads()
+    big = torch.ones(1 << 28)  # 1 GiB of float32, read by a sum: the read bandwidth with this many threads
+    bw = []
+    for _ in range(5):
+        t = time.perf_counter()
+        big.sum()
+        bw.append(big.numel() * 4 / (time.perf_counter() - t))
+    return {"threads": n, "precision": engines[0].precision, "step_ms": ms[0], "tg": 1e3 / ms[0],
+            "round_ms": {k: ms[k] for k in (1, 3, 7)}, "round_over_step": {k: ms[k] / ms[0] for k in (1, 3, 7)},
+            "pp512": 512 / min(pp), "step_bytes": step_bytes, "bandwidth": max(bw),
+            "floor_tg": max(bw) / step_bytes}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*")
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--llama", default=os.path.expanduser(
+        "~/.cache/llama-native/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"), help="llama.cpp's bin folder")
+    ap.add_argument("--reps", type=int, default=3, help="llama-bench repetitions; peagle's rounds of steps x 4")
+    ap.add_argument("--out", default="docs/results/real-sizes")
+    ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:
+        print(json.dumps(inner(args.inner, 4 * args.reps)))
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
+    bench = str(Path(args.llama) / "llama-bench")
+    for path in args.files:
+        for t in (int(x) for x in args.threads.split(",")):
+            key = f"{Path(path).name} t{t}"
+            env = {**os.environ, "PEAGLE_TORCH_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
+            stem = out / key.replace(" ", "-")
+            lb = llama_bench(bench, path, t, args.reps, stem.with_suffix(".llama-bench.json"))
+            l_wall, l_rss, _ = timed([bench, "-m", path, "-t", str(t), "-p", "0", "-n", "1", "-r", "1"])
+            p_wall, p_rss, err = timed([sys.executable, "-m", "peagle.cli", "generate", "--target", path, "--method",
+                                        "none", "--max-new-tokens", "1", "Hello"], env)
+            child = subprocess.run([sys.executable, __file__, "--inner", path, "--reps", str(args.reps)],
+                                   capture_output=True, text=True, env=env)
+            stem.with_suffix(".peagle.log").write_text(err + child.stderr)
+            if child.returncode:
+                raise RuntimeError(f"peagle on {path} failed: {child.stderr[-2000:]}")
+            pg = json.loads(child.stdout.strip().splitlines()[-1])
+            size = Path(path).stat().st_size
+            results[key] = {"file_bytes": size, "llama": {**lb, "start_s": l_wall, "rss": l_rss},
+                            "peagle": {**pg, "start_s": p_wall, "rss": p_rss}}
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+            r = results[key]
+            print(f"{key}: tg {pg['tg']:.2f} / {lb['tg']:.2f} = {pg['tg'] / lb['tg']:.2f}x; pp512 {pg['pp512']:.1f} / "
+                  f"{lb['pp512']:.1f}; start {p_wall:.1f} / {l_wall:.1f} s; RSS {p_rss / 1e9:.2f} / "
+                  f"{l_rss / 1e9:.2f} GB (file {size / 1e9:.2f}); rounds {r['peagle']['round_over_step']}; floor "
+                  f"{pg['tg'] / pg['floor_tg']:.0%} (llama {lb['tg'] / pg['floor_tg']:.0%})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

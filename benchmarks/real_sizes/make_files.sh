@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The benchmark's files: random weights at real dimensions written by `peagle dummy-gguf` (f16, the default model's
+# 49,152-token tokenizer), then quantized by llama.cpp's own llama-quantize, as users' downloads are made.
+#   benchmarks/real_sizes/make_files.sh DIR [PRESETS] [TYPES]
+#   default PRESETS: llama-3.2-1b llama-3.2-3b llama-3.1-8b; TYPES: Q4_0 Q4_K_M Q8_0 BF16
+# llama.cpp's binaries: benchmarks/llama-native.sh (LLAMA_BIN overrides the folder).
+set -euo pipefail
+DIR=${1:?usage: make_files.sh DIR [PRESETS] [TYPES]}
+PRESETS=${2:-llama-3.2-1b llama-3.2-3b llama-3.1-8b}
+TYPES=${3:-Q4_0 Q4_K_M Q8_0 BF16}
+HERE=$(cd "$(dirname "$0")" && pwd)
+BIN=${LLAMA_BIN:-$("$HERE/../llama-native.sh")}
+mkdir -p "$DIR"
+for p in $PRESETS; do
+  f16="$DIR/$p-f16.gguf"
+  [ -f "$f16" ] || python -m peagle.cli dummy-gguf "$p" --out "$f16"
+  for t in $TYPES; do
+    out="$DIR/$p-$t.gguf"
+    if [ ! -f "$out" ]; then
+      "$BIN/llama-quantize" "$f16" "$out.tmp" "$t" "$(nproc)" >"$out.log" 2>&1
+      mv "$out.tmp" "$out"
+    fi
+  done
+done
+ls -la "$DIR"
