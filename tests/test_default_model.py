@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from speculation import OracleDrafter
+from speculation import OracleDrafter, fixed_costs, planted, references
 
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
@@ -64,8 +64,10 @@ def test_shipped_eagle3_head_is_lossless(default, eagle3_head):
 
 
 def test_seeded_sampling_is_plain_decodings_on_the_default_model(default, eagle3_head):
-    """float32, temperature 0.8, seed 7: both shipped heads, K 3/5/7/auto, alone and in a batch of
-    eight with other seeded, unseeded and greedy requests, give plain decoding's tokens; seed 8 does not."""
+    """float32, temperature 0.8, seed 7: both shipped heads' configs and tensors (drafting plain decoding's
+    seeded samples, every 4th position wrong), K 3/5/7/auto, alone and in a batch of eight with other seeded,
+    unseeded and greedy requests, give plain decoding's tokens with drafts accepted; seed 8 does not. A
+    verifier that rejects every draft (planted) gives the same tokens, and is caught by the acceptance check."""
     target, tok, head = default
     base = LLMEngine(target, None, EngineConfig(method="none", max_num_seqs=8), tok)
     texts = ["Tell me a story about a cat.", "Name three rivers.", "What is 17 times 3?", "Write a limerick.",
@@ -76,12 +78,25 @@ def test_seeded_sampling_is_plain_decodings_on_the_default_model(default, eagle3
     seeded = [i for i in range(8) if params[i].seed is not None and not params[i].greedy]
     ref = {i: base.generate([ids[i]], params[i])[0].token_ids for i in seeded}
     assert base.generate([ids[0]], dataclasses.replace(sp, seed=8))[0].token_ids != ref[0]
+    refs = references([ids[i] for i in seeded], [ref[i] for i in seeded])
+
+    def engine(method, drafter, k, patch=lambda e: e):
+        oracle = OracleDrafter(dataclasses.replace(drafter.cfg, trained_k=None), refs, wrong_every=4)
+        oracle.load_state_dict(drafter.state_dict(), assign=True)
+        e = LLMEngine(target, oracle.eval(), EngineConfig(method=method, num_speculative_tokens=k, max_num_seqs=8,
+                                                          prompt_lookup_max=0), tok)
+        return patch(fixed_costs(oracle.bind(e)))
+
     for method, drafter, k in (("parallel", head, 3), ("parallel", head, 7), ("parallel", head, "auto"),
                                ("eagle3", eagle3_head, 5), ("eagle3", eagle3_head, "auto")):
-        engine = LLMEngine(target, drafter, EngineConfig(method=method, num_speculative_tokens=k, max_num_seqs=8), tok)
-        assert engine.generate([ids[0]], sp)[0].token_ids == ref[0], (method, k)
-        batch = engine.generate(ids, params)
+        e = engine(method, drafter, k)
+        assert e.generate([ids[0]], sp)[0].token_ids == ref[0], (method, k)
+        batch = e.generate(ids, params)
         assert {i: batch[i].token_ids for i in seeded} == ref, (method, k)
+        assert e.stats.num_accepted_tokens > 0, (method, k)
+    rejecting = engine("parallel", head, 3, lambda e: planted("reject_all", e))
+    batch = rejecting.generate(ids, params)
+    assert {i: batch[i].token_ids for i in seeded} == ref and rejecting.stats.num_accepted_tokens == 0
 
 
 def test_cli_seed_reproduces_whatever_the_speculation():

@@ -185,3 +185,14 @@ def test_the_benchmark_schemas_are_valid_and_compile(grammars):
         jsonschema.Draft202012Validator.check_schema(s["schema"])
         assert s["prompt"].strip() and "JSON" in s["prompt"]
         grammars.matcher(StructuredOutput("json_schema", json.dumps(s["schema"])))
+
+
+def test_the_compile_thread_has_a_tokenizer_of_its_own(tok, grammars):
+    """The server compiles grammars (choice lists encode and decode their texts) on a thread of its own while
+    the engine's thread decodes with the engine's tokenizer; a fast tokenizer is not safe to share between
+    threads, so the grammars hold a copy, which encodes as the engine's does."""
+    assert grammars._tokenizer is not tok and grammars._tokenizer.backend_tokenizer is not tok.backend_tokenizer
+    text = "héllo wörld {\"a\": 1}"
+    assert grammars._tokenizer.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    assert grammars.writable(text) and not grammars.writable("\U00040000")
+    grammars.compile(StructuredOutput("choice", json.dumps(["yes", "no"])))

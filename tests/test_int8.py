@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import native_from_hf, tiny_hf
 from speculation import MASK, assert_lossless_on_path
+from test_kernels import each_isa
 from test_quant import case, random_blocks
 
 from peagle import kernels
@@ -402,8 +403,8 @@ def test_rows_are_looked_up_as_gguf_dequantizes_them(fmt):
         torch.ops.peagle.dequantize_rows(blocks, torch.tensor([64]))
 
 
-@native
-def test_greedy_is_torchs_argmax_and_finiteness_in_one_pass():
+@each_isa()
+def test_greedy_is_torchs_argmax_and_finiteness_in_one_pass(isa):
     from peagle.engine.sampling import greedy
 
     g = torch.Generator().manual_seed(1)
@@ -411,14 +412,11 @@ def test_greedy_is_torchs_argmax_and_finiteness_in_one_pass():
     x[3, 100] = x[3].max()                  # a tie: the first index wins
     x[4, 4098] = x[4].max() + 1             # the max in the tail
     x[5, 7], x[6, 4000], x[7, 0], x[8] = float("nan"), float("inf"), float("-inf"), float("nan")
-    for isa in ("avx512", "avx2", "scalar"):
-        if isa == "avx512" and kernels.isa() != "avx512" or isa == "avx2" and kernels.isa() == "scalar":
-            continue
-        with kernels.use_isa(isa), torch.inference_mode():
-            tokens, finite = greedy(x)
-        assert torch.equal(tokens[:5], x[:5].argmax(-1)), isa
-        assert finite.tolist() == [True] * 5 + [False] * 4, isa
-        assert 0 <= int(tokens.min()) and int(tokens.max()) < x.shape[1], isa  # a NaN row's token is a valid id
+    with kernels.use_isa(isa), torch.inference_mode():
+        tokens, finite = greedy(x)
+    assert torch.equal(tokens[:5], x[:5].argmax(-1))
+    assert finite.tolist() == [True] * 5 + [False] * 4
+    assert 0 <= int(tokens.min()) and int(tokens.max()) < x.shape[1]  # a NaN row's token is a valid id
 
 
 @native

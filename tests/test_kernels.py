@@ -315,9 +315,35 @@ def test_norms_and_half_writes_give_the_scalar_bits_on_every_isa(isa):
         got = run()
     for a, b in zip(got, want):
         assert torch.equal(a, b), isa
+    # and float64's values (independent of the C++ on both sides): the norms within a few float32 roundings
+    def norm64(h):
+        return h / (h.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt() * w.double()
+    h64 = x.double() + r.double()
+    for out, exact in ((got[0], norm64(x.double())), (got[1], norm64(h64)), (got[2], h64)):
+        assert ((out.double() - exact).abs() <= 4e-7 * exact.abs() + 1e-7).all(), isa
     k32, v32 = torch.zeros(4, Hkv, d), torch.zeros(4, Hkv, d)
     torch.ops.peagle.rope_write(qkv.clone(), cos, sin, H, k32, v32, torch.tensor([2, 0, 3]))
     assert torch.equal(got[3], k32.half()) and torch.equal(got[4], v32.half())
+
+
+@each_isa()
+def test_silu_mul_gives_its_references_bits_and_float64s_values(isa):
+    """silu_mul on every path: the bits of its scalar reference (silu_mul_ref, a loop of its own, not the SIMD
+    template over plain lanes) and float64's silu(gate) * up within a few float32 roundings, over gates from
+    -100 to 100 (exp_scalar's clamps and cut-off at -87 included) and a tail past every vector width: a fault in
+    exp_scalar, which every path and the attention tiles share, shows here."""
+    g = torch.Generator().manual_seed(9)
+    gate = torch.cat([torch.linspace(-100, 100, 2001), torch.randn(1002, generator=g) * 8]).view(3, 1001)
+    gu = torch.cat([gate, torch.randn(3, 1001, generator=g)], 1)  # n = 1001: a tail of 9 past 16 lanes
+    with kernels.use_isa("scalar"):
+        want = torch.ops.peagle.silu_mul(gu)
+    with kernels.use_isa(isa):
+        got = torch.ops.peagle.silu_mul(gu)
+    assert torch.equal(got, want)
+    a, u = gu[:, :1001].double(), gu[:, 1001:].double()
+    exact = a / (1 + torch.exp(-a)) * u
+    assert ((got.double() - exact).abs() <= 1e-6 * exact.abs() + 1e-30).all(), \
+        (got.double() - exact).abs().div(exact.abs() + 1e-30).max()
 
 
 @native
@@ -379,7 +405,7 @@ def test_layer_ops_match_torch():
     torch.ops.peagle.rope_write(qkv, cos.view(T, d), sin.view(T, d), H, k, v, slots)
     assert torch.equal(qkv[:, :H + Hkv], want)  # the same three rounded operations as torch's eager ones
     assert torch.equal(k[slots], want[:, H:]) and torch.equal(v[slots], vals)
-    with pytest.raises(RuntimeError, match="slot out of the pool"):
+    with pytest.raises(RuntimeError, match=r"slots\[3\] = 10 is no slot"):
         torch.ops.peagle.rope_write(qkv, cos.view(T, d), sin.view(T, d), H, k, v, torch.tensor([3, 9, 0, 10]))
 
 
@@ -528,7 +554,8 @@ def test_a_drafters_long_catch_up_runs_natively_in_pieces_and_attends_as_sdpa_do
 def test_an_error_in_a_teams_chunk_reaches_the_caller_and_the_next_pass_runs(monkeypatch):
     """With two threads ``decoder_layers`` runs its layers in one team (team.h): a row whose KV slot lies past
     the pool, in the other thread's chunk of the rows, raises the operator's error in the caller (not a
-    crash, not a hang), and the team is free after: the next pass gives the one-thread bits."""
+    crash, not a hang; rope_write checks every slot before it splits the rows, so nothing is written), and the
+    team is free after: the next pass gives the one-thread bits."""
     from conftest import native_from_hf, tiny_hf, torch_threads
 
     from peagle.models.attention import AttnMeta, Span
@@ -545,7 +572,7 @@ def test_an_error_in_a_teams_chunk_reaches_the_caller_and_the_next_pass_runs(mon
 
     want = run(64)
     with torch_threads(2):
-        with pytest.raises(RuntimeError, match="slot out of the pool"):
+        with pytest.raises(RuntimeError, match="is no slot of the pools"):
             run(32)   # rows 0-19 one thread's, 20-39 the other's: slots 32-39 past the pool
         got = run(64)
     assert len(calls) == 3

@@ -6,12 +6,13 @@ tokenizer's Python vocabulary)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 CONFIG = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=32000, hidden_size=2048,
               intermediate_size=5504, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
@@ -224,3 +225,25 @@ def test_a_target_without_a_head_is_told_so_in_one_line(tiny_chat_dir, tmp_path,
     save_drafter(init_drafter(target, 1, 1), tmp_path / "head")
     load_drafter_for(target, path, str(tmp_path / "head"), tok)
     assert "random" not in capsys.readouterr().err
+
+
+def test_the_random_head_cache_is_keyed_by_the_targets_content(tiny_chat_dir, tmp_path, monkeypatch):
+    """Two targets in folders of one name (other weights) get random heads of their own; the same target,
+    loaded again, finds its cached head. (Keyed by the folder's name, the second target took the first's.)"""
+    from peagle.models.loader import load_drafter_for, load_target, load_tokenizer, random_head_dir
+
+    monkeypatch.setenv("PEAGLE_CACHE", str(tmp_path / "cache"))
+    a, b = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    shutil.copytree(tiny_chat_dir, a)
+    shutil.copytree(tiny_chat_dir, b)
+    weights = load_file(b / "model.safetensors")
+    weights["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"] + 0.01
+    save_file(weights, b / "model.safetensors", metadata={"format": "pt"})
+    tok = load_tokenizer(a)
+    ta, tb, again = (load_target(str(p), "float32")[0] for p in (a, b, a))
+    assert random_head_dir(ta, a) != random_head_dir(tb, b)
+    assert random_head_dir(again, a) == random_head_dir(ta, a)
+    load_drafter_for(ta, a, None, tok)
+    load_drafter_for(tb, b, None, tok)
+    assert sorted(p.name for p in (tmp_path / "cache" / "heads").iterdir()) == sorted(
+        [random_head_dir(ta, a).name, random_head_dir(tb, b).name])

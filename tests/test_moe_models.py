@@ -13,7 +13,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from conftest import randomize, run_full
-from peagle.engine.llm_engine import EngineConfig, LLMEngine
+from speculation import CHAIN_FAULTS, OracleDrafter, assert_caught, make_engine, oracle_run, references
 from peagle.engine.sampling import SamplingParams
 from peagle.models.gpt_oss import GptOssModel, dequantize_mxfp4
 from peagle.models.attention import AttnMeta, Span
@@ -302,17 +302,18 @@ def test_registry_lists_and_dispatches_every_family(tmp_path):
 
 @pytest.mark.parametrize("family", ["gpt_oss", "qwen3_moe"])
 def test_speculative_output_equals_greedy(family):
+    """A 2-layer head drafting each sequence's own continuation (every 5th position wrong) through the MoE
+    targets' verification: plain decoding's tokens with drafts accepted at K 1, 3, 7; a verifier that rejects
+    every draft (planted: still these tokens) and one that keeps a rejected draft are caught."""
     target = native(tiny_moe(family, seed=5))
-    drafter = init_drafter(target, 2, MASK, seed=1)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 150, (n,), generator=g).tolist() for n in (3, 9, 17)]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
-
-    def run(method, k):
-        engine = LLMEngine(target, drafter, EngineConfig(method=method, num_speculative_tokens=k))
-        return [o.token_ids for o in engine.generate(prompts, params)]
-
-    ref = run("none", 1)
+    ref = [o.token_ids for o in make_engine(target, None, "none").generate(prompts, params)]
+    head = OracleDrafter.of(target, references(prompts, ref), 5, cfg=init_drafter(target, 2, MASK).cfg)
     for method in ("parallel", "eagle3"):
         for k in (1, 3, 7):
-            assert run(method, k) == ref, (method, k)
+            _, watch, got = oracle_run(target, head, method, k, prompts, params)()
+            watch.check(got, ref, rate=0.25)
+    for fault in CHAIN_FAULTS:
+        assert_caught(fault, oracle_run(target, head, "parallel", 3, prompts, params), ref, rate=0.25)

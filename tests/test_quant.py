@@ -28,6 +28,9 @@ from peagle.models.quant import (DEQUANT_ROWS, FORMATS, QBLOCK, GGUFError, Quant
                                  gguf_tensors, onto_huge_pages, pack, pack_model, pack_owned, read_gguf)
 from peagle.runtime import HUGE_PAGE
 
+# the integer path runs here: kernels on and built, and an integer instruction set this CPU has
+INT_PATH = os.environ.get("PEAGLE_NATIVE") != "0" and kernels.available() and kernels.int_isa() != "none"
+
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
 GGML = {name: getattr(gguf.GGMLQuantizationType, name.upper()) for name in FORMATS}
@@ -170,9 +173,8 @@ def mapping_of(ptr: int) -> dict[str, str]:
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc only")
 def test_packed_weights_move_onto_one_mapping_of_huge_pages_with_their_bytes():
     """:func:`onto_huge_pages` gives each weight's blocks a new home (blocks two weights share, one) with their bytes,
-    in one mapping 2 MB-aligned at its start that asks for huge pages (THPeligible where the system grants them on
-    request), and lets the old ones go: blocks packed where they lay, a view of the file's blocks, no longer hold
-    those alive; a model loaded for the integer path has its packed weights there."""
+    in one mapping 2 MB-aligned at its start that asks for huge pages, and lets the old ones go: blocks packed where
+    they lay, a view of the file's blocks, no longer hold those alive."""
     import weakref
 
     base = torch.randint(0, 255, (4096, 8, 20), dtype=torch.uint8)  # a file's Q4_1 blocks
@@ -187,15 +189,28 @@ def test_packed_weights_move_onto_one_mapping_of_huge_pages_with_their_bytes():
     assert a.blocks.data_ptr() % HUGE_PAGE == 0 and b.blocks.data_ptr() == a.blocks.data_ptr() + a.blocks.numel()
     area = mapping_of(a.blocks.data_ptr())
     assert mapping_of(b.blocks.data_ptr())["range"] == area["range"]
-    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if os.path.exists(
-        "/sys/kernel/mm/transparent_hugepage/enabled") else "[never]"
-    if "[never]" not in thp and "THPeligible" in area:
-        assert area["THPeligible"] == "1"
-    if kernels.available() and kernels.int_isa() != "none":
-        model = load_target(None, "float32")[0]
-        packed = [p.blocks for p in model.parameters() if isinstance(p, QuantTensor) and p.packed]
-        assert len(packed) > 100 and len({mapping_of(p.data_ptr())["range"] for p in packed}) == 1
-        assert min(p.data_ptr() for p in packed) % HUGE_PAGE == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc only")
+def test_the_huge_page_mapping_is_thp_eligible_where_the_system_grants_them():
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if "[never]" in (open(thp).read() if os.path.exists(thp) else "[never]"):
+        pytest.skip("transparent huge pages are off on this system ([never], or no THP)")
+    a = QuantTensor(torch.randint(0, 255, (1024, 16, 320), dtype=torch.uint8), torch.float32)  # 5 MB: huge pages fit
+    onto_huge_pages([a])
+    area = mapping_of(a.blocks.data_ptr())
+    if "THPeligible" not in area:
+        pytest.skip("this kernel's smaps reports no THPeligible")
+    assert area["THPeligible"] == "1"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc only")
+@pytest.mark.skipif(not INT_PATH, reason="no integer path here (kernels off or not built, or no AVX2): nothing packed")
+def test_a_model_loaded_for_the_integer_path_has_its_packed_weights_on_one_huge_page_mapping():
+    model = load_target(None, "float32")[0]
+    packed = [p.blocks for p in model.parameters() if isinstance(p, QuantTensor) and p.packed]
+    assert len(packed) > 100 and len({mapping_of(p.data_ptr())["range"] for p in packed}) == 1
+    assert min(p.data_ptr() for p in packed) % HUGE_PAGE == 0
 
 
 @native
@@ -459,13 +474,17 @@ def test_a_packed_load_writes_each_matrix_once_where_it_stays(file, tmp_path):
                                      else [before.blocks]))
 
 
+@pytest.mark.parametrize("path", [None] + [pytest.param(isa, marks=pytest.mark.skipif(
+    not INT_PATH or isa not in torch.ops.peagle.int_isas(), reason=f"this CPU (or the kernels' absence) has no {isa}"))
+    for isa in ("avx512vnni", "avxvnni", "avx2")])
 @pytest.mark.parametrize("file", K_FILES)
-def test_a_k_quant_gguf_runs_kept_quantized_as_its_de_quantized_copy(file, tmp_path, capsys):
+def test_a_k_quant_gguf_runs_kept_quantized_as_its_de_quantized_copy(file, path, tmp_path, capsys):
     """Tiny GGUFs with the K-quants and 5-bit formats (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1; Q8_0 beside), and with
     Q4_K_M's mixes of formats in fused matrices: each matrix is kept as stored (or as the line says),
     de-quantizes to gguf's values, and the model gives the bits of the same model loaded de-quantized (the
     float path, ``--compute exact``: the same kernel on the same values); packed for the integer path its
-    logits stay close, and speculation on it is plain decoding on every instruction set this CPU has."""
+    logits stay close, and speculation on it is plain decoding on every instruction set this CPU has (``path``:
+    None, the file's blocks; an integer path, the same packed for it, skipped with the reason where absent)."""
     types, line, kept = K_FILES[file]
     values = tiny_gguf(tmp_path / "k.gguf", types, hidden=256)
     cfg = tiny_cfg(256)
@@ -490,14 +509,13 @@ def test_a_k_quant_gguf_runs_kept_quantized_as_its_de_quantized_copy(file, tmp_p
     ref, _ = run_full(models[1], ids)
     got, _ = run_full(models[0], ids)
     assert torch.equal(got, ref)
-    if keep and kernels.int_isa() != "none":
+    if path is None:
+        return
+    with kernels.use_isa({"avx512vnni": "avx512"}.get(path, path)):
+        assert kernels.int_isa() == path
         pack_model(models[0], models[0].model.embed_tokens)
         assert models[0].precision == f"GGUF {'/'.join(kept).upper()} weights, int8 compute"
         fast, _ = run_full(models[0], ids)
         err = (fast - ref).abs()  # every matrix on 8-bit activations, random blocks: the error compounds
         assert err.mean() < 0.02 * ref.abs().max() and err.max() < 0.15 * ref.abs().max(), (err.mean(), err.max())
-        for cap, isa in (("avx512", "avx512vnni"), ("avxvnni", "avxvnni"), ("avx2", "avx2")):
-            if isa in torch.ops.peagle.int_isas():
-                with kernels.use_isa(cap):
-                    assert kernels.int_isa() == isa
-                    assert_lossless_on_path(models[0], "parallel")
+        assert_lossless_on_path(models[0], "parallel")

@@ -200,3 +200,45 @@ def test_answers_carry_the_requests_speculation():
     last = json.loads(fmt.chunk(0, done)[6:])
     assert last["metrics"]["speculative_decoding"] == m
     assert "metrics" not in Formatter("cmpl-1", "tiny", False, False, 3, 1).completion([[done]])
+
+
+def test_large_bodies_are_validated_off_the_event_loop(monkeypatch):
+    """A body of OFF_LOOP_VALIDATION_BYTES or more is parsed and validated as the route's model on the parse
+    thread (FastAPI then takes the instance as it is); a small one is validated on the loop, as is a large one
+    that fails (FastAPI names its problems)."""
+    import json
+    import threading
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from peagle.serve import api
+    from peagle.serve.requests import CompletionRequest
+
+    validated_on = []
+    real = CompletionRequest.model_validate.__func__
+
+    def spy(cls, *a, **kw):
+        validated_on.append(threading.current_thread().name)
+        return real(cls, *a, **kw)
+
+    monkeypatch.setattr(CompletionRequest, "model_validate", classmethod(spy))
+    app = FastAPI()
+    app.router.route_class = api._Route
+    app.add_exception_handler(api.RequestValidationError, api._invalid)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        return {"prompt_len": len(req.prompt)}
+
+    big = list(range(api.OFF_LOOP_VALIDATION_BYTES // 4))  # over 64 KiB of JSON integers
+    with TestClient(app) as client:
+        r = client.post("/v1/completions", json={"model": "m", "prompt": big})
+        assert r.status_code == 200 and r.json()["prompt_len"] == len(big)
+        assert validated_on == ["peagle-parse_0"], validated_on
+        validated_on.clear()
+        assert client.post("/v1/completions", json={"model": "m", "prompt": [1, 2]}).status_code == 200
+        assert validated_on == []  # small: FastAPI's own validation on the loop
+        r = client.post("/v1/completions", json={"model": "m", "prompt": big, "max_tokens": "many"})
+        assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+    assert len(json.dumps({"model": "m", "prompt": big})) >= api.OFF_LOOP_VALIDATION_BYTES

@@ -16,7 +16,6 @@ from peagle.engine import processors, scheduler
 from peagle.engine.grammar import GrammarError, StructuredOutput
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
-from peagle.models.loader import init_drafter
 
 SCHEMA = PERSON_SCHEMA
 JSON = StructuredOutput("json_schema", json.dumps(SCHEMA))
@@ -71,11 +70,14 @@ def test_speculation_equals_constrained_plain_decoding(plain):
 
 
 def test_forbidden_drafts_are_pruned_before_verification(plain, monkeypatch):
-    """A random head drafts what the grammar mostly forbids: no verified draft is one the grammar forbids
-    after its path (every verified tree is its own pruning), some were pruned, output unchanged; unpruned,
-    the masks' walk over the drafts stops at the first forbidden one."""
+    """A head drafting the constrained output with every other position wrong (a wrong token the grammar
+    mostly forbids): no verified draft is one the grammar forbids after its path (every verified tree is its
+    own pruning), some were pruned, the right ones accepted (a pruning that cut every draft, or a verifier
+    that rejected them, fails here), output unchanged; unpruned, the masks' walk over the drafts stops at the
+    first forbidden one."""
     ps = prompts(plain)
     ref = [o.token_ids for o in plain.generate(ps, GREEDY)]
+    head = OracleDrafter.of(plain.target, {tuple(p): p + r for p, r in zip(ps, ref)}, 2)
     pruned, real = [0], processors.allowed_tree
 
     def counting(seq):
@@ -84,7 +86,7 @@ def test_forbidden_drafts_are_pruned_before_verification(plain, monkeypatch):
         return tree
 
     monkeypatch.setattr(scheduler, "allowed_tree", counting)
-    e = engine(plain, init_drafter(plain.target, 1, 159, seed=3), "parallel", 4, speculative_token_tree=TREE)
+    e = head.bind(engine(plain, head, "parallel", 4, speculative_token_tree=TREE))
     run = e.runner.run
 
     def checked(work, tree):
@@ -94,10 +96,10 @@ def test_forbidden_drafts_are_pruned_before_verification(plain, monkeypatch):
 
     e.runner.run = checked
     assert [o.token_ids for o in e.generate(ps, GREEDY)] == ref
-    assert pruned[0] > 0
+    assert pruned[0] > 0 and e.stats.num_accepted_tokens > 0, (pruned[0], e.stats.num_accepted_tokens)
     monkeypatch.setattr(scheduler, "allowed_tree", lambda seq: seq.tree)   # planted: nothing pruned
     with pytest.raises(RuntimeError, match="not allowed by the request's grammar"):
-        engine(plain, init_drafter(plain.target, 1, 159, seed=3), "parallel", 4).generate(ps, GREEDY)
+        head.bind(engine(plain, head, "parallel", 4)).generate(ps, GREEDY)
 
 
 def test_rows_masked_with_the_roots_state_are_caught(plain, monkeypatch):

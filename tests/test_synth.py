@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from speculation import OracleDrafter, fixed_costs, make_engine, planted, references
 
 from peagle.engine.llm_engine import LLMEngine
 from peagle.train.synth import read_prompts, read_responses, synthesize
@@ -66,19 +67,36 @@ def test_formats_resume_and_torn_lines(tiny_chat_dir, prompt_files, tmp_path):
 def test_sampled_responses_are_the_same_whatever_the_engine_drafts(tiny_chat_dir, prompt_files, tmp_path):
     """Each response samples with a seed of its own (from its id and --seed), keyed by position: an
     engine that drafts (P-EAGLE at K=3, EAGLE-3 with K chosen by the engine) writes the responses
-    plain decoding writes (float32, where the guarantee holds); another --seed writes others."""
-    def run(name, seed=3, **engine_kw):
-        engine = LLMEngine.from_pretrained(str(tiny_chat_dir), dtype="float32", max_num_seqs=4, max_model_len=256,
-                                           **engine_kw)
+    plain decoding writes (float32, where the guarantee holds), with drafts accepted: the head drafts the
+    plain run's responses (every 3rd position wrong), so a synthesis that seeded samples by anything but
+    position, or a verifier that rejects every draft (planted, and caught: the same responses, none
+    accepted), shows here; another --seed writes others."""
+    plain_engine = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32", max_num_seqs=4,
+                                             max_model_len=256)
+
+    def run(name, engine, seed=3):
         synthesize(engine, prompt_files, tmp_path / name, num_prompts=6, temperature=1.0, max_new_tokens=10,
                    seed=seed, progress=False)
         return {r["id"]: r["response_token_ids"] for r in records(tmp_path / name)}
 
-    plain = run("none", method="none")
+    plain = run("none", plain_engine)
     assert len(plain) == 6
-    assert run("parallel", method="parallel", k=3) == plain
-    assert run("eagle3", method="eagle3", k="auto") == plain
-    assert run("other-seed", seed=4, method="none") != plain
+    refs = references([r["prompt_token_ids"] for r in records(tmp_path / "none")],
+                      [r["response_token_ids"] for r in records(tmp_path / "none")])
+    head = OracleDrafter.of(plain_engine.target, refs, 3)
+
+    def drafting(method, k, patch=lambda e: e):
+        engine = fixed_costs(make_engine(plain_engine.target, head, method, k, max_num_seqs=4, max_model_len=256))
+        engine.tokenizer = plain_engine.tokenizer
+        return patch(head.bind(engine))
+
+    for name, method, k in (("parallel", "parallel", 3), ("eagle3", "eagle3", "auto")):
+        engine = drafting(method, k)
+        assert run(name, engine) == plain, name
+        assert engine.stats.num_accepted_tokens > 0, name
+    rejecting = drafting("parallel", 3, lambda e: planted("reject_all", e))
+    assert run("rejecting", rejecting) == plain and rejecting.stats.num_accepted_tokens == 0
+    assert run("other-seed", plain_engine, seed=4) != plain
 
 
 def test_bad_prompt_file(tmp_path):

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -198,19 +197,35 @@ def train_args(tiny_chat_dir, synth_dir, out, *extra):
             "--dtype", "float32", "--deterministic", *extra]
 
 
+# `peagle train` that SIGKILLs itself once step KILL_AFTER_STEP has trained, before the run saves it: a kill
+# mid-interval at a step count, not at a moment a poll happens to see (the same on every machine's speed)
+DYING_TRAIN = """
+import os, signal, sys
+from peagle.train import trainer
+from peagle.cli import main
+train_step = trainer.Trainer.train_step
+def dying(self):
+    rec = train_step(self)
+    if self.step == int(os.environ["KILL_AFTER_STEP"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rec
+trainer.Trainer.train_step = dying
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_kill_9_loses_at_most_one_interval(tiny_chat_dir, synth_dir, tmp_path):
-    straight = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "a", "--save-every", "1"))
+    """Killed (SIGKILL) after step 3 trained (checkpoints every 2 steps), the run's
+    checkpoint on disk is step 2's, whole, and ``--resume`` finishes with the uninterrupted run's head, bit
+    for bit."""
+    straight = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "a", "--save-every", "2"))
     assert straight.wait(timeout=300) == 0, straight.stdout.read()
-    victim = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "b", "--save-every", "1"))
-    state = tmp_path / "b" / STATE
-    deadline = time.time() + 240
-    while time.time() < deadline and not (state.exists() and torch.load(state, weights_only=False)["step"] >= 3):
-        time.sleep(0.05)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    step = torch.load(state, weights_only=False)["step"]
-    assert 3 <= step < 8  # killed mid-run; the checkpoint on disk is whole
-    again = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "b", "--save-every", "1", "--resume"))
+    victim = subprocess.run([sys.executable, "-c", DYING_TRAIN, *train_args(tiny_chat_dir, synth_dir, tmp_path / "b",
+                                                                            "--save-every", "2")],
+                            env={**os.environ, "KILL_AFTER_STEP": "3"}, capture_output=True, text=True, timeout=300)
+    assert victim.returncode == -signal.SIGKILL, victim.stdout + victim.stderr
+    assert torch.load(tmp_path / "b" / STATE, weights_only=False)["step"] == 2  # step 3 lost, step 2 whole
+    again = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "b", "--save-every", "2", "--resume"))
     assert again.wait(timeout=300) == 0, again.stdout.read()
     a, b = head_tensors(tmp_path / "a"), head_tensors(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -9,6 +9,7 @@ first :class:`Grammars` is made, not with peagle.
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
 import threading
@@ -99,7 +100,10 @@ class Grammars:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int], cache_size: int = 64):
         import xgrammar as xgr
         self._xgr = xgr
-        self._tokenizer = tokenizer
+        # a copy of its own: compile (writable) runs on the server's grammar thread while the engine's thread
+        # decodes with the engine's tokenizer, and a fast tokenizer is not safe to share between threads (its
+        # Rust side is borrowed per call: "Already borrowed")
+        self._tokenizer = copy.deepcopy(tokenizer)
         self.vocab_size = vocab_size
         stop = sorted(stop_token_ids)
         base = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)

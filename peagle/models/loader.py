@@ -373,6 +373,19 @@ def head_format(target: LlamaModel, head) -> str:
     return "q4_1" if q8 > 0.05 * sum(weight_bytes(w) for w in weights.values()) else "q8_0"
 
 
+def random_head_dir(target: LlamaModel, target_path: Path) -> Path:
+    """Where the random 1-layer head for ``target`` is cached: keyed by the target's content (its config and
+    a fingerprint of its weights: 16 embedding rows spread over the vocabulary and the final norm, as float32),
+    not by its folder's name alone, so two targets in same-named folders never share a head."""
+    h = hashlib.sha256(repr(target.cfg).encode())
+    with torch.no_grad():
+        embed = target.model.embed_tokens.weight
+        rows = torch.linspace(0, embed.shape[0] - 1, 16, device=embed.device).long()
+        for w in (embed[rows], target.model.norm.weight):
+            h.update(w.detach().float().cpu().contiguous().numpy().tobytes())
+    return cache_dir() / "heads" / f"{target_path.name}-random-1L-{h.hexdigest()[:16]}"
+
+
 def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,
                      method: str = "parallel", pack: bool = True):
     """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
@@ -386,7 +399,7 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
 
     path = Path(drafter) if drafter else default_drafter_path(target_path, method)
     if path is None:
-        path = cache_dir() / "heads" / f"{target_path.name}-random-1L"
+        path = random_head_dir(target, target_path)
         if not (path / "config.json").is_file():
             if tokenizer is None:
                 raise ValueError("no drafter given and no tokenizer to choose a mask token for a random head")

@@ -49,8 +49,20 @@ static at::Tensor draft(const at::Tensor& ids, const at::Tensor& positions, cons
   TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && table.size(0) == B && table.is_contiguous(),
               "peagle::draft: table must be contiguous int64 [sequences, blocks]");
   TORCH_CHECK(d2t.scalar_type() == at::kLong && d2t.dim() == 1 && d2t.is_contiguous(), "peagle::draft: d2t must be int64");
+  TORCH_CHECK(taps.size(0) == ids.numel(), "peagle::draft: taps has ", taps.size(0), " rows, ids ", ids.numel());
+  TORCH_CHECK(!k_pools.empty() && block_size > 0, "peagle::draft: one K and V pool per layer, block_size > 0");
+  const int64_t pool_blocks = k_pools[0].size(0) / block_size;
+  TORCH_CHECK(0 <= num_slots && num_slots < k_pools[0].size(0), "peagle::draft: num_slots ", num_slots,
+              " is no slot of the pools (", k_pools[0].size(0), " slots)");
   const auto [in_ids, pos, rejected, masked, map, sample] = expand(ids, positions, cu, num_valid, bonus, num_masks, mask_id);
   const int64_t R = in_ids.numel(), S = sample.numel();
+  const int64_t *ii = in_ids.data_ptr<int64_t>(), *ip = pos.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r) {  // the rows the embedding and the RoPE table give (ids, bonus, mask_id, positions)
+    TORCH_CHECK(0 <= ii[r] && ii[r] < embed.size(0), "peagle::draft: token ", ii[r], " (of ids, bonus or mask_id) is no row "
+                "of embed (", embed.size(0), " rows)");
+    TORCH_CHECK(0 <= ip[r] && ip[r] < cos.size(0) && cos.size(0) == sin.size(0), "peagle::draft: position ", ip[r],
+                " (of positions, plus num_masks) is past the RoPE table cos/sin (", cos.size(0), " rows)");
+  }
   const int64_t *p = pos.data_ptr<int64_t>(), *m = map.data_ptr<int64_t>(),
                 *c = cu.data_ptr<int64_t>(), *tb = table.data_ptr<int64_t>();
   const bool *rj = rejected.data_ptr<bool>(), *ms = masked.data_ptr<bool>();
@@ -74,6 +86,8 @@ static at::Tensor draft(const at::Tensor& ids, const at::Tensor& positions, cons
       for (int64_t r = c[i] + i * num_masks; r < c[i + 1] + (i + 1) * num_masks; ++r) {
         const int64_t block = p[r] / block_size;
         TORCH_CHECK(p[r] >= 0 && block < nb, "peagle::draft: position ", p[r], " outside sequence ", i, "'s blocks");
+        TORCH_CHECK(0 <= tb[i * nb + block] && tb[i * nb + block] < pool_blocks, "peagle::draft: table[", i, ", ", block,
+                    "] = ", tb[i * nb + block], " is no block of the pools (", pool_blocks, " blocks)");
         sq[r] = i;
         sl[r] = rj[r] ? num_slots : tb[i * nb + block] * block_size + p[r] % block_size;
       }

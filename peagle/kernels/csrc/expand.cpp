@@ -24,6 +24,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const int64_t *id = ids.data_ptr<int64_t>(), *pos = positions.data_ptr<int64_t>(), *c = cu.data_ptr<int64_t>(),
                 *nv = num_valid.data_ptr<int64_t>(), *bo = bonus.data_ptr<int64_t>();
   TORCH_CHECK(c[0] == 0 && c[B] == T, "peagle::expand: cu_num_tokens must run from 0 to the row count");
+  for (int64_t i = 0; i < B; ++i)  // before any row is written: each request's rows lie in ids
+    TORCH_CHECK(c[i] < c[i + 1], "peagle::expand: cu_num_tokens must rise (each request one row or more), got ", c[i],
+                " then ", c[i + 1]);
   const int64_t R = T + B * num_masks;
   const auto i64 = ids.options(), flag = ids.options().dtype(at::kBool);
   at::Tensor out_ids = at::empty({R}, i64), out_pos = at::empty({R}, i64), rej = at::empty({R}, flag),

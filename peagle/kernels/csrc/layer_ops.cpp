@@ -92,6 +92,7 @@ at::Tensor silu_mul(const at::Tensor& gu) {
 
 void silu_mul_into(const at::Tensor& gu, at::Tensor& out) {
   check_rows(gu, "silu_mul");
+  TORCH_CHECK(gu.size(1) % 2 == 0, "peagle::silu_mul: gate_up's width ", gu.size(1), " is odd (gate | up)");
   const int64_t T = gu.size(0), n = gu.size(1) / 2;
   fit(out, {T, n}, gu);
   const float* g = gu.data_ptr<float>();
@@ -101,6 +102,8 @@ void silu_mul_into(const at::Tensor& gu, at::Tensor& out) {
   parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) { rows(g, o, n, t0, t1); });
 }
 
+static constexpr int64_t MAX_ROPE_DIM = 512;  // rope_write's row buffer
+
 // qkv [rows, H + 2 Hkv, d]: RoPE (HF's rotate-half: x * cos + rotate_half(x) * sin, as three rounded
 // operations like torch's eager ops) on the H query and Hkv key heads in place, then keys and values
 // into the pools [slots, Hkv, d] at ``slots[row]`` (float32, or float16 rounded to nearest even).
@@ -108,11 +111,14 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
                        const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots) {
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 3 && qkv.is_contiguous(), "peagle::rope_write: qkv must be contiguous float32 [rows, heads, d]");
   const int64_t T = qkv.size(0), heads = qkv.size(1), d = qkv.size(2), Hkv = (heads - H) / 2, half = d / 2;
-  TORCH_CHECK(H + 2 * Hkv == heads && d % 2 == 0, "peagle::rope_write: heads do not split into H + 2 Hkv");
+  TORCH_CHECK(H >= 1 && Hkv >= 1 && H + 2 * Hkv == heads && d % 2 == 0,
+              "peagle::rope_write: heads (", heads, ") do not split into H (", H, ") + 2 Hkv, Hkv >= 1");
+  TORCH_CHECK(d <= MAX_ROPE_DIM, "peagle::rope_write: head_dim ", d, " is over ", MAX_ROPE_DIM);
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == T * d && sin.numel() == T * d &&
               cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "peagle::rope_write: cos/sin must be float32 [rows, d]");
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && (k_pool.scalar_type() == at::kFloat || k_pool.scalar_type() == at::kHalf) &&
-              v_pool.scalar_type() == k_pool.scalar_type() && k_pool.size(1) == Hkv && k_pool.size(2) == d,
+              v_pool.scalar_type() == k_pool.scalar_type() && k_pool.dim() == 3 && v_pool.sizes() == k_pool.sizes() &&
+              k_pool.size(1) == Hkv && k_pool.size(2) == d,
               "peagle::rope_write: pools must be contiguous [slots, Hkv, d], both float32 or both float16");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == T, "peagle::rope_write: one int64 slot per row");
   float* x = qkv.data_ptr<float>();
@@ -120,9 +126,12 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   const bool half_pools = k_pool.scalar_type() == at::kHalf;
   const int64_t* sl = slots.data_ptr<int64_t>();
   const int64_t nslots = k_pool.size(0);
+  for (int64_t t = 0; t < T; ++t)  // before anything is written: a bad slot leaves qkv and the pools as they were
+    TORCH_CHECK(sl[t] >= 0 && sl[t] < nslots, "peagle::rope_write: slots[", t, "] = ", sl[t], " is no slot of the pools (",
+                nslots, " slots)");
   const HalfRow to_half = half_row();
   parallel_for(0, T, row_grain(), [&](int64_t t0, int64_t t1) {
-    float tmp[512];
+    float tmp[MAX_ROPE_DIM];
     for (int64_t t = t0; t < t1; ++t) {
       const float *ct = c + t * d, *st = s + t * d;
       for (int64_t hh = 0; hh < H + Hkv; ++hh) {
@@ -134,7 +143,6 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
         std::copy(tmp, tmp + d, v);
       }
       const int64_t slot = sl[t];
-      TORCH_CHECK(slot >= 0 && slot < nslots, "peagle::rope_write: slot out of the pool");
       const float *kx = x + (t * heads + H) * d, *vx = kx + Hkv * d;
       if (half_pools) {  // rounded to nearest even, as torch's .to(float16)
         to_half(kx, reinterpret_cast<uint16_t*>(k_pool.data_ptr<c10::Half>()) + slot * Hkv * d, Hkv * d);
@@ -175,12 +183,15 @@ static void move_rows(at::TensorList pools, const at::Tensor& src, const at::Ten
   const int64_t n = src.numel();
   const int64_t* s = src.data_ptr<int64_t>();
   const int64_t* d = dst.data_ptr<int64_t>();
+  for (const at::Tensor& p : pools) {  // every pool checked before any is written: a bad call moves nothing
+    TORCH_CHECK(p.device().is_cpu() && p.is_contiguous() && p.dim() >= 1, "peagle::move_rows: pools must be contiguous CPU tensors");
+    for (int64_t i = 0; i < n; ++i)
+      TORCH_CHECK(0 <= s[i] && s[i] < p.size(0) && 0 <= d[i] && d[i] < p.size(0), "peagle::move_rows: src[", i, "] = ",
+                  s[i], " or dst[", i, "] = ", d[i], " is no row of the pools (", p.size(0), " rows)");
+  }
   std::vector<char> tmp;
   for (const at::Tensor& p : pools) {
-    TORCH_CHECK(p.device().is_cpu() && p.is_contiguous() && p.dim() >= 1, "peagle::move_rows: pools must be contiguous CPU tensors");
     const int64_t rows = p.size(0), row_bytes = p.numel() / std::max<int64_t>(rows, 1) * int64_t(p.element_size());
-    for (int64_t i = 0; i < n; ++i)
-      TORCH_CHECK(0 <= s[i] && s[i] < rows && 0 <= d[i] && d[i] < rows, "peagle::move_rows: row out of range");
     char* base = static_cast<char*>(p.data_ptr());
     tmp.resize(size_t(n * row_bytes));
     for (int64_t i = 0; i < n; ++i) std::memcpy(tmp.data() + i * row_bytes, base + s[i] * row_bytes, size_t(row_bytes));

@@ -187,11 +187,15 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK(k.dim() == 3 && k.is_contiguous() && v.is_contiguous() && k.sizes() == v.sizes(),
               "peagle::attention: the KV pools must be contiguous [slots, Hkv, d]");
   const int64_t H = q.size(1), d = q.size(2), Hkv = k.size(1);
+  TORCH_CHECK(Hkv >= 1 && d >= 1, "peagle::attention: the KV pools need heads of width >= 1, got ", k.sizes());
   TORCH_CHECK(k.size(2) == d && H % Hkv == 0 && H / Hkv <= MAX_GROUP && d <= MAX_HEAD_DIM,
               "peagle::attention: unsupported heads (H ", H, ", Hkv ", Hkv, ", d ", d, ")");
   for (const at::Tensor* t : {&table, &seq, &pos, &rows})
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "peagle::attention: indices must be contiguous int64");
   TORCH_CHECK(seq.numel() == q.size(0) && pos.numel() == q.size(0), "peagle::attention: seq and pos need one entry per row");
+  TORCH_CHECK(block_size > 0, "peagle::attention: block_size must be > 0, got ", block_size);
+  TORCH_CHECK(window >= 0, "peagle::attention: window must be >= 0 (0: none), got ", window);
+  TORCH_CHECK(table.dim() == 2, "peagle::attention: table must be [sequences, blocks], got ", table.sizes());
   at::Tensor sk;
   if (sinks.has_value() && sinks->defined()) {
     sk = sinks->to(at::kFloat).contiguous();
@@ -199,6 +203,20 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
   }
   const int64_t* rp = rows.data_ptr<int64_t>();
   const int64_t* sp = seq.data_ptr<int64_t>();
+  // every index the kernel reads, checked once here (it reads them unchecked): a scheduler's bad layout is an
+  // error, not a read outside the tensors. keys[s]: the keys sequence s's rows read, 0 .. keys[s] - 1.
+  const int64_t T = q.size(0), B = table.size(0), nb = table.size(1), capacity = nb * block_size;
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  std::vector<int64_t> keys(size_t(B), 0);
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    const int64_t r = rp[i];
+    TORCH_CHECK(0 <= r && r < T, "peagle::attention: rows[", i, "] = ", r, " is no row of q (", T, " rows)");
+    TORCH_CHECK(0 <= sp[r] && sp[r] < B, "peagle::attention: seq[", r, "] = ", sp[r], " is no row of table (", B,
+                " sequences)");
+    TORCH_CHECK(0 <= pp[r] && pp[r] < capacity, "peagle::attention: pos[", r, "] = ", pp[r],
+                " lies outside its table's capacity (", nb, " blocks of block_size ", block_size, ")");
+    keys[size_t(sp[r])] = std::max(keys[size_t(sp[r])], pp[r] + 1);
+  }
   const bool tree = tree_base.has_value() && tree_base->defined();
   TORCH_CHECK(tree == (tree_map.has_value() && tree_map->defined()), "peagle::attention: tree_base and tree_map go together");
   const int64_t W = tree ? tree_map->size(-1) : 0;
@@ -208,16 +226,25 @@ static at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const 
     TORCH_CHECK(tree_base->numel() == q.size(0) && tree_map->dim() == 2 && tree_map->size(0) == q.size(0) && W >= 1,
                 "peagle::attention: tree_base [T] and tree_map [T, W >= 1], one entry per row");
     // every KV index a row reads through its map lies in its block table (the kernel reads it unchecked)
-    const int64_t *bp = tree_base->data_ptr<int64_t>(), *mp = tree_map->data_ptr<int64_t>(), *pp = pos.data_ptr<int64_t>();
-    const int64_t keys = table.size(1) * block_size;
+    const int64_t *bp = tree_base->data_ptr<int64_t>(), *mp = tree_map->data_ptr<int64_t>();
     for (int64_t i = 0; i < rows.numel(); ++i) {
       const int64_t r = rp[i], n = pp[r] + 1 - bp[r];
       TORCH_CHECK(bp[r] >= 0 && n <= W, "peagle::attention: row ", r, " reads ", n, " mapped keys, its map has ", W);
-      for (int64_t c = 0; c < n; ++c)
-        TORCH_CHECK(mp[r * W + c] >= 0 && mp[r * W + c] < keys, "peagle::attention: row ", r, " maps a key to KV index ",
-                    mp[r * W + c], ", outside its block table");
+      for (int64_t c = 0; c < n; ++c) {
+        const int64_t key = mp[r * W + c];
+        TORCH_CHECK(key >= 0 && key < capacity, "peagle::attention: tree_map: row ", r, " maps a key to KV index ", key,
+                    ", outside its block table");
+        keys[size_t(sp[r])] = std::max(keys[size_t(sp[r])], key + 1);
+      }
     }
   }
+  // the block ids of every block a sequence's rows read lie in the pools
+  const int64_t* tp = table.data_ptr<int64_t>();
+  const int64_t pool_blocks = k.size(0) / block_size;
+  for (int64_t s = 0; s < B; ++s)
+    for (int64_t b = 0; b * block_size < keys[size_t(s)]; ++b)
+      TORCH_CHECK(0 <= tp[s * nb + b] && tp[s * nb + b] < pool_blocks, "peagle::attention: table[", s, ", ", b, "] = ",
+                  tp[s * nb + b], " is no block of the KV pools (", pool_blocks, " blocks of block_size ", block_size, ")");
   at::Tensor out = into ? *into : at::empty({q.size(0), H * d}, q.options());  // (attention_into: one that fits)
   // tiles: runs of rows of one sequence (a sequence's verification rows share every key load), each run cut
   // into as few tiles of at most tile_rows as it takes, of equal heights (8 rows: 4 + 4, not 5 + 3: the

@@ -48,6 +48,10 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
   TORCH_CHECK(int64_t(weights.size()) == L * PER_LAYER && int64_t(v_pools.size()) == L && int64_t(windows.size()) == L,
               "peagle::decoder_layers: ", PER_LAYER, " weights, one K pool, V pool and window per layer");
   TORCH_CHECK(x0.dim() == 2 && x0.is_contiguous(), "peagle::decoder_layers: x must be contiguous [rows, hidden]");
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t i : {0, 1, 3, 5, 6, 8})  // the norms and matrices (the biases may be None)
+      TORCH_CHECK(weights.get(l * PER_LAYER + i).has_value(), "peagle::decoder_layers: weights[", l * PER_LAYER + i,
+                  "] (layer ", l, "'s ", i, "th) is None; only the biases may be");
   TORCH_CHECK(!first_normed || (first_normed->dim() == 2 && first_normed->size(0) == T),
               "peagle::decoder_layers: first_normed must be [rows, width]");
   const at::Tensor c = cos.reshape({T, -1}), s = sin.reshape({T, -1});
@@ -118,6 +122,21 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> target_pass(
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
               "peagle::target_pass: ids must be contiguous int64 [rows]");
   TORCH_CHECK(cos.dim() == 2 && sin.dim() == 2, "peagle::target_pass: cos and sin are the RoPE table [n, head_dim]");
+  TORCH_CHECK(pos.scalar_type() == at::kLong && pos.dim() == 1 && pos.numel() == ids.numel() && pos.is_contiguous(),
+              "peagle::target_pass: pos must be contiguous int64, one per row of ids");
+  TORCH_CHECK(logit_rows.scalar_type() == at::kLong && logit_rows.dim() == 1 && logit_rows.is_contiguous(),
+              "peagle::target_pass: logit_rows must be contiguous int64 [rows]");
+  const int64_t T = ids.numel();
+  const int64_t *pp = pos.data_ptr<int64_t>(), *lp = logit_rows.data_ptr<int64_t>(), *ip = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < T; ++i)
+    TORCH_CHECK(0 <= pp[i] && pp[i] < cos.size(0) && cos.size(0) == sin.size(0), "peagle::target_pass: pos[", i, "] = ",
+                pp[i], " is past the RoPE table cos/sin (", cos.size(0), " rows)");
+  for (int64_t i = 0; i < logit_rows.numel(); ++i)
+    TORCH_CHECK(0 <= lp[i] && lp[i] < T, "peagle::target_pass: logit_rows[", i, "] = ", lp[i], " is no row (", T, " rows)");
+  if (embed.scalar_type() == at::kFloat)  // (dequantize_rows checks the ids of blocks)
+    for (int64_t i = 0; i < T; ++i)
+      TORCH_CHECK(0 <= ip[i] && ip[i] < embed.size(0), "peagle::target_pass: ids[", i, "] = ", ip[i],
+                  " is no row of the embedding (", embed.size(0), " rows)");
   at::Tensor logits, tapped, tokens, finite;
   run_team([&] {
     at::Tensor x;
