@@ -156,10 +156,11 @@ def test_accept_paths_checks_parents_and_lineage():
 
 
 def layer_weights(first_width: int = HID) -> list[torch.Tensor | None]:
-    """One Llama layer's weights in decoder_layers' order (no biases)."""
+    """One Llama layer's weights in decoder_layers' order (fused q/k/v and gate/up, whose parts' slots stay None;
+    no biases)."""
     qkv, o = rand((H + 2 * HKV) * D, first_width, seed=3) / 4, rand(HID, H * D, seed=4) / 4
     gate_up, down = rand(2 * 16, HID, seed=5) / 4, rand(HID, 16, seed=6) / 4
-    return [torch.ones(HID), qkv, None, o, None, torch.ones(HID), gate_up, None, down, None]
+    return [torch.ones(HID), qkv, None, None, None, o, None, torch.ones(HID), gate_up, None, None, down, None]
 
 
 def pools():
@@ -177,8 +178,8 @@ def test_decoder_layers_checks_weights_and_layout():
     call()
     call(out_rows=i64(2))
     broken = layer_weights()
-    broken[6] = None
-    with pytest.raises(RuntimeError, match=r"weights\[6\]"):
+    broken[8] = None
+    with pytest.raises(RuntimeError, match=r"weights\[8\]"):
         call(weights=broken)
     with pytest.raises(RuntimeError, match=r"table\[0, 1\] = 5"):
         call(table=i64([0, 5, 2]))

@@ -49,9 +49,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_layers(
               "peagle::decoder_layers: ", PER_LAYER, " weights, one K pool, V pool and window per layer");
   TORCH_CHECK(x0.dim() == 2 && x0.is_contiguous(), "peagle::decoder_layers: x must be contiguous [rows, hidden]");
   for (int64_t l = 0; l < L; ++l)
-    for (int64_t i : {0, 1, 3, 5, 6, 8})  // the norms and matrices (the biases may be None)
+    for (int64_t i : {0, 1, 5, 7, 8, 11})  // the norms and matrices (a fused weight's later parts and biases may be None)
       TORCH_CHECK(weights.get(l * PER_LAYER + i).has_value(), "peagle::decoder_layers: weights[", l * PER_LAYER + i,
-                  "] (layer ", l, "'s ", i, "th) is None; only the biases may be");
+                  "] (layer ", l, "'s ", i, "th) is None; only the biases and a fused weight's later parts may be");
   TORCH_CHECK(!first_normed || (first_normed->dim() == 2 && first_normed->size(0) == T),
               "peagle::decoder_layers: first_normed must be [rows, width]");
   const at::Tensor c = cos.reshape({T, -1}), s = sin.reshape({T, -1});
