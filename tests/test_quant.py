@@ -397,6 +397,45 @@ def test_the_tensor_table_is_read_from_the_header_as_gguf_reads_it(tmp_path):
         read_gguf(tmp_path / "cut.gguf", [], tiny_cfg(), True, torch.float32, torch.float32, torch.device("cpu"))
 
 
+def lie(data: bytes, old: bytes, new: bytes) -> bytes:
+    """``data`` with the first ``old`` (a header field as stored) replaced by ``new`` of the same length."""
+    at = data.index(old)
+    return data[:at] + new + data[at + len(old):]
+
+
+def test_a_lying_or_cut_gguf_header_is_refused_naming_what_is_wrong(tmp_path):
+    """Each tensor's offset and size checked against the file, the alignment, a tensor's dimensions and its shape in
+    whole blocks: a clear GGUFError, never a read past the end or a division by zero. Without the checks a file cut
+    after its header reads short, and an alignment of 0 divides by zero."""
+    import struct
+
+    tiny_gguf(tmp_path / "k.gguf", {"blk.0.ffn_down.weight": "Q4_0"})
+    data = (tmp_path / "k.gguf").read_bytes()
+    arch, tensors = gguf_tensors(tmp_path / "k.gguf")
+    name, _, shape, offset, nbytes = tensors[-1]
+    start = offset - struct.unpack_from("<Q", data, data.index(name.encode()) + len(name) + 4 + 8 * len(shape) + 4)[0]
+    w = gguf.GGUFWriter(str(tmp_path / "a.gguf"), "llama")  # a header that names its alignment (32), then says 0
+    w.add_custom_alignment(32)
+    w.add_tensor("t", np.zeros(32, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    field = b"general.alignment" + struct.pack("<I", 4)  # the key, then its type: uint32
+    cases = {
+        "runs past the end": data[:offset + nbytes - 1],
+        "not a positive power of two": lie((tmp_path / "a.gguf").read_bytes(), field + struct.pack("<I", 32),
+                                           field + struct.pack("<I", 0)),
+        "misaligned or runs past": lie(data, struct.pack("<Q", offset - start), struct.pack("<Q", offset - start + 1)),
+        "dimensions": lie(data, name.encode() + struct.pack("<I", len(shape)), name.encode() + struct.pack("<I", 9)),
+    }
+    for msg, bad in cases.items():
+        (tmp_path / "bad.gguf").write_bytes(bad)
+        with pytest.raises(GGUFError, match=msg):
+            read_gguf(tmp_path / "bad.gguf", tiny_names(tiny_cfg()), tiny_cfg(), True, torch.float32, torch.float32,
+                      torch.device("cpu"))
+
+
 def test_read_gguf_keeps_the_block_formats_and_de_quantizes_the_rest(tmp_path, capsys):
     types = {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q4_1", "blk.0.attn_k.weight": "Q4_1",
              "blk.0.attn_v.weight": "Q4_1", "blk.0.attn_output.weight": "IQ4_NL", "blk.0.ffn_down.weight": "Q4_0"}

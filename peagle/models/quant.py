@@ -519,6 +519,8 @@ def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], in
                 arch = string().decode()
             elif key == b"general.alignment" and vtype == 4:
                 alignment = take("I")
+                if alignment <= 0 or alignment & (alignment - 1):
+                    raise ValueError(f"general.alignment {alignment} is not a positive power of two")
             else:
                 skip(vtype)
         infos, seen = [], set()
@@ -528,15 +530,24 @@ def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], in
                 raise ValueError(f"tensor {name} appears twice")
             seen.add(name)
             n_dims = take("I")
+            if not 1 <= n_dims <= 4:
+                raise ValueError(f"tensor {name} has {n_dims} dimensions (GGUF's are 1 to 4)")
             shape = [int(d) for d in struct.unpack_from(f"<{n_dims}Q", buf, pos)]
             pos += 8 * n_dims
             ttype, offset = take("IQ")
             infos.append((name, gguf.GGMLQuantizationType(ttype), shape, offset))
         start = -(-pos // alignment) * alignment
+        end = len(buf)
     tensors = []
     for name, ttype, shape, offset in infos:
         block, size = gguf.GGML_QUANT_SIZES[ttype]
-        tensors.append((name, ttype, shape, start + offset, int(np.prod(shape)) * size // block))
+        if any(d <= 0 for d in shape) or shape[0] % block:
+            raise ValueError(f"tensor {name} has shape {shape}, not whole {ttype.name} blocks of {block}")
+        nbytes = int(np.prod(shape)) * size // block
+        if offset % alignment or start + offset + nbytes > end:
+            raise ValueError(f"tensor {name}'s data (offset {offset}, {nbytes} bytes) is misaligned or runs past the "
+                             f"end of the file ({end} bytes)")
+        tensors.append((name, ttype, shape, start + offset, nbytes))
     return arch, tensors
 
 
