@@ -149,10 +149,11 @@ def test_index_responses_tables_a_synth_folder(tmp_path, capsys):
     rs = corpus(5, 300)
     data = tmp_path / "synth"
     data.mkdir()
+    record = lambda i, r: json.dumps({"id": str(i), "response": "", "prompt_token_ids": [1],  # noqa: E731
+                                      "response_token_ids": r}) + "\n"  # what peagle synth writes
     with gzip.open(data / "responses-00000.jsonl.gz", "wt") as f:
-        f.writelines(json.dumps({"id": str(i), "response_token_ids": r}) + "\n" for i, r in enumerate(rs[:30]))
-    (data / "responses-00001.jsonl").write_text("".join(json.dumps({"id": str(i), "response_token_ids": r}) + "\n"
-                                                        for i, r in enumerate(rs[30:])))
+        f.writelines(record(i, r) for i, r in enumerate(rs[:30]))
+    (data / "responses-00001.jsonl").write_text("".join(record(i, r) for i, r in enumerate(rs[30:])))
     out = tmp_path / "t.npz"
     assert cli_main(["index-responses", str(data), "--out", str(out), "--vocab-size", "300"]) == 0
     assert "indexed 60 responses" in capsys.readouterr().err

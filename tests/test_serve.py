@@ -121,7 +121,8 @@ def test_fair_prefill_flags_are_checked_before_loading():
                        (["--long-prefill-token-threshold", "9999"], "long_prefill_token_threshold")):
         r = subprocess.run([sys.executable, "-m", "peagle.cli", "serve", "--target", "/nonexistent/model", *flags],
                            capture_output=True, text=True, timeout=120)
-        assert r.returncode == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        errors = [line for line in r.stderr.strip().splitlines() if not line.startswith("peagle: AMX")]  # kernels' notices
+        assert r.returncode == 1 and msg in r.stderr and len(errors) == 1, r.stderr
 
 
 def test_chat_stream_equals_non_stream(server):

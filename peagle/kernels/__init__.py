@@ -88,19 +88,23 @@ AMX_FORMATS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 AMX_PATHS = {"int8": ("AMX-INT8", "avx512vnni", "the integer path"), "bf16": ("AMX-BF16", "avx512bf16", "the bf16 path")}
 
 
+def amx_probe(path: str) -> dict:
+    """What the set-up's probe recorded for AMX path ``path`` (``int8`` or ``bf16``): ``exact``, its and the AVX-512
+    path's times, or ``error`` (the tiles' first difference from the reference); empty where it did not run."""
+    try:
+        r = json.loads(AMX_PROBE.read_text())
+    except (OSError, ValueError):
+        return {}
+    return r.get(path, {}) if isinstance(r, dict) and isinstance(r.get(path, {}), dict) else {}
+
+
 def _amx_verdict() -> tuple[bool, bool]:
     """Whether the integer path and the bf16 path take AMX tiles on this CPU: each only where ``python -m
     peagle.kernels``'s probe (:func:`probe_amx`, in a child process) found its tiles giving the reference's bits
     and faster than the AVX-512 path beside them."""
-    try:
-        r = json.loads(AMX_PROBE.read_text())
-    except (OSError, ValueError):
-        r = {}
     used = []
     for path, (name, other, where) in AMX_PATHS.items():
-        v = r.get(path) if isinstance(r, dict) else None
-        if not isinstance(v, dict):
-            v = {"error": "not probed (run `make setup`)"}
+        v = amx_probe(path) or {"error": "not probed (run `make setup`)"}
         ok = bool(v.get("exact")) and v.get("amx_ms", 1e9) < v.get("base_ms", 0)
         if not ok:
             why = v.get("error") or ("inexact" if not v.get("exact") else f"slower than {other}")
