@@ -288,7 +288,7 @@ _tuned = False
 
 
 @torch.inference_mode()
-def tune_streaming(weights: list, rounds: int = 15) -> tuple[int, int] | None:
+def tune_streaming(weights: list, rounds: int = 15, budget: int = 64 << 20) -> tuple[int, int] | None:
     """Where packed weights (GGUF blocks on the integer path, bf16 pairs on the bf16 one) stream in tiles one
     packed group wide (one read stream) rather than the wider tiles that hide the dot products' latency, for
     passes of one row and taller (``csrc/linear_tiles.h``, ``run_packed``): the CPU's answer, not a constant
@@ -297,11 +297,21 @@ def tune_streaming(weights: list, rounds: int = 15) -> tuple[int, int] | None:
     weights, as decoding reads them) at 1 and 4 rows, alternating, the fastest of ``rounds`` each after two
     warm-up rounds (the host's other work only adds time: medians of 7 chose three ways in three processes on a
     Zen 4), and leaves the kernels' default (weights over 16 MiB: LM heads) only where the other wins by 3%.
-    Once a process: the shape never changes a result, only its speed. Returns the limits (one row, taller);
-    None without weights."""
+    Once a process: the shape never changes a result, only its speed. Timed on one weight of each shape and format,
+    up to ``budget`` bytes of them (a layer's matrices stand for all layers': timing all of an 8B model's would add
+    seconds to every start). Returns the limits (one row, taller); None without weights."""
     global _tuned
     if not weights or not available():
         return None
+    kinds: dict[tuple, object] = {}
+    for w in weights:
+        kinds.setdefault((tuple(w.blocks.shape), w.blocks.dtype), w)
+    weights, total = [], 0
+    for w in kinds.values():
+        if total and total + w.blocks.numel() > budget:
+            continue
+        weights.append(w)
+        total += w.blocks.numel()
     before = tuple(torch.ops.peagle.stream_bytes())   # the kernels' default, until tuned
     if _tuned:
         return before

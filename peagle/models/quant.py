@@ -17,6 +17,7 @@ exact`` the file's blocks stay as they are, on the float32 path (``kernels.h``: 
 """
 from __future__ import annotations
 
+import mmap
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -473,7 +474,6 @@ def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], in
     order), data offset, bytes)``, read from its header alone: the metadata values are stepped over, not parsed
     (``gguf.GGUFReader`` makes numpy views of each of a 262k-token vocabulary's strings: 690 MB at load and
     9 s on Gemma 3)."""
-    import mmap
     import struct
 
     import gguf
@@ -614,18 +614,25 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     arena = anonymous_memory(max(a + n for a, n in places.values()), huge=True) if places else None
     if arena is not None:
         _ARENAS.append((arena.data_ptr(), arena.data_ptr() + arena.numel()))
-    scratch = np.empty(max((t[4] for t in tensors if t[0] in places), default=0), dtype=np.uint8)
     with open(path, "rb") as fh:
+        # a packed matrix is packed from the file's pages as they lie (mapped copy-on-write, never written), then
+        # those pages leave the process: no copy of its bytes first (reading an 8B file's 4.2 GB into a buffer took
+        # 4.4 s of a 15 s start), and no more of the file held at once than one matrix
+        pages = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if places else None
+        mapped = np.frombuffer(pages, dtype=np.uint8) if pages is not None else None
         for name, ttype, shape, offset, nbytes in tensors:
             hf = to_hf.get(name)
             if hf is None:
                 raise GGUFError(f"{path}: unexpected tensor {name!r} for a {cfg.model_type} model")
             n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
             # one tensor's bytes at a time, read (not mapped): into the scratch a packed matrix is packed from
-            data = scratch[:nbytes] if name in places else np.empty(nbytes, dtype=np.uint8)
-            fh.seek(offset)
-            if fh.readinto(data) != nbytes:
-                raise GGUFError(f"{path}: truncated: tensor {name} ends past the end of the file")
+            if name in places:  # gguf_tensors checked that it lies inside the file
+                data = mapped[offset:offset + nbytes]
+            else:
+                data = np.empty(nbytes, dtype=np.uint8)
+                fh.seek(offset)
+                if fh.readinto(data) != nbytes:
+                    raise GGUFError(f"{path}: truncated: tensor {name} ends past the end of the file")
             data = data.reshape(n_rows, -1)
             order = next((_reverse_permute(n_rows, h).numpy() for k, h in permute.items() if f".{k}." in hf), None)
             if ttype in keepable and len(shape) == 2:
@@ -637,6 +644,8 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
                 if name in places:
                     start, size = places[name]
                     blocks = pack(blocks, arena[start:start + size].view(n_rows // GROUP, -1, f.packed_bytes))
+                    first = offset // mmap.PAGESIZE * mmap.PAGESIZE
+                    pages.madvise(mmap.MADV_DONTNEED, first, offset + nbytes - first)
                 out[hf] = QuantTensor(blocks, nominal)
                 kept[ttype.name] += 1
                 continue
@@ -652,6 +661,9 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
             if cfg.model_type == "gemma3_text" and hf.endswith("norm.weight"):
                 w = w - 1  # llama.cpp stores Gemma's norms as 1 + w
             out[hf] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
+        if pages is not None:
+            data = blocks = mapped = None  # the last views of the mapping
+            pages.close()
     dropped = unify_fused(out, fused_groups(out), dtype)
     kept.subtract(dropped)
     if keep:
