@@ -5,6 +5,7 @@ import contextlib
 
 import os
 import shutil
+import tempfile
 
 import torch
 
@@ -22,6 +23,8 @@ from peagle.models.llama import LlamaModel, ModelConfig, build_target
 from peagle.models.loader import resolve_target
 from peagle.runtime import configure_cpu
 
+# packed-weights caches of the suite's files in a folder of its own, not the user's ~/.cache
+os.environ.setdefault("PEAGLE_PACKED_CACHE", tempfile.mkdtemp(prefix="peagle-packed-"))
 # Tiny models run as fast on one thread, and the other core stays free (the engine reads this).
 os.environ.setdefault("PEAGLE_TORCH_THREADS", "1")
 configure_cpu()

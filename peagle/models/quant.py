@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from peagle import kernels
+from peagle.models.packed_cache import PackedCache
 from peagle.runtime import HUGE_PAGE, anonymous_memory
 
 QBLOCK = 32  # weights per block (a K-quant's super-block: 8 of them)
@@ -611,20 +613,34 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     kept: Counter[str] = Counter()
     converted: Counter[str] = Counter()
     places = packed_places(tensors, to_hf, keepable) if packs else {}
-    arena = anonymous_memory(max(a + n for a, n in places.values()), huge=True) if places else None
+    cache = PackedCache.of(path, tensors, places, {"permute": permute, "formats": sorted(keepable.values())},
+                           kernels.STAMP.read_text(), kernels.int_isa()) if places else None
+    arena = cache.load() if cache is not None else None
+    cached = arena is not None  # every packed matrix is in the cache: the file's copies are not read
+    if places and arena is None:
+        arena = cache.create() if cache is not None else None
+        if arena is None:
+            arena, cache = anonymous_memory(max(a + n for a, n in places.values()), huge=True), None
     if arena is not None:
         _ARENAS.append((arena.data_ptr(), arena.data_ptr() + arena.numel()))
     with open(path, "rb") as fh:
         # a packed matrix is packed from the file's pages as they lie (mapped copy-on-write, never written), then
         # those pages leave the process: no copy of its bytes first (reading an 8B file's 4.2 GB into a buffer took
         # 4.4 s of a 15 s start), and no more of the file held at once than one matrix
-        pages = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if places else None
+        pages = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if places and not cached else None
         mapped = np.frombuffer(pages, dtype=np.uint8) if pages is not None else None
         for name, ttype, shape, offset, nbytes in tensors:
             hf = to_hf.get(name)
             if hf is None:
                 raise GGUFError(f"{path}: unexpected tensor {name!r} for a {cfg.model_type} model")
             n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            if cached and name in places:
+                start, size = places[name]
+                f = FORMATS[keepable[ttype]]
+                blocks = arena[start:start + size].view(n_rows // GROUP, -1, f.packed_bytes)
+                out[hf] = QuantTensor(blocks, compute if hf.endswith("embed_tokens.weight") else dtype)
+                kept[ttype.name] += 1
+                continue
             # one tensor's bytes at a time, read (not mapped): into the scratch a packed matrix is packed from
             if name in places:  # gguf_tensors checked that it lies inside the file
                 data = mapped[offset:offset + nbytes]
@@ -664,6 +680,8 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
         if pages is not None:
             data = blocks = mapped = None  # the last views of the mapping
             pages.close()
+    if cache is not None and not cached:
+        cache.commit(arena)
     dropped = unify_fused(out, fused_groups(out), dtype)
     kept.subtract(dropped)
     if keep:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 
 import torch
-from transformers import LlamaConfig
 
 from peagle.models.checkpoint import CheckpointError
 from peagle.models.layers import parse_rope
@@ -100,7 +99,10 @@ def drafter_dict(cfg: dict) -> dict:
             raise CheckpointError(f"{flag}=true (a norm on the target taps or the outputs) is not supported")
     methods = (cfg.get("speculators_config") or {}).get("proposal_methods") or [{}]
     # speculators writes the layer config as a diff against transformers' defaults (to_diff_dict): filled
-    # back by transformers' LlamaConfig, as speculators itself reads it
+    # back by transformers' LlamaConfig, as speculators itself reads it (imported here: transformers takes
+    # ~1 s to import, which every start would pay for a format few heads use)
+    from transformers import LlamaConfig
+
     layer = LlamaConfig(**{k: v for k, v in layer.items() if k != "model_type"}).to_dict()
     theta, rope = parse_rope(layer)
     out = {**{k: v for k, v in layer.items() if k not in ("architectures", "rope_parameters", "rope_scaling",

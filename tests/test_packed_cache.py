@@ -1,0 +1,146 @@
+"""The packed-weights cache (peagle/models/packed_cache.py): a packed load writes it, the next load maps it and gets the
+same bytes without packing, and a cache that is corrupt, truncated, torn, or made from another file, library or CPU is
+said, deleted and rebuilt, never used."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import pytest
+import torch
+from test_quant import K_FILES, tiny_cfg, tiny_gguf, tiny_names
+
+from peagle import kernels
+from peagle.models import packed_cache, quant
+from peagle.models.quant import QuantParts, QuantTensor, in_arena, read_gguf
+
+pytestmark = pytest.mark.skipif(not kernels.available() or kernels.int_isa() == "none",
+                                reason="no integer path: nothing is packed, so nothing is cached")
+
+
+@pytest.fixture
+def gguf_file(tmp_path, monkeypatch):
+    """Q4_K_M's mix of formats (fused parts in two formats), its cache folder in ``tmp_path``."""
+    monkeypatch.setenv("PEAGLE_PACKED_CACHE", str(tmp_path / "cache"))
+    tiny_gguf(tmp_path / "m.gguf", K_FILES["mixed"][0], hidden=256)
+    return tmp_path / "m.gguf"
+
+
+def load(path, monkeypatch=None, packing: bool = True) -> dict[str, torch.Tensor]:
+    """``read_gguf`` as the integer path loads (``packing=False``: packing raises, so only a cache can serve)."""
+    if monkeypatch is not None and not packing:
+        monkeypatch.setattr(quant, "pack", lambda *a, **k: pytest.fail("packed although the cache is valid"))
+    cfg = tiny_cfg(256)
+    return read_gguf(path, tiny_names(cfg), cfg, True, torch.bfloat16, torch.float32, torch.device("cpu"), packs=True)
+
+
+def packed_bytes(sd: dict) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, w in sd.items():
+        if isinstance(w, QuantParts):
+            out.update({f"{name}.{i}": p.blocks.clone() for i, p in enumerate(w.parts)})
+        elif isinstance(w, QuantTensor) and w.packed:
+            out[name] = w.blocks.clone()
+    return out
+
+
+def cache_file(path):
+    files = list((path.parent / "cache").glob("*.packed"))
+    assert len(files) == 1, files
+    return files[0]
+
+
+def test_a_cached_load_maps_the_bytes_packing_gave(gguf_file, monkeypatch, capsys):
+    """The first packed load writes the cache; the second packs nothing and holds the same bytes, in a mapping the
+    kernels treat as the packed arena. Serving stale or other bytes from the cache fails it."""
+    first = packed_bytes(load(gguf_file))
+    size = cache_file(gguf_file).stat().st_size - packed_cache.DATA_START
+    assert first and size >= sum(b.numel() for b in first.values()) and size % 64 == 0
+    second = load(gguf_file, monkeypatch, packing=False)
+    got = packed_bytes(second)
+    assert got.keys() == first.keys()
+    for name in first:
+        assert torch.equal(got[name], first[name]), name
+    assert all(in_arena(w.blocks) for w in second.values() if isinstance(w, QuantTensor) and w.packed)
+    assert "not used" not in capsys.readouterr().err
+
+
+def spoil_data(f):
+    with open(f, "r+b") as fh:
+        fh.seek(packed_cache.DATA_START + 1000)
+        b = fh.read(1)
+        fh.seek(packed_cache.DATA_START + 1000)
+        fh.write(bytes([b[0] ^ 0x10]))
+
+
+def truncate(f):
+    os.truncate(f, f.stat().st_size - 64)
+
+
+def tear_header(f):
+    with open(f, "r+b") as fh:
+        fh.seek(20)
+        fh.write(b"\xff" * 16)
+
+
+def other_library(f):
+    with open(f, "r+b") as fh:
+        magic, version, n = struct.unpack("<8sII", fh.read(16))
+        head = json.loads(fh.read(n))
+        head["key"]["library"] = "0" * 64
+        blob = json.dumps(head).encode()
+        fh.seek(0)
+        fh.write(struct.pack("<8sII", magic, version, len(blob)) + blob)
+
+
+@pytest.mark.parametrize("spoil, why", [(spoil_data, "do not match their checksum"), (truncate, "truncated"),
+                                        (tear_header, "header is torn"), (other_library, "library changed")])
+def test_a_bad_cache_is_said_deleted_and_rebuilt(gguf_file, monkeypatch, capsys, spoil, why):
+    """Each way a cache can go bad is caught before a weight is read from it: the load says why, packs again, gets
+    packing's bytes, and leaves a good cache (the next load packs nothing). A check removed lets the spoilt bytes or
+    a short mapping through and fails it."""
+    first = packed_bytes(load(gguf_file))
+    spoil(cache_file(gguf_file))
+    capsys.readouterr()
+    again = packed_bytes(load(gguf_file))
+    assert why in capsys.readouterr().err
+    for name in first:
+        assert torch.equal(again[name], first[name]), name
+    load(gguf_file, monkeypatch, packing=False)
+    assert "not used" not in capsys.readouterr().err
+
+
+def test_a_changed_file_or_cpu_is_not_served_from_the_old_cache(gguf_file, monkeypatch, capsys):
+    """The key holds the file's identity (size, time, inode, tensor table) and the integer path's instruction set:
+    a rewritten file or another CPU's cache is rebuilt."""
+    load(gguf_file)
+    tiny_gguf(gguf_file, {**K_FILES["mixed"][0], "blk.0.ffn_down.weight": "Q8_0"}, hidden=256)
+    capsys.readouterr()
+    load(gguf_file)
+    assert "not used: made from something else" in capsys.readouterr().err
+    monkeypatch.setattr(kernels, "int_isa", lambda: "avx2-elsewhere")
+    load(gguf_file)
+    assert "cpu changed" in capsys.readouterr().err
+
+
+def test_caches_off_or_unwritable_pack_in_memory(gguf_file, tmp_path, monkeypatch, capsys):
+    """``PEAGLE_PACKED_CACHE=off`` writes nothing; a folder that cannot be made (here: a file in its way) or a disk
+    that cannot hold the cache (``posix_fallocate`` failing) says so and packs into memory, the same bytes."""
+    monkeypatch.setenv("PEAGLE_PACKED_CACHE", "off")
+    want = packed_bytes(load(gguf_file))
+    assert not (tmp_path / "cache").exists()
+    (tmp_path / "blocked").write_text("")
+    monkeypatch.setenv("PEAGLE_PACKED_CACHE", str(tmp_path / "blocked" / "cache"))
+    got = packed_bytes(load(gguf_file))
+    assert "no packed cache" in capsys.readouterr().err
+    monkeypatch.setenv("PEAGLE_PACKED_CACHE", str(tmp_path / "cache"))
+
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    full_disk = packed_bytes(load(gguf_file))
+    assert "No space left" in capsys.readouterr().err and not list((tmp_path / "cache").glob("*"))
+    for name in want:
+        assert torch.equal(got[name], want[name]) and torch.equal(full_disk[name], want[name]), name
