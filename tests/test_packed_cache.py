@@ -144,3 +144,14 @@ def test_caches_off_or_unwritable_pack_in_memory(gguf_file, tmp_path, monkeypatc
     assert "No space left" in capsys.readouterr().err and not list((tmp_path / "cache").glob("*"))
     for name in want:
         assert torch.equal(got[name], want[name]) and torch.equal(full_disk[name], want[name]), name
+
+
+def test_the_packed_layout_is_the_same_in_every_process():
+    """A packed load's places (and so its cache's key) follow the file's tensor order, never a set's, which changes
+    with each process's string hashing: 20 layers' groups come out in the order their names came in."""
+    from peagle.models.checkpoint import fused_groups
+
+    names = [f"model.layers.{i}.{m}.{p}_proj.weight" for i in range(20)
+             for m, ps in (("self_attn", "qkv"), ("mlp", ("gate", "up"))) for p in ps]
+    want = [f"model.layers.{i}.{f}.weight" for i in range(20) for f in ("self_attn.qkv_proj", "mlp.gate_up_proj")]
+    assert list(fused_groups(names)) == want

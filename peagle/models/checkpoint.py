@@ -94,8 +94,9 @@ def _read_tensor(fh, start: int, info: dict) -> torch.Tensor:
 
 
 def fused_groups(names) -> dict[str, list[str]]:
-    """The fused name of each q/k/v or gate/up group whose parts are all among ``names``, and its parts."""
-    names = set(names)
+    """The fused name of each q/k/v or gate/up group whose parts are all among ``names``, and its parts, in the order
+    of ``names`` (not a set's: a packed load's layout, and its cache's key, must not change between processes)."""
+    names = dict.fromkeys(names)
     groups = {}
     for key in names:
         for fused, parts in _FUSED.items():
