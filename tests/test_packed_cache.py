@@ -13,6 +13,7 @@ from test_quant import K_FILES, tiny_cfg, tiny_gguf, tiny_names
 
 from peagle import kernels
 from peagle.models import packed_cache, quant
+from peagle.models.loader import packed_cache_dir
 from peagle.models.quant import QuantParts, QuantTensor, in_arena, read_gguf
 
 pytestmark = pytest.mark.skipif(not kernels.available() or kernels.int_isa() == "none",
@@ -32,7 +33,8 @@ def load(path, monkeypatch=None, packing: bool = True) -> dict[str, torch.Tensor
     if monkeypatch is not None and not packing:
         monkeypatch.setattr(quant, "pack", lambda *a, **k: pytest.fail("packed although the cache is valid"))
     cfg = tiny_cfg(256)
-    return read_gguf(path, tiny_names(cfg), cfg, True, torch.bfloat16, torch.float32, torch.device("cpu"), packs=True)
+    return read_gguf(path, tiny_names(cfg), cfg, True, torch.bfloat16, torch.float32, torch.device("cpu"), packs=True,
+                     cache=packed_cache_dir())
 
 
 def packed_bytes(sd: dict) -> dict[str, torch.Tensor]:
@@ -125,9 +127,9 @@ def test_a_changed_file_or_cpu_is_not_served_from_the_old_cache(gguf_file, monke
 
 
 def test_caches_off_or_unwritable_pack_in_memory(gguf_file, tmp_path, monkeypatch, capsys):
-    """``PEAGLE_PACKED_CACHE=off`` writes nothing; a folder that cannot be made (here: a file in its way) or a disk
+    """``PEAGLE_PACKED_CACHE=0`` writes nothing; a folder that cannot be made (here: a file in its way) or a disk
     that cannot hold the cache (``posix_fallocate`` failing) says so and packs into memory, the same bytes."""
-    monkeypatch.setenv("PEAGLE_PACKED_CACHE", "off")
+    monkeypatch.setenv("PEAGLE_PACKED_CACHE", "0")
     want = packed_bytes(load(gguf_file))
     assert not (tmp_path / "cache").exists()
     (tmp_path / "blocked").write_text("")

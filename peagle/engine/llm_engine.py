@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 import torch
@@ -139,11 +140,14 @@ class LLMEngine:
                                           load_tokenizer, resolve_target)
 
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)
-        # the tokenizer first: what parsing it frees is handed back before the weights arrive, not on top of them
         folder = dummy_target(target) if load_format == "dummy" else resolve_target(target, weights=False)
-        tokenizer = load_tokenizer(folder)
-        model, path = load_target(target, dtype, device=device, quantization=quantization, compute=compute,
-                                  load_format=load_format)
+        # the tokenizer (importing transformers, parsing its files: ~1 s) is read beside the weights, whose load
+        # is mostly native code without the GIL (mapping, checking, packing)
+        with ThreadPoolExecutor(1, thread_name_prefix="peagle-tokenizer") as pool:
+            tokenizer = pool.submit(load_tokenizer, folder)
+            model, path = load_target(target, dtype, device=device, quantization=quantization, compute=compute,
+                                      load_format=load_format)
+            tokenizer = tokenizer.result()
         head = load_drafter_for(model, path, drafter, tokenizer, method) if config.uses_head else None
         responses = load_response_lookup(config, path, drafter, model.cfg.vocab_size)
         return cls(model, head, config, tokenizer, responses=responses)

