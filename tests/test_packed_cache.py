@@ -157,3 +157,32 @@ def test_the_packed_layout_is_the_same_in_every_process():
              for m, ps in (("self_attn", "qkv"), ("mlp", ("gate", "up"))) for p in ps]
     want = [f"model.layers.{i}.{f}.weight" for i in range(20) for f in ("self_attn.qkv_proj", "mlp.gate_up_proj")]
     assert list(fused_groups(names)) == want
+
+
+@pytest.mark.skipif(not kernels.available() or kernels.bf16_isa() == "none", reason="no bf16 dot products here")
+def test_a_bf16_file_is_packed_at_load_and_cached(tmp_path, monkeypatch):
+    """With bf16 dot products a BF16 file's linear layers are packed straight from the file's pages (never held as
+    plain bf16 beside the model) into the bytes :func:`pack_bf16` gives the matrix as read (llama.cpp's q/k row order
+    undone first), then served from the cache; the embedding stays a plain tensor. Packing the rows before undoing
+    the order, or another matrix's bytes, fails it."""
+    monkeypatch.setenv("PEAGLE_PACKED_CACHE", str(tmp_path / "cache"))
+    b = "blk.0."
+    types = {n: "BF16" for n in ("token_embd.weight", b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight",
+                                 b + "attn_output.weight", b + "ffn_gate.weight", b + "ffn_up.weight",
+                                 b + "ffn_down.weight")}
+    tiny_gguf(tmp_path / "b.gguf", types, hidden=256)
+    cfg = tiny_cfg(256)
+    args = (tmp_path / "b.gguf", tiny_names(cfg), cfg, True, torch.bfloat16, torch.float32, torch.device("cpu"))
+    plain, pack_bf16 = read_gguf(*args), quant.pack_bf16
+    for cached in (False, True):
+        packed = read_gguf(*args, packs=True, cache=packed_cache_dir())
+        assert len(list((tmp_path / "cache").glob("*.packed"))) == 1
+        for name, w in plain.items():
+            if name.endswith("_proj.weight"):
+                got = packed[name]
+                assert isinstance(got, QuantTensor) and got.format == "bf16" and in_arena(got.blocks), (name, cached)
+                assert torch.equal(got.blocks, pack_bf16(w)), (name, cached)
+            else:
+                assert not isinstance(packed[name], QuantTensor) and torch.equal(packed[name], w), name
+        if not cached:
+            monkeypatch.setattr(quant, "pack_bf16", lambda *a, **k: pytest.fail("packed although cached"))

@@ -1,4 +1,4 @@
-"""The packed-weights cache: a GGUF file's matrices as the integer path packs them, written once to a file that later
+"""The packed-weights cache: a GGUF file's matrices as the integer path (or the bf16 dot products) pack them, written once to a file that later
 starts map instead of packing again.
 
 Why a file: packing itself is cheap (0.4-0.8 ns a weight), but the memory it is packed into is not. Fresh anonymous

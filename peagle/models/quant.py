@@ -149,13 +149,16 @@ def bf16_packable(w: torch.Tensor) -> bool:
             and w.shape[0] % GROUP == 0 and w.shape[1] % 2 == 0)
 
 
-def pack_bf16(w: torch.Tensor) -> torch.Tensor:
-    """A bfloat16 matrix ``[N, K]`` packed for the kernels' bf16 dot-product path, uint8 ``[N / 16, K / 2, 64]``:
-    16 columns interleaved, column c's weights k, k+1 at bytes 4c .. 4c+3 of pair k / 2's vector (the layout:
-    ``peagle/kernels/csrc/kernels.h``). A permutation of the matrix's bytes."""
+def pack_bf16(w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A bfloat16 matrix ``[N, K]`` packed for the kernels' bf16 dot-product path, uint8 ``[N / 16, K / 2, 64]``
+    (into ``out`` where given): 16 columns interleaved, column c's weights k, k+1 at bytes 4c .. 4c+3 of pair k / 2's
+    vector (the layout: ``peagle/kernels/csrc/kernels.h``). A permutation of the matrix's bytes."""
     n, k = w.shape
     pairs = w.contiguous().view(torch.int32).view(n // GROUP, GROUP, k // 2)  # weights k, k+1 as one int32
-    return pairs.transpose(1, 2).contiguous().view(torch.uint8)
+    if out is None:
+        return pairs.transpose(1, 2).contiguous().view(torch.uint8)
+    out.view(torch.int32).copy_(pairs.transpose(1, 2))
+    return out
 
 
 def bf16_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -553,10 +556,18 @@ def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], in
     return arch, tensors
 
 
-def packed_places(tensors: list, to_hf: dict[str, str], keepable: dict) -> dict[str, tuple[int, int]]:
+def bf16_packed(name: str, ttype, shape: list[int], to_hf: dict[str, str]) -> bool:
+    """Whether a packed load with bf16 dot products packs file tensor ``name`` for them: a BF16 linear layer's
+    matrix, rows in whole groups of 16, an even width (as :func:`bf16_packable` asks of a loaded one)."""
+    return (ttype.name == "BF16" and len(shape) == 2 and shape[1] % GROUP == 0 and shape[0] % 2 == 0
+            and to_hf.get(name, "").endswith(("_proj.weight", "lm_head.weight")))
+
+
+def packed_places(tensors: list, to_hf: dict[str, str], keepable: dict, bf16: bool = False) -> dict[str, tuple[int, int]]:
     """Where a packed load puts each matrix it packs: ``{file name: (byte offset, bytes)}`` in one mapping, the parts
     of each fused group (q, k, v; gate, up) side by side in their order (fusing them is then a view), each start a
-    multiple of 64 bytes. The matrices packed: kept formats, 2-D, rows in whole groups of 16."""
+    multiple of 64 bytes. The matrices packed: kept formats, 2-D, rows in whole groups of 16; with ``bf16``, the
+    linear layers' BF16 matrices too (:func:`bf16_packed`)."""
     from peagle.models.checkpoint import fused_groups
 
     sizes = {}
@@ -565,6 +576,8 @@ def packed_places(tensors: list, to_hf: dict[str, str], keepable: dict) -> dict[
             f = FORMATS[keepable[ttype]]
             if shape[0] % f.weights == 0:
                 sizes[name] = shape[1] // GROUP * (shape[0] // f.weights) * f.packed_bytes
+        elif bf16 and bf16_packed(name, ttype, shape, to_hf):
+            sizes[name] = shape[0] * shape[1] * 2
     by_hf = {to_hf[n]: n for n in sizes}
     groups = [[by_hf[p] for p in parts] for parts in fused_groups(by_hf).values()]
     grouped = {n for g in groups for n in g}
@@ -586,7 +599,7 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     :func:`set_precision` would leave them), with one line saying how many of each format, and which
     quantized tensors were not kept; every other tensor is de-quantized into ``dtype`` (floating point: the
     loader then casts what is not a linear weight), one tensor at a time. With ``packs`` (the integer path) each
-    kept matrix is read once and packed straight into its place in one mapping of huge pages (:func:`packed_places`:
+    kept matrix (and, with bf16 weights and dot products, each BF16 linear matrix: :func:`bf16_packed`) is read once and packed straight into its place in one mapping of huge pages (:func:`packed_places`:
     fused parts side by side), the file's bytes never held beside the model: the model's memory is the file's size;
     with a ``cache`` folder too, that mapping is a cache file there (:mod:`peagle.models.packed_cache`), which the
     next load maps instead of packing."""
@@ -614,9 +627,11 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     out: dict[str, torch.Tensor] = {}
     kept: Counter[str] = Counter()
     converted: Counter[str] = Counter()
-    places = packed_places(tensors, to_hf, keepable) if packs else {}
-    cache = PackedCache.of(cache, path, tensors, places, {"permute": permute, "formats": sorted(keepable.values())},
-                           kernels.STAMP.read_text(), kernels.int_isa()) if places and cache is not None else None
+    bf16 = packs and dtype == torch.bfloat16 and kernels.bf16_isa() != "none"  # as pack_model would pack them
+    places = packed_places(tensors, to_hf, keepable, bf16) if packs else {}
+    layout = {"permute": permute, "formats": sorted(keepable.values()), "bf16": bf16}
+    cache = PackedCache.of(cache, path, tensors, places, layout, kernels.STAMP.read_text(),
+                           f"{kernels.int_isa()} {kernels.bf16_isa()}") if places and cache is not None else None
     arena = cache.load() if cache is not None else None
     cached = arena is not None  # every packed matrix is in the cache: the file's copies are not read
     if places and arena is None:
@@ -631,6 +646,11 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
         # 4.4 s of a 15 s start), and no more of the file held at once than one matrix
         pages = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if places and not cached else None
         mapped = np.frombuffer(pages, dtype=np.uint8) if pages is not None else None
+
+        def release(offset: int, nbytes: int) -> None:  # a packed matrix's file pages leave the process
+            first = offset // mmap.PAGESIZE * mmap.PAGESIZE
+            pages.madvise(mmap.MADV_DONTNEED, first, offset + nbytes - first)
+
         for name, ttype, shape, offset, nbytes in tensors:
             hf = to_hf.get(name)
             if hf is None:
@@ -638,12 +658,12 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
             n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
             if cached and name in places:
                 start, size = places[name]
-                f = FORMATS[keepable[ttype]]
-                blocks = arena[start:start + size].view(n_rows // GROUP, -1, f.packed_bytes)
+                width = BF16_PAIR if ttype not in keepable else FORMATS[keepable[ttype]].packed_bytes
+                blocks = arena[start:start + size].view(n_rows // GROUP, -1, width)
                 out[hf] = QuantTensor(blocks, compute if hf.endswith("embed_tokens.weight") else dtype)
-                kept[ttype.name] += 1
+                kept[ttype.name] += ttype in keepable
                 continue
-            # one tensor's bytes at a time, read (not mapped): into the scratch a packed matrix is packed from
+            # a packed matrix from the file's mapped pages; any other tensor read into a buffer of its own
             if name in places:  # gguf_tensors checked that it lies inside the file
                 data = mapped[offset:offset + nbytes]
             else:
@@ -653,6 +673,13 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
                     raise GGUFError(f"{path}: truncated: tensor {name} ends past the end of the file")
             data = data.reshape(n_rows, -1)
             order = next((_reverse_permute(n_rows, h).numpy() for k, h in permute.items() if f".{k}." in hf), None)
+            if name in places and ttype not in keepable:  # a BF16 matrix for the bf16 dot products
+                start, size = places[name]
+                w = torch.from_numpy(data if order is None else data[order]).view(torch.bfloat16)
+                out[hf] = QuantTensor(pack_bf16(w, arena[start:start + size].view(n_rows // GROUP, -1, BF16_PAIR)),
+                                      dtype)
+                release(offset, nbytes)
+                continue
             if ttype in keepable and len(shape) == 2:
                 f = FORMATS[keepable[ttype]]
                 if shape[0] % f.weights or data.shape[1] != shape[0] // f.weights * f.block_bytes:
@@ -662,8 +689,7 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
                 if name in places:
                     start, size = places[name]
                     blocks = pack(blocks, arena[start:start + size].view(n_rows // GROUP, -1, f.packed_bytes))
-                    first = offset // mmap.PAGESIZE * mmap.PAGESIZE
-                    pages.madvise(mmap.MADV_DONTNEED, first, offset + nbytes - first)
+                    release(offset, nbytes)
                 out[hf] = QuantTensor(blocks, nominal)
                 kept[ttype.name] += 1
                 continue
@@ -680,7 +706,7 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
                 w = w - 1  # llama.cpp stores Gemma's norms as 1 + w
             out[hf] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
         if pages is not None:
-            data = blocks = mapped = None  # the last views of the mapping
+            data = blocks = mapped = w = None  # the last views of the mapping
             pages.close()
     if cache is not None and not cached:
         cache.commit(arena)
