@@ -1,5 +1,5 @@
-"""The packed-weights cache: a GGUF file's matrices as the integer path (or the bf16 dot products) pack them, written once to a file that later
-starts map instead of packing again.
+"""The packed-weights cache: a GGUF file's matrices as the integer path (or the bf16 dot products) pack them, written
+once to a file that later starts map instead of packing again.
 
 Why a file: packing itself is cheap (0.4-0.8 ns a weight), but the memory it is packed into is not. Fresh anonymous
 memory is faulted in page by page (2 MB pages need the kernel to compact memory first), which took most of an 8B
