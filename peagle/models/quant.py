@@ -563,7 +563,8 @@ def bf16_packed(name: str, ttype, shape: list[int], to_hf: dict[str, str]) -> bo
             and to_hf.get(name, "").endswith(("_proj.weight", "lm_head.weight")))
 
 
-def packed_places(tensors: list, to_hf: dict[str, str], keepable: dict, bf16: bool = False) -> dict[str, tuple[int, int]]:
+def packed_places(tensors: list, to_hf: dict[str, str], keepable: dict,
+                  bf16: bool = False) -> dict[str, tuple[int, int]]:
     """Where a packed load puts each matrix it packs: ``{file name: (byte offset, bytes)}`` in one mapping, the parts
     of each fused group (q, k, v; gate, up) side by side in their order (fusing them is then a view), each start a
     multiple of 64 bytes. The matrices packed: kept formats, 2-D, rows in whole groups of 16; with ``bf16``, the
@@ -676,8 +677,8 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
             if name in places and ttype not in keepable:  # a BF16 matrix for the bf16 dot products
                 start, size = places[name]
                 w = torch.from_numpy(data if order is None else data[order]).view(torch.bfloat16)
-                out[hf] = QuantTensor(pack_bf16(w, arena[start:start + size].view(n_rows // GROUP, -1, BF16_PAIR)),
-                                      dtype)
+                home = arena[start:start + size].view(n_rows // GROUP, -1, BF16_PAIR)
+                out[hf] = QuantTensor(pack_bf16(w, home), dtype)
                 release(offset, nbytes)
                 continue
             if ttype in keepable and len(shape) == 2:
