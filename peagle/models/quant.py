@@ -600,8 +600,9 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     :func:`set_precision` would leave them), with one line saying how many of each format, and which
     quantized tensors were not kept; every other tensor is de-quantized into ``dtype`` (floating point: the
     loader then casts what is not a linear weight), one tensor at a time. With ``packs`` (the integer path) each
-    kept matrix (and, with bf16 weights and dot products, each BF16 linear matrix: :func:`bf16_packed`) is read once and packed straight into its place in one mapping of huge pages (:func:`packed_places`:
-    fused parts side by side), the file's bytes never held beside the model: the model's memory is the file's size;
+    kept matrix (and, with bf16 weights and dot products, each BF16 linear matrix: :func:`bf16_packed`) is read
+    once and packed straight into its place in one mapping of huge pages (:func:`packed_places`: fused parts side
+    by side), the file's bytes never held beside the model: the model's memory is the file's size;
     with a ``cache`` folder too, that mapping is a cache file there (:mod:`peagle.models.packed_cache`), which the
     next load maps instead of packing."""
     import gguf
