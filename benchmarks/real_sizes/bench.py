@@ -10,6 +10,7 @@ Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B dimensions, written by ``peagle dumm
 - the memory floor: the bytes a step reads (the packed weights) over the read bandwidth measured here.
 
     python benchmarks/real_sizes/bench.py FILE.gguf [...] --threads 1,2 --llama BIN --out DIR
+    python benchmarks/real_sizes/bench.py FILE.gguf [...] --only start --reps 3   # starts alone: start.json
 
 Raw outputs (llama-bench's JSON, each child's stderr) and ``results.json`` go to DIR; the table is printed.
 """
@@ -41,6 +42,42 @@ def llama_bench(binary: str, path: str, threads: int, reps: int, raw: Path) -> d
     rows = json.loads(out.stdout)
     get = lambda p, n: next(r for r in rows if r["n_prompt"] == p and r["n_gen"] == n)  # noqa: E731
     return {"tg": get(0, 128)["avg_ts"], "tg_sd": get(0, 128)["stddev_ts"], "pp512": get(512, 0)["avg_ts"]}
+
+
+def starts(bench: str, path: str, threads: int, env: dict) -> tuple[tuple[float, int], tuple[float, int, str]]:
+    """One start each, llama.cpp's then peagle's: ((wall s, peak RSS), (wall s, peak RSS, peagle's stderr))."""
+    l_wall, l_rss, _ = timed([bench, "-m", path, "-t", str(threads), "-p", "0", "-n", "1", "-r", "1"])
+    return (l_wall, l_rss), timed([sys.executable, "-m", "peagle.cli", "generate", "--target", path, "--method",
+                                   "none", "--max-new-tokens", "1", "Hello"], env)
+
+
+def start_only(args, bench: str, out: Path) -> None:
+    """``--only start``: per file, peagle's first start (its packed cache written; ``PEAGLE_PACKED_CACHE`` as set),
+    then ``--reps`` alternating pairs of later starts, then the cache deleted; medians, all raw figures to
+    ``start.json``."""
+    from peagle.models.loader import packed_cache_dir
+
+    results = {}
+    for path in args.files:
+        for t in (int(x) for x in args.threads.split(",")):
+            env = {**os.environ, "PEAGLE_TORCH_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
+            where = packed_cache_dir()
+            for f in (where.glob(f"{Path(path).name}.*.packed") if where else []):
+                f.unlink()
+            first = timed([sys.executable, "-m", "peagle.cli", "generate", "--target", path, "--method", "none",
+                           "--max-new-tokens", "1", "Hello"], env)[:2]
+            pairs = [starts(bench, path, t, env) for _ in range(args.reps)]
+            med = lambda xs: statistics.median(xs)  # noqa: E731
+            r = {"file_bytes": Path(path).stat().st_size, "peagle_first": first,
+                 "llama": [p[0] for p in pairs], "peagle": [p[1][:2] for p in pairs]}
+            results[f"{Path(path).name} t{t}"] = r
+            (out / "start.json").write_text(json.dumps(results, indent=1))
+            for f in (where.glob(f"{Path(path).name}.*.packed") if where else []):
+                f.unlink()  # a cache is the file's size again: the next file's may not fit beside it
+            lw, pw = med([x[0] for x in r["llama"]]), med([x[0] for x in r["peagle"]])
+            print(f"{Path(path).name} t{t}: start {pw:.2f} / {lw:.2f} s = {pw / lw:.2f}x (first {first[0]:.1f} s); "
+                  f"peak RSS {max(x[1] for x in r['peagle']) / 1e9:.2f} / {max(x[1] for x in r['llama']) / 1e9:.2f} GB "
+                  f"(file {r['file_bytes'] / 1e9:.2f}, first {first[1] / 1e9:.2f})", flush=True)
 
 
 def inner(path: str, reps: int) -> dict:
@@ -106,6 +143,7 @@ def main() -> int:
         "~/.cache/llama-native/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"), help="llama.cpp's bin folder")
     ap.add_argument("--reps", type=int, default=3, help="llama-bench repetitions; peagle's rounds of steps x 4")
     ap.add_argument("--out", default="docs/results/real-sizes")
+    ap.add_argument("--only", choices=["start"], default=None, help="start: only the starts (and peak RSS)")
     ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
@@ -113,17 +151,18 @@ def main() -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
     bench = str(Path(args.llama) / "llama-bench")
+    if args.only == "start":
+        start_only(args, bench, out)
+        return 0
+    results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
     for path in args.files:
         for t in (int(x) for x in args.threads.split(",")):
             key = f"{Path(path).name} t{t}"
             env = {**os.environ, "PEAGLE_TORCH_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
             stem = out / key.replace(" ", "-")
             lb = llama_bench(bench, path, t, args.reps, stem.with_suffix(".llama-bench.json"))
-            l_wall, l_rss, _ = timed([bench, "-m", path, "-t", str(t), "-p", "0", "-n", "1", "-r", "1"])
-            p_wall, p_rss, err = timed([sys.executable, "-m", "peagle.cli", "generate", "--target", path, "--method",
-                                        "none", "--max-new-tokens", "1", "Hello"], env)
+            (l_wall, l_rss), (p_wall, p_rss, err) = starts(bench, path, t, env)
             child = subprocess.run([sys.executable, __file__, "--inner", path, "--reps", str(args.reps)],
                                    capture_output=True, text=True, env=env)
             stem.with_suffix(".peagle.log").write_text(err + child.stderr)
