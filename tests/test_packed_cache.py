@@ -113,6 +113,25 @@ def test_a_bad_cache_is_said_deleted_and_rebuilt(gguf_file, monkeypatch, capsys,
     assert "not used" not in capsys.readouterr().err
 
 
+def test_a_killed_packers_leftover_is_swept(gguf_file):
+    """A process killed while packing leaves its temporary file (the model's size) behind: the next start that
+    writes the cache deletes it, and leaves a living process's alone."""
+    import subprocess
+
+    folder = gguf_file.parent / "cache"
+    folder.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    load(gguf_file)
+    real = cache_file(gguf_file).name
+    dead, alive = folder / f"{real}.{gone.pid}.tmp", folder / f"{real}.{os.getppid()}.tmp"
+    dead.write_bytes(b"x" * 100)
+    alive.write_bytes(b"x")
+    cache_file(gguf_file).unlink()
+    load(gguf_file)
+    assert not dead.exists() and alive.exists()
+
+
 def test_a_changed_file_or_cpu_is_not_served_from_the_old_cache(gguf_file, monkeypatch, capsys):
     """The key holds the file's identity (size, time, inode, tensor table) and the integer path's instruction set:
     a rewritten file or another CPU's cache is rebuilt."""

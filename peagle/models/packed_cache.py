@@ -103,6 +103,7 @@ class PackedCache:
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._sweep()
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.posix_fallocate(fd, 0, DATA_START + self.size)
@@ -134,6 +135,19 @@ class PackedCache:
             print(f"peagle: packed cache not kept ({e})", file=sys.stderr)
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+
+    def _sweep(self) -> None:
+        """Delete the temporary files of this cache that a process which is gone left (killed while packing): each
+        is the model's size."""
+        for f in self.path.parent.glob(f"{self.path.name}.*.tmp"):
+            pid = f.name[len(self.path.name) + 1:-len(".tmp")]
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    f.unlink()
+            except (ValueError, PermissionError):  # not ours to judge: another user's process, or not our name
+                pass
 
     def _reject(self, why: str) -> None:
         print(f"peagle: packed cache {self.path} not used: {why}; packing again", file=sys.stderr)
