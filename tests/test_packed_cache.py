@@ -182,8 +182,8 @@ def test_the_packed_layout_is_the_same_in_every_process():
 def test_a_bf16_file_is_packed_at_load_and_cached(tmp_path, monkeypatch):
     """With bf16 dot products a BF16 file's linear layers are packed straight from the file's pages (never held as
     plain bf16 beside the model) into the bytes :func:`pack_bf16` gives the matrix as read (llama.cpp's q/k row order
-    undone first), then served from the cache; the embedding stays a plain tensor. Packing the rows before undoing
-    the order, or another matrix's bytes, fails it."""
+    undone first), then served from the cache; the embedding too (its rows looked up from the packed table), the
+    norms stay plain tensors. Packing the rows before undoing the order, or another matrix's bytes, fails it."""
     monkeypatch.setenv("PEAGLE_PACKED_CACHE", str(tmp_path / "cache"))
     b = "blk.0."
     types = {n: "BF16" for n in ("token_embd.weight", b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight",
@@ -197,7 +197,7 @@ def test_a_bf16_file_is_packed_at_load_and_cached(tmp_path, monkeypatch):
         packed = read_gguf(*args, packs=True, cache=packed_cache_dir())
         assert len(list((tmp_path / "cache").glob("*.packed"))) == 1
         for name, w in plain.items():
-            if name.endswith("_proj.weight"):
+            if name.endswith(("_proj.weight", "embed_tokens.weight")):
                 got = packed[name]
                 assert isinstance(got, QuantTensor) and got.format == "bf16" and in_arena(got.blocks), (name, cached)
                 assert torch.equal(got.blocks, pack_bf16(w)), (name, cached)
@@ -205,3 +205,31 @@ def test_a_bf16_file_is_packed_at_load_and_cached(tmp_path, monkeypatch):
                 assert not isinstance(packed[name], QuantTensor) and torch.equal(packed[name], w), name
         if not cached:
             monkeypatch.setattr(quant, "pack_bf16", lambda *a, **k: pytest.fail("packed although cached"))
+
+
+@pytest.mark.skipif(not kernels.available() or kernels.bf16_isa() == "none", reason="no bf16 dot products here")
+def test_a_bf16_model_packed_at_load_runs_as_one_packed_after_loading(tmp_path, monkeypatch):
+    """The tied model (its embedding the LM head) packed at load gives the logits, bit for bit, of the same file
+    read plain and packed after loading (:func:`pack_model`, the path before): the embedding's lookups and the head
+    from one packed table. A head or lookup reading the table's bytes in another order fails it."""
+    from conftest import run_full
+
+    from peagle.models.layers import set_precision
+    from peagle.models.llama import build_target
+    from peagle.models.quant import pack_model
+
+    monkeypatch.setenv("PEAGLE_PACKED_CACHE", str(tmp_path / "cache"))
+    tiny_gguf(tmp_path / "b.gguf", {n: "BF16" for n in K_FILES["mixed"][0]}, hidden=256)
+    cfg = tiny_cfg(256)
+    args = (tmp_path / "b.gguf", tiny_names(cfg), cfg, True, torch.bfloat16, torch.float32, torch.device("cpu"))
+    ids = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    logits = []
+    for sd in (read_gguf(*args), read_gguf(*args, packs=True, cache=packed_cache_dir())):
+        with torch.device("meta"):
+            model = build_target(cfg, (0, 1, 1))
+        model.load_checkpoint(sd)
+        set_precision(model, torch.bfloat16, torch.float32)  # as load_target leaves them, then packs
+        pack_model(model.eval(), model.model.embed_tokens)
+        assert isinstance(model.model.embed_tokens.weight, QuantTensor)
+        logits.append(run_full(model, ids)[0])
+    assert torch.equal(logits[0], logits[1])

@@ -558,9 +558,10 @@ def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], in
 
 def bf16_packed(name: str, ttype, shape: list[int], to_hf: dict[str, str]) -> bool:
     """Whether a packed load with bf16 dot products packs file tensor ``name`` for them: a BF16 linear layer's
-    matrix, rows in whole groups of 16, an even width (as :func:`bf16_packable` asks of a loaded one)."""
+    matrix or the embedding (looked up from the packed rows, and the LM head where it is tied: one table, not a
+    float32 one beside a packed one), rows in whole groups of 16, an even width (as :func:`bf16_packable` asks)."""
     return (ttype.name == "BF16" and len(shape) == 2 and shape[1] % GROUP == 0 and shape[0] % 2 == 0
-            and to_hf.get(name, "").endswith(("_proj.weight", "lm_head.weight")))
+            and to_hf.get(name, "").endswith(("_proj.weight", "lm_head.weight", "embed_tokens.weight")))
 
 
 def packed_places(tensors: list, to_hf: dict[str, str], keepable: dict,
@@ -679,7 +680,7 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
                 start, size = places[name]
                 w = torch.from_numpy(data if order is None else data[order]).view(torch.bfloat16)
                 home = arena[start:start + size].view(n_rows // GROUP, -1, BF16_PAIR)
-                out[hf] = QuantTensor(pack_bf16(w, home), dtype)
+                out[hf] = QuantTensor(pack_bf16(w, home), compute if hf.endswith("embed_tokens.weight") else dtype)
                 release(offset, nbytes)
                 continue
             if ttype in keepable and len(shape) == 2:
