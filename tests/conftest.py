@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Mi
 from peagle.models.attention import AttnMeta
 from peagle.models.llama import LlamaModel, ModelConfig, build_target
 from peagle.models.loader import resolve_target
-from peagle.runtime import configure_cpu
+from peagle.cpu import configure_cpu
 
 # Tiny models run as fast on one thread, and the other core stays free (the engine reads this).
 os.environ.setdefault("PEAGLE_TORCH_THREADS", "1")

@@ -26,7 +26,7 @@ from peagle.models.checkpoint import split_checkpoint
 from peagle.models.llama import ModelConfig, build_target
 from peagle.models.quant import (DEQUANT_ROWS, FORMATS, QBLOCK, GGUFError, QuantTensor, blocks_of, dequantize, formats,
                                  gguf_tensors, onto_huge_pages, pack, pack_model, pack_owned, read_gguf)
-from peagle.runtime import HUGE_PAGE
+from peagle.memory import HUGE_PAGE
 
 # the integer path runs here: kernels on and built, and an integer instruction set this CPU has
 INT_PATH = os.environ.get("PEAGLE_NATIVE") != "0" and kernels.available() and kernels.int_isa() != "none"

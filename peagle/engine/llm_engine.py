@@ -31,7 +31,7 @@ from peagle.models.drafter import Drafter
 from peagle.models.llama import LlamaModel
 from peagle.models.quant import formats
 from peagle.request_checks import RequestError, check_prompt
-from peagle.runtime import configure_cpu
+from peagle.cpu import configure_cpu
 
 
 class LLMEngine:
@@ -131,7 +131,7 @@ class LLMEngine:
                         quantization: str | None = None, compute: str = "fast", load_format: str = "auto",
                         **engine_kwargs) -> "LLMEngine":
         """Load a target (HF folder, GGUF, hub id; None = the default model), its tokenizer and a head,
-        on ``device``, the weights in ``dtype`` (see :mod:`peagle.runtime`: ``auto`` is CUDA when present,
+        on ``device``, the weights in ``dtype`` (see :mod:`peagle.precision`: ``auto`` is CUDA when present,
         bf16 there, bf16 weights with float32 arithmetic on the CPU), a GGUF target's quantized matrices
         kept as they ship unless ``quantization`` is ``none``, run through integer dot products unless ``compute``
         is ``exact`` (:func:`peagle.models.loader.load_target`), and the response lookup table its config names."""

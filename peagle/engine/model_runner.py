@@ -34,7 +34,8 @@ from peagle.models.drafter import Drafter
 from peagle.models.layers import Linear, pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
 from peagle.models.quant import QuantTensor, bf16_dots, integer_path
-from peagle.runtime import precision_name, to_device
+from peagle.memory import to_device
+from peagle.precision import precision_name
 
 
 def kv_cache_dtype(name: str, target: LlamaModel) -> torch.dtype:

@@ -25,7 +25,7 @@ import torch
 
 from peagle import kernels
 from peagle.models.attention import AttnMeta, Span, TreeRows
-from peagle.runtime import to_device
+from peagle.memory import to_device
 
 MAX_RANK = 16    # candidates per depth a tree may use
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from peagle import kernels
 from peagle.models.layers import Linear, RMSNorm, apply_rope
-from peagle.runtime import anonymous_memory, to_device
+from peagle.memory import anonymous_memory, to_device
 
 # sequences of at most kernels.limits().span_rows rows (decoding, verifying, drafting) attend in batches of
 MAX_PADDING = 1.25       # sequences whose contexts, padded to the longest, hold at most 25% padding

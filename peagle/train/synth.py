@@ -32,7 +32,7 @@ from typing import Iterator
 from peagle.models.checkpoint import replace_durably
 from peagle.prompts import Prompt, read_prompts
 from peagle.engine.sampling import SamplingParams
-from peagle.runtime import dtype_name
+from peagle.precision import dtype_name
 
 SHARD = "responses-{:05d}.jsonl"
 

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from peagle.models.checkpoint import CheckpointError
 from peagle.models.llama import LlamaModel, ModelConfig, build_target
 from peagle.models.loader import read_config, resolve_quantization, resolve_target, target_gguf
-from peagle.runtime import compute_dtype, resolve_device, resolve_dtype
+from peagle.precision import compute_dtype, resolve_device, resolve_dtype
 
 LAYERS = "model.layers."
 STORED = "stored"

@@ -38,7 +38,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from peagle.models.checkpoint import CheckpointError, replace_durably
 from peagle.models.drafter import save_drafter
-from peagle.runtime import DTYPE_CHOICES, configure_cpu, resolve_device, resolve_dtype
+from peagle.cpu import configure_cpu
+from peagle.precision import DTYPE_CHOICES, resolve_device, resolve_dtype
 from peagle.train.data import HiddenSource, Record, budget_groups, draft_vocab, is_eval, load_records
 from peagle.train.head import TrainHead
 from peagle.train.objective import (LABELS, METHODS, Batch, Objective, Piece, evaluate, num_segments, pieces,

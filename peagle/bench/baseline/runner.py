@@ -23,7 +23,7 @@ from peagle.bench.machine import DEFAULT_TORCH_THREADS, cpu_name
 from peagle.bench.peers import Peer, Prefills, llamacpp
 from peagle.engine.auto_k import parse_k
 from peagle.prompts import MT_BENCH, read_prompt_file
-from peagle.runtime import add_quantization_arg, add_runtime_args
+from peagle.engine.args import add_quantization_arg, add_runtime_args
 
 
 def load_prompts(path: Path, n: int) -> list[str]:
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> dict:
     from peagle.bench.peers import hf as hf_peer
     from peagle.engine.llm_engine import EngineConfig, LLMEngine
     from peagle.models.loader import load_drafter_for, resolve_target
-    from peagle.runtime import dtype_name
+    from peagle.precision import dtype_name
 
     load0 = os.getloadavg()
     t_start = time.perf_counter()

@@ -11,7 +11,7 @@ from typing import Any
 from peagle.bench.peers import PRECISION, Decode, Peer, time_once
 from peagle.engine.sampling import SamplingParams
 from peagle.engine.tree import Tree
-from peagle.runtime import configure_cpu
+from peagle.cpu import configure_cpu
 
 
 @dataclasses.dataclass(kw_only=True)
