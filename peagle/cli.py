@@ -377,7 +377,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from peagle.bench import attack, baseline, offline, serve, serving, structured, sweep
+    from peagle.bench import attack, offline, serve, serving, structured, sweep
+    from peagle.bench.baseline import runner as baseline
     from peagle.engine.auto_k import parse_k
     from peagle.engine.lookup import RESPONSES_FILE
     from peagle.engine.args import add_kv_args, add_lookup_args, add_runtime_args, add_tree_args

@@ -25,7 +25,8 @@ from peagle.models.loader import default_gguf, load_target, load_tokenizer, reso
 from peagle.models.checkpoint import split_checkpoint
 from peagle.models.llama import ModelConfig, build_target
 from peagle.models.quant import (DEQUANT_ROWS, FORMATS, QBLOCK, GGUFError, QuantTensor, blocks_of, dequantize, formats,
-                                 gguf_tensors, onto_huge_pages, pack, pack_model, pack_owned, read_gguf)
+                                 gguf_tensors, onto_huge_pages, pack, pack_owned, read_gguf)
+from peagle.models.layers import pack_model
 from peagle.memory import HUGE_PAGE
 
 # the integer path runs here: kernels on and built, and an integer instruction set this CPU has

@@ -22,11 +22,10 @@ import torch
 from safetensors.torch import save_file
 
 from peagle.models.checkpoint import read_safetensors, split_checkpoint
-from peagle.models.layers import Linear, set_precision
+from peagle.models.layers import Linear, pack_model, quantize_linears, set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle import kernels
-from peagle.models.quant import (FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, pack_model, quantize_linears,
-                                 read_gguf, weight_bytes)
+from peagle.models.quant import FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, read_gguf, weight_bytes
 from peagle.models.dummy import PRESETS, random_state_dict
 from peagle.memory import trim_heap
 from peagle.precision import (COMPUTE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES, compute_dtype, dtype_name,
