@@ -344,24 +344,6 @@ def default_drafter_path(target_path: Path, method: str = "parallel") -> Path | 
     return None
 
 
-def load_response_lookup(config, target_path: Path, drafter: str | os.PathLike | None, vocab_size: int):
-    """The table of the target's earlier responses ``config.response_lookup`` names (None: none, or no
-    speculation): ``auto`` the one beside the named head, else beside the target's shipped P-EAGLE head, where
-    there is one; a path must be a table of this vocabulary (a clear error otherwise)."""
-    from peagle.engine.lookup import RESPONSES_FILE, ResponseLookup
-
-    spec = config.response_lookup
-    if spec == "none" or config.method == "none":
-        return None
-    if spec == "auto":
-        head = Path(drafter) if drafter else default_drafter_path(target_path)
-        path = head / RESPONSES_FILE if head is not None else None
-        return ResponseLookup.load(path, vocab_size) if path is not None and path.is_file() else None
-    if not Path(spec).is_file():
-        raise ModelNotFoundError(f"no response lookup table at {spec}")
-    return ResponseLookup.load(spec, vocab_size)
-
-
 def head_format(target: LlamaModel, head) -> str:
     """The GGUF format of a head's matrices beside a target on the integer path: Q4_1 where in Q8_0 they would be
     over 5% of the bytes a target step reads (drafting a visible share of a round: the default model's head, 10.8%;
