@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -245,8 +246,6 @@ def cmd_hidden(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from peagle.train.trainer import TrainConfig, train
 
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
@@ -349,8 +348,6 @@ TRAIN_HELP = {
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
-    import dataclasses
-
     from peagle.models.quant import FORMATS
     from peagle.precision import COMPUTE_CHOICES, DTYPE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES
     from peagle.train.objective import LABELS

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
+from tqdm import tqdm
 
 from peagle import kernels
 from peagle.cpu import configure_cpu
@@ -198,7 +199,6 @@ class LLMEngine:
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
         bar = None
         if progress:
-            from tqdm import tqdm
             bar = tqdm(total=len(seqs), desc="generate", unit="req")
         while self.has_unfinished():
             done = self.step().finished

@@ -26,6 +26,7 @@ from peagle.models.layers import Linear, pack_model, quantize_linears, set_preci
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle import kernels
 from peagle.models.quant import FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, read_gguf, weight_bytes
+from peagle.models.drafter import Drafter, DrafterConfig, load_drafter, save_drafter
 from peagle.models.dummy import PRESETS, random_state_dict
 from peagle.memory import trim_heap
 from peagle.precision import (COMPUTE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES, compute_dtype, dtype_name,
@@ -323,8 +324,6 @@ def choose_mask_token(tokenizer) -> int:
 def init_drafter(target: LlamaModel, num_layers: int, mask_token_id: int, draft_vocab_size: int | None = None,
                  seed: int = 0, trained_k: int | None = None):
     """A randomly initialised head for ``target`` (identity vocabulary map unless reduced later)."""
-    from peagle.models.drafter import Drafter, DrafterConfig
-
     cfg = DrafterConfig.for_target(target.cfg, num_layers, draft_vocab_size, mask_token_id, target.aux_layers,
                                    trained_k)
     drafter = Drafter(cfg)
@@ -377,8 +376,6 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
     weights are quantized (:func:`head_format`) and packed too (lossless all the same);
     beside one on the bf16 dot-product path its bf16 weights are packed for it. ``pack=False`` keeps the
     head's weights as stored (``peagle export`` writes them back)."""
-    from peagle.models.drafter import load_drafter, save_drafter
-
     path = Path(drafter) if drafter else default_drafter_path(target_path, method)
     if path is None:
         path = random_head_dir(target, target_path)

@@ -18,6 +18,7 @@ exact`` the file's blocks stay as they are, on the float32 path (``kernels.h``: 
 from __future__ import annotations
 
 import mmap
+import struct
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -423,8 +424,6 @@ def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], in
     order), data offset, bytes)``, read from its header alone: the metadata values are stepped over, not parsed
     (``gguf.GGUFReader`` makes numpy views of each of a 262k-token vocabulary's strings: 690 MB at load and
     9 s on Gemma 3)."""
-    import struct
-
     import gguf
 
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
