@@ -17,10 +17,10 @@ if DEVICE == "cpu":
 import pytest
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
+from peagle.cpu import configure_cpu
 from peagle.models.attention import AttnMeta
 from peagle.models.llama import LlamaModel, ModelConfig, build_target
 from peagle.models.loader import resolve_target
-from peagle.cpu import configure_cpu
 
 # Tiny models run as fast on one thread, and the other core stays free (the engine reads this).
 os.environ.setdefault("PEAGLE_TORCH_THREADS", "1")

@@ -29,12 +29,12 @@ from peagle.engine.processors import process
 from peagle.engine.sampling import SamplingError, argmax, greedy, logprobs_of, sample_tokens
 from peagle.engine.sequence import Sequence
 from peagle.engine.tree import Tree, TreeBatch, accept_paths, path_rows, path_slots, tree_rows
+from peagle.memory import to_device
 from peagle.models.attention import AttnMeta, KVCache, Span
 from peagle.models.drafter import Drafter
 from peagle.models.layers import Linear, pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
 from peagle.models.quant import QuantTensor, bf16_dots, integer_path
-from peagle.memory import to_device
 from peagle.precision import precision_name
 
 

@@ -25,8 +25,8 @@ from functools import cached_property, lru_cache
 import torch
 
 from peagle import kernels
-from peagle.models.attention import AttnMeta, Span, TreeRows
 from peagle.memory import to_device
+from peagle.models.attention import AttnMeta, Span, TreeRows
 
 MAX_RANK = 16    # candidates per depth a tree may use
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from peagle.memory import trim_heap
 from peagle.models.checkpoint import read_safetensors, split_checkpoint
 from peagle.models.layers import Linear, pack_model, quantize_linears, set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
@@ -28,7 +29,6 @@ from peagle import kernels
 from peagle.models.quant import FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, read_gguf, weight_bytes
 from peagle.models.drafter import Drafter, DrafterConfig, load_drafter, save_drafter
 from peagle.models.dummy import PRESETS, random_state_dict
-from peagle.memory import trim_heap
 from peagle.precision import (COMPUTE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES, compute_dtype, dtype_name,
                               resolve_device, resolve_dtype)
 

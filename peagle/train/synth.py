@@ -32,9 +32,9 @@ from typing import Iterator
 from tqdm import tqdm
 
 from peagle.models.checkpoint import replace_durably
+from peagle.precision import dtype_name
 from peagle.prompts import Prompt, read_prompts
 from peagle.engine.sampling import SamplingParams
-from peagle.precision import dtype_name
 
 SHARD = "responses-{:05d}.jsonl"
 

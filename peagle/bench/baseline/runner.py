@@ -52,9 +52,9 @@ from peagle.bench.baseline.passes import bench_target_passes, markdown_passes
 from peagle.bench.baseline.prefill import bench_prefill, markdown_prefill
 from peagle.bench.machine import DEFAULT_TORCH_THREADS, cpu_name
 from peagle.bench.peers import Peer, Prefills, llamacpp
+from peagle.engine.args import add_quantization_arg, add_runtime_args
 from peagle.engine.auto_k import parse_k
 from peagle.prompts import MT_BENCH, read_prompt_file
-from peagle.engine.args import add_quantization_arg, add_runtime_args
 
 
 def load_prompts(path: Path, n: int) -> list[str]:

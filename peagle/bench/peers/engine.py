@@ -9,9 +9,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from peagle.bench.peers import PRECISION, Decode, Peer, time_once
+from peagle.cpu import configure_cpu
 from peagle.engine.sampling import SamplingParams
 from peagle.engine.tree import Tree
-from peagle.cpu import configure_cpu
 from peagle.models.layers import Linear
 from peagle.models.quant import QuantTensor
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from peagle.bench.peers import Decode, Peer
-from peagle.models.loader import cache_dir, default_gguf
 from peagle.cpu import cpu_flags
+from peagle.models.loader import cache_dir, default_gguf
 
 # llama_ftype of each precision (llama.h's LLAMA_FTYPE_*)
 FTYPES = {"F32": 0, "F16": 1, "Q4_1": 3, "Q8_0": 7, "BF16": 32}
