@@ -61,7 +61,8 @@ def test_the_layers_contract_is_kept():
 def test_an_upward_import_breaks_the_contract(tmp_path):
     """The contract can fail: a copy of peagle whose models import the engine (one function-level import) is refused,
     the import named."""
-    shutil.copytree(ROOT / "peagle", tmp_path / "peagle", ignore=shutil.ignore_patterns("build", "__pycache__", "heads"))
+    shutil.copytree(ROOT / "peagle", tmp_path / "peagle",
+                    ignore=shutil.ignore_patterns("build", "__pycache__", "heads"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     layers = tmp_path / "peagle" / "models" / "layers.py"
     layers.write_text(layers.read_text() + "\n\ndef upward():\n    from peagle.engine import config\n")

@@ -39,7 +39,8 @@ def _expand_kernel(ids_ptr, pos_ptr, cu_ptr, valid_ptr, bonus_ptr, out_ids, out_
 
 
 def expand_triton(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torch.Tensor,
-                  num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int, mask_id: int) -> tuple[torch.Tensor, ...]:
+                  num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int,
+                  mask_id: int) -> tuple[torch.Tensor, ...]:
     """The fields of :class:`peagle.engine.expansion.DraftBatch`, in order (as ``peagle::expand`` returns them)."""
     B = num_valid.shape[0]
     R = ids.shape[0] + B * num_masks

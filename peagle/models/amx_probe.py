@@ -91,7 +91,8 @@ def probe_child(isa: str = "amx", calls: int = 250, paths: tuple[str, ...] = ("i
 
 def probe_amx() -> dict | None:
     """On a CPU whose OS grants AMX tiles, run :func:`probe_child` in a child process for each path it has
-    tiles for, and keep the verdicts in ``build/amx.json`` (read at load: :func:`peagle.kernels._amx_verdict`); None elsewhere."""
+    tiles for, and keep the verdicts in ``build/amx.json`` (read at load: :func:`peagle.kernels._amx_verdict`);
+    None elsewhere."""
     kernels.available.cache_clear()
     if not kernels.available() or "amx" not in torch.ops.peagle.int_isas():
         return None

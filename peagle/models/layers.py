@@ -14,8 +14,8 @@ from torch import nn
 
 from peagle import kernels
 from peagle.cpu import cpu_has_native_bf16
-from peagle.models.quant import (GROUP, QBLOCK, QuantParts, QuantTensor, bf16_packable, blocks_of, onto_huge_pages, pack,
-                                 pack_bf16, pack_bf16_rows, pack_owned, packable, quantized)
+from peagle.models.quant import (GROUP, QBLOCK, QuantParts, QuantTensor, bf16_packable, blocks_of, onto_huge_pages,
+                                 pack, pack_bf16, pack_bf16_rows, pack_owned, packable, quantized)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

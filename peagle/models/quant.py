@@ -7,8 +7,9 @@ stands for (shape, a nominal dtype, a parameter of its module, concatenated like
 gate/up are fused), while peagle's operators get its blocks, uint8 ``[out, in / 32, block bytes]`` (the
 block size names the format: ``peagle/kernels/csrc/kernels.h``), and an embedding lookup de-quantizes
 only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact. Every
-format has an integer path too: for it (``--compute fast``) a loaded model's blocks are packed (:func:`~peagle.models.layers.pack_model`:
-16 rows interleaved, uint8 ``[out / 16, in / block weights, packed bytes]``, the same values: a permutation
+format has an integer path too: for it (``--compute fast``) a loaded model's blocks are packed
+(:func:`~peagle.models.layers.pack_model`: 16 rows interleaved,
+uint8 ``[out / 16, in / block weights, packed bytes]``, the same values: a permutation
 of the bytes for Q8_0/Q4_0/Q4_1, of the bits for the others, the K-quants' integer scales kept as bytes: within
 3% of the file's size); so are
 its bfloat16 matrices for the bf16 dot-product path (:func:`pack_bf16`, uint8 ``[out / 16, in / 2, 64]``),
