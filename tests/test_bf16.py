@@ -22,10 +22,10 @@ from speculation import MASK, assert_lossless_on_path
 from test_int8 import STREAMS
 
 from peagle import kernels
-from peagle.models.layers import Linear, set_precision
+from peagle.models.layers import Linear, pack_model, set_precision
 from peagle.models.loader import init_drafter, load_drafter_for, load_target
 from peagle.models.quant import (DEQUANT_ROWS, GROUP, QuantTensor, bf16_dots, bf16_packable, bf16_rows, formats, pack_bf16,
-                                 pack_bf16_rows, pack_model, quantized)
+                                 pack_bf16_rows, quantized)
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")

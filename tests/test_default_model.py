@@ -156,7 +156,7 @@ def test_baseline_runs_the_sections_asked_for(tmp_path):
     """``peagle.bench.baseline --sections``: only those are timed and reported (here prefill and the
     pass table drafting needs, each tiny), in the JSON and in the markdown."""
     from peagle.bench.peers import llamacpp
-    from peagle.bench.baseline import parse_args, run
+    from peagle.bench.baseline.runner import parse_args, run
 
     questions = tmp_path / "question.jsonl"  # MT-Bench's format, one question (fast)
     questions.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["Write a haiku."]}) + "\n")

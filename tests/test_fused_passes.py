@@ -16,9 +16,8 @@ from peagle.engine.model_runner import ModelRunner
 from peagle.engine.sampling import greedy
 from peagle.models.attention import AttnMeta, Span
 from peagle.models.drafter import Drafter
-from peagle.models.layers import set_fast_layout
+from peagle.models.layers import pack_model, quantize_linears, set_fast_layout
 from peagle.models.loader import head_format, init_drafter
-from peagle.models.quant import pack_model, quantize_linears
 
 native = pytest.mark.skipif(not kernels.available(), reason="native kernels not built")
 

@@ -21,9 +21,10 @@ from test_kernels import each_isa
 from test_quant import case, random_blocks
 
 from peagle import kernels
-from peagle.models.layers import Linear
+from peagle.models import amx_probe
+from peagle.models.layers import Linear, pack_model
 from peagle.models.loader import init_drafter
-from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, blocks_of, dequantize, pack, pack_model, packable
+from peagle.models.quant import FORMATS, QBLOCK, QuantTensor, blocks_of, dequantize, pack, packable
 
 native = pytest.mark.skipif(os.environ.get("PEAGLE_NATIVE") == "0" or not kernels.available(),
                             reason="the native kernels are off")
@@ -304,7 +305,7 @@ def test_speculation_on_the_integer_path_is_plain_decoding(qllama, isa, method):
 def test_the_amx_probe_checks_the_kernels_against_the_references_and_times_both_paths(monkeypatch):
     """The set-up's probe (run here on the tiles' model): correct kernels are found exact and timed beside the
     AVX-512 paths; one that gives other bits is found inexact, naming the case; each path on its own."""
-    r = kernels._amx_probe_child(AMX_MODEL, calls=5)
+    r = amx_probe.probe_child(AMX_MODEL, calls=5)
     assert set(r) == {"int8", "bf16"}
     assert all(v["exact"] and v["amx_ms"] > 0 and v["base_ms"] > 0 for v in r.values())
     real = torch.ops.peagle.linear
@@ -312,7 +313,7 @@ def test_the_amx_probe_checks_the_kernels_against_the_references_and_times_both_
     for path, (spoiled, name) in {"int8": ("q8_0", "q8_0 at 2 rows"), "bf16": ("bf16", "bf16 576 wide at 2 rows")}.items():
         monkeypatch.setattr(torch.ops.peagle, "linear", lambda x, w, b=None, isa="", f=off[spoiled]:
                             real(x, w, b, isa) + (isa == AMX_MODEL and f(w)))
-        r = kernels._amx_probe_child(AMX_MODEL, calls=5)
+        r = amx_probe.probe_child(AMX_MODEL, calls=5)
         assert r[path] == {"exact": False, "error": f"{name} differs from the reference"}, path
         assert r[{"int8": "bf16", "bf16": "int8"}[path]]["exact"]
 
@@ -341,10 +342,10 @@ def test_amx_tiles_are_used_only_where_the_probe_found_them_exact_and_faster(ver
 @native
 def test_the_probe_runs_only_where_the_os_grants_amx_tiles():
     if "amx" in int_isas():
-        r = kernels.probe_amx()
+        r = amx_probe.probe_amx()
         assert r["int8"]["exact"] and ("bf16" in r) == ("amx" in torch.ops.peagle.bf16_isas())
     else:
-        assert kernels.probe_amx() is None and not kernels.AMX_PROBE.exists()
+        assert amx_probe.probe_amx() is None and not kernels.AMX_PROBE.exists()
 
 
 @native

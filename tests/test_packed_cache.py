@@ -170,7 +170,7 @@ def test_caches_off_or_unwritable_pack_in_memory(gguf_file, tmp_path, monkeypatc
 def test_the_packed_layout_is_the_same_in_every_process():
     """A packed load's places (and so its cache's key) follow the file's tensor order, never a set's, which changes
     with each process's string hashing: 20 layers' groups come out in the order their names came in."""
-    from peagle.models.checkpoint import fused_groups
+    from peagle.models.fused import fused_groups
 
     names = [f"model.layers.{i}.{m}.{p}_proj.weight" for i in range(20)
              for m, ps in (("self_attn", "qkv"), ("mlp", ("gate", "up"))) for p in ps]
@@ -214,9 +214,8 @@ def test_a_bf16_model_packed_at_load_runs_as_one_packed_after_loading(tmp_path, 
     from one packed table. A head or lookup reading the table's bytes in another order fails it."""
     from conftest import run_full
 
-    from peagle.models.layers import set_precision
+    from peagle.models.layers import pack_model, set_precision
     from peagle.models.llama import build_target
-    from peagle.models.quant import pack_model
 
     monkeypatch.setenv("PEAGLE_PACKED_CACHE", str(tmp_path / "cache"))
     tiny_gguf(tmp_path / "b.gguf", {n: "BF16" for n in K_FILES["mixed"][0]}, hidden=256)

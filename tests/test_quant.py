@@ -20,13 +20,14 @@ from peagle import kernels
 from peagle.bench.peers.llamacpp import available as llamacpp_available
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import SamplingParams
+from peagle.memory import HUGE_PAGE
 from peagle.models.checkpoint import CheckpointError
 from peagle.models.loader import default_gguf, load_target, load_tokenizer, resolve_target
 from peagle.models.checkpoint import split_checkpoint
 from peagle.models.llama import ModelConfig, build_target
 from peagle.models.quant import (DEQUANT_ROWS, FORMATS, QBLOCK, GGUFError, QuantTensor, blocks_of, dequantize, formats,
-                                 gguf_tensors, onto_huge_pages, pack, pack_model, pack_owned, read_gguf)
-from peagle.runtime import HUGE_PAGE
+                                 gguf_tensors, onto_huge_pages, pack, pack_owned, read_gguf)
+from peagle.models.layers import pack_model
 
 # the integer path runs here: kernels on and built, and an integer instruction set this CPU has
 INT_PATH = os.environ.get("PEAGLE_NATIVE") != "0" and kernels.available() and kernels.int_isa() != "none"

@@ -18,7 +18,8 @@ from peagle.engine.config import EngineConfig
 from peagle.engine.lookup import RESPONSES_FILE, ResponseLookup
 from peagle.engine.sampling import SamplingParams
 from peagle.engine.scheduler import Scheduler
-from peagle.models.loader import ModelNotFoundError, load_response_lookup
+from peagle.engine.llm_engine import load_response_lookup
+from peagle.models.loader import ModelNotFoundError
 
 
 def counted(responses: list[list[int]], orders: int, min_count: int, least_share: float):

@@ -13,6 +13,7 @@ from speculation import (TREE_FAULTS, RunnerUpOracle, Watch, assert_caught, fixe
 from test_engine import assert_has_power, assert_matches
 
 from peagle import kernels
+from peagle.engine.config import Bounds
 from peagle.engine.llm_engine import EngineConfig
 from peagle.engine.sampling import SamplingParams, probs_from_logits, sample_tokens
 from peagle.engine.tree import Tree, TreeBatch, accept_paths, accept_paths_torch, best_first
@@ -180,6 +181,26 @@ def test_tree_config_is_checked():
         EngineConfig(speculative_token_tree="[(1, 0)]")
     with pytest.raises(ValueError, match="budget"):
         EngineConfig(speculative_token_tree="auto", speculative_tree_budget=0)
+
+
+def test_a_config_reads_no_library_and_the_engine_start_checks_the_kernels_tree_limit(monkeypatch):
+    """Building an EngineConfig (a tree, a budget) is validation alone: with the kernels' loader and limits made to
+    fail, configs still build; the kernels' node limit is checked where the engine starts (Bounds.of), naming it."""
+    def no_library():
+        raise AssertionError("a config loaded or read the kernels' library")
+
+    monkeypatch.setattr(kernels, "available", no_library)
+    monkeypatch.setattr(kernels, "limits", no_library)
+    wide = "[" + ", ".join(f"({r},)" for r in range(16)) + "]"
+    for kw in ({"speculative_token_tree": "auto", "speculative_tree_budget": 62}, {"speculative_token_tree": wide},
+               {"speculative_token_tree": "chain", "num_speculative_tokens": 5}):
+        EngineConfig(**kw)
+    monkeypatch.setattr(kernels, "limits", lambda: kernels.Limits(tree_nodes=15))
+    assert Bounds.of(EngineConfig(speculative_token_tree="auto", speculative_tree_budget=13), None, 512).max_nodes == 15
+    with pytest.raises(ValueError, match="speculative_tree_budget 14 .* at most 15 nodes"):
+        Bounds.of(EngineConfig(speculative_token_tree="auto", speculative_tree_budget=14), None, 512)
+    with pytest.raises(ValueError, match="a token tree of 16 nodes: .* at most 15 nodes"):
+        Bounds.of(EngineConfig(speculative_token_tree=wide, num_speculative_tokens=1), None, 512)
 
 
 def test_only_the_accepted_paths_kv_stays_where_a_chain_keeps_it(llama):

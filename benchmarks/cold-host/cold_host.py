@@ -8,9 +8,9 @@ Python and torch code run since the pass). Medians of 400 rounds, µs.
 import statistics, time, torch
 from peagle import kernels
 from peagle.engine.llm_engine import LLMEngine
+from peagle.memory import to_device
 from peagle.models.attention import AttnMeta, KVCache, Span
 from peagle.models.llama import stack_key
-from peagle.runtime import to_device
 
 e = LLMEngine.from_pretrained(None, method="parallel", k=1, max_num_seqs=1)
 r = e.runner; d = r.drafter; bs = r.cfg.block_size; ctx = 128

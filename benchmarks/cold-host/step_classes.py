@@ -10,9 +10,9 @@ where its drafts came from (`-`: the head's or none; `match` / `short`: the text
 import json, statistics, sys, time
 from collections import defaultdict
 from pathlib import Path
-from peagle.engine.llm_engine import EngineConfig, LLMEngine
+from peagle.engine.llm_engine import EngineConfig, LLMEngine, load_response_lookup
 from peagle.engine.sampling import SamplingParams
-from peagle.models.loader import load_drafter_for, load_response_lookup, resolve_target
+from peagle.models.loader import load_drafter_for, resolve_target
 
 table = "--table" in sys.argv[1:]
 

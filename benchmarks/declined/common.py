@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 from peagle.engine.config import EngineConfig
-from peagle.engine.llm_engine import LLMEngine
+from peagle.engine.llm_engine import LLMEngine, load_response_lookup
 from peagle.engine.model_runner import ModelRunner
 from peagle.engine.sampling import SamplingParams
-from peagle.models.loader import load_drafter_for, load_response_lookup, resolve_target
+from peagle.models.loader import load_drafter_for, resolve_target
 
 HERE = Path(__file__).resolve().parent
 

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from peagle.engine.config import EngineConfig
-from peagle.engine.llm_engine import LLMEngine
+from peagle.engine.llm_engine import LLMEngine, load_response_lookup
 from peagle.engine.sampling import SamplingParams
-from peagle.models.loader import load_drafter_for, load_response_lookup, resolve_target
+from peagle.models.loader import load_drafter_for, resolve_target
 
 here = Path(__file__).parent
 sys.path.insert(0, str(here.parent / "int8"))

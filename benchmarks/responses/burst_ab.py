@@ -23,10 +23,10 @@ HERE = Path(__file__).resolve().parent
 
 def child(variant: str, passes: int) -> None:
     from peagle.engine.config import EngineConfig
-    from peagle.engine.llm_engine import LLMEngine
+    from peagle.engine.llm_engine import LLMEngine, load_response_lookup
     from peagle.engine.model_runner import ModelRunner
     from peagle.engine.sampling import SamplingParams
-    from peagle.models.loader import load_drafter_for, load_response_lookup, resolve_target
+    from peagle.models.loader import load_drafter_for, resolve_target
 
     if os.environ.get("PROMPTS") == "mtbench20":
         questions = HERE.parents[1] / "peagle" / "bench" / "data" / "mt_bench" / "question.jsonl"

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
+from peagle.engine.args import add_lookup_args, add_quantization_arg, add_runtime_args
 from peagle.engine.auto_k import parse_k
+from peagle.precision import dtype_name
 from peagle.prompts import encode
-from peagle.runtime import add_lookup_args, add_quantization_arg, add_runtime_args, dtype_name
 
 if TYPE_CHECKING:
     from peagle.engine.llm_engine import LLMEngine

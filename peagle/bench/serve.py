@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
+import random
 import sys
 import time
 from datetime import datetime
@@ -125,9 +127,6 @@ async def run(args: argparse.Namespace) -> dict:
 def with_long_prompts(work: Workload, tokenizer, n: int, length: int, seed: int) -> Workload:
     """``work`` with ``n`` long prompts of ``length`` tokens (its own prompts' text, run together and
     asked to be summarised) put among its prompts at seeded places."""
-    import dataclasses
-    import random
-
     from peagle.prompts import Prompt
 
     if n < 0 or length < 1:

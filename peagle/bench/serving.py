@@ -26,7 +26,8 @@ from pathlib import Path
 
 from peagle.bench.peers import llamacpp
 from peagle.bench.workload import add_dataset_args, load_workload
-from peagle.runtime import DTYPE_CHOICES, add_quantization_arg
+from peagle.engine.args import add_quantization_arg
+from peagle.precision import DTYPE_CHOICES
 
 SYSTEMS = ("peagle-none", "peagle-parallel", "peagle-eagle3", *(f"llamacpp-{k}" for k in llamacpp.FTYPES))
 KEYS = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "acceptance_length", "completed", "failed")

@@ -14,8 +14,8 @@ from dataclasses import replace
 from importlib import resources
 
 from peagle.bench.machine import cpu_name
+from peagle.engine.args import add_quantization_arg, add_runtime_args, add_tree_args
 from peagle.engine.auto_k import parse_k
-from peagle.runtime import add_quantization_arg, add_runtime_args, add_tree_args
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

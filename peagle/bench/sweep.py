@@ -21,11 +21,11 @@ from pathlib import Path
 from peagle.bench.offline import (Models, add_model_args, agreement, check_grid, grid_cells, k_order, parse_list,
                                   run_cell)
 from peagle.bench.peers import hf as hf_peer
+from peagle.engine.args import add_tree_args
 from peagle.engine.auto_k import parse_k
 from peagle.engine.llm_engine import EngineConfig
 from peagle.bench.workload import Workload, add_dataset_args, load_workload, messages
 from peagle.prompts import encode
-from peagle.runtime import add_tree_args
 
 LABELS = {"parallel": "P-EAGLE", "eagle3": "EAGLE-3", "none": "no speculation"}
 
@@ -140,7 +140,7 @@ def run_hf(hf: hf_peer.HFPeer, tokenizer, work: Workload, lookup: int | None, ba
     import torch
 
     from peagle.bench.metrics import RequestRecord, summarize
-    from peagle.runtime import configure_cpu
+    from peagle.cpu import configure_cpu
 
     records = []
     hf.prepare()

@@ -15,6 +15,9 @@ AUTO_RANKS = 8   # candidates a position the engine weighs for a tree of its own
 
 @dataclass
 class EngineConfig:
+    """The engine's settings, checked for consistency alone when built (no library loaded, no file read): what the
+    machine bounds (the kernels' tree limit) is checked where the engine starts, :meth:`Bounds.of`."""
+
     method: str = "parallel"
     num_speculative_tokens: int | str = 7   # or "auto": chosen each step up to max_speculative_tokens
     max_speculative_tokens: int | None = None  # K_max for "auto" (default: the head's trained K, else 10)
@@ -68,9 +71,8 @@ class EngineConfig:
                              f"(P-EAGLE): a {self.method} draft is one token a position")
         if isinstance(tree, Tree) and isinstance(k, int) and tree.depth > k:
             raise ValueError(f"the token tree is {tree.depth} deep, more than num_speculative_tokens={k}")
-        most = kernels.limits().tree_nodes - 2   # (auto's two probes)
-        if not 1 <= self.speculative_tree_budget <= most:
-            raise ValueError(f"speculative_tree_budget must be in 1..{most}, got {self.speculative_tree_budget}")
+        if self.speculative_tree_budget < 1:
+            raise ValueError(f"speculative_tree_budget must be >= 1, got {self.speculative_tree_budget}")
         if self.method == "ngram" and not self.prompt_lookup_max:
             raise ValueError("method ngram drafts from the text alone: prompt_lookup_max must be >= 1")
         if self.prompt_lookup_max < 0:
@@ -152,6 +154,11 @@ class Bounds:
         ranks = tree.ranks if isinstance(tree, Tree) else AUTO_RANKS if tree == "auto" else 1
         max_nodes = (len(tree) if isinstance(tree, Tree) else config.speculative_tree_budget + 2 if tree == "auto"
                      else k_max)   # (+2: auto's probes)
+        most = kernels.limits().tree_nodes   # the kernels' limit: read here, where the engine starts, not in the config
+        if max_nodes > most:
+            what = (f"speculative_tree_budget {config.speculative_tree_budget} (+2 probes)" if tree == "auto"
+                    else f"a token tree of {max_nodes} nodes")
+            raise ValueError(f"{what}: a step verifies at most {most} nodes a sequence")
         max_model_len = config.max_model_len or min(target_positions, 8192)
         if max_model_len > target_positions:
             raise ValueError(f"max_model_len {max_model_len} exceeds the target's {target_positions} positions")

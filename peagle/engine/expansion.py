@@ -70,7 +70,7 @@ def expand_triton(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: tor
         raise RuntimeError("triton is not installed")
     from peagle.engine.expansion_triton import expand_triton as fused
 
-    return fused(ids, positions, cu_num_tokens, num_valid, bonus, num_masks, mask_id)
+    return DraftBatch(*fused(ids, positions, cu_num_tokens, num_valid, bonus, num_masks, mask_id))
 
 
 def expand_native(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torch.Tensor,

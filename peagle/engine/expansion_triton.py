@@ -6,8 +6,6 @@ import torch
 import triton
 import triton.language as tl
 
-from peagle.engine.expansion import DraftBatch
-
 
 @triton.jit
 def _expand_kernel(ids_ptr, pos_ptr, cu_ptr, valid_ptr, bonus_ptr, out_ids, out_pos, out_rej, out_mask,
@@ -41,7 +39,9 @@ def _expand_kernel(ids_ptr, pos_ptr, cu_ptr, valid_ptr, bonus_ptr, out_ids, out_
 
 
 def expand_triton(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torch.Tensor,
-                  num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int, mask_id: int) -> DraftBatch:
+                  num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int,
+                  mask_id: int) -> tuple[torch.Tensor, ...]:
+    """The fields of :class:`peagle.engine.expansion.DraftBatch`, in order (as ``peagle::expand`` returns them)."""
     B = num_valid.shape[0]
     R = ids.shape[0] + B * num_masks
     dev = ids.device
@@ -50,4 +50,4 @@ def expand_triton(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: tor
            torch.empty(R, dtype=torch.long, device=dev), torch.empty(B, num_masks + 1, dtype=torch.long, device=dev)]
     _expand_kernel[(B,)](ids.long(), positions.long(), cu_num_tokens.long(), num_valid.long(), bonus.long(),
                          *out, mask_id, NUM_MASKS=num_masks, BLOCK=max(16, triton.next_power_of_2(num_masks + 1)))
-    return DraftBatch(out[0], out[1], out[2].bool(), out[3].bool(), out[4], out[5])
+    return out[0], out[1], out[2].bool(), out[3].bool(), out[4], out[5]

@@ -11,17 +11,20 @@ from __future__ import annotations
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Iterable
 
 import torch
+from tqdm import tqdm
 
 from peagle import kernels
+from peagle.cpu import configure_cpu
 from peagle.engine.auto_k import AutoK
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
 from peagle.engine.detokenizer import Detokenizer
 from peagle.engine.grammar import Grammars
-from peagle.engine.lookup import ResponseLookup
+from peagle.engine.lookup import RESPONSES_FILE, ResponseLookup
 from peagle.engine.graphs import StepGraphs
 from peagle.engine.model_runner import ModelRunner
 from peagle.engine.sampling import SamplingParams
@@ -30,9 +33,11 @@ from peagle.engine.sequence import RequestOutput, Sequence, SpecStats
 from peagle.engine.tree import Tree
 from peagle.models.drafter import Drafter
 from peagle.models.llama import LlamaModel
+from peagle.models.loader import (ModelNotFoundError, default_drafter_path, dummy_target, load_drafter_for,
+                                  load_target, load_tokenizer, resolve_target)
 from peagle.models.quant import formats
+from peagle.prompts import encode
 from peagle.request_checks import RequestError, check_prompt
-from peagle.runtime import configure_cpu
 
 
 class LLMEngine:
@@ -132,13 +137,10 @@ class LLMEngine:
                         quantization: str | None = None, compute: str = "fast", load_format: str = "auto",
                         **engine_kwargs) -> "LLMEngine":
         """Load a target (HF folder, GGUF, hub id; None = the default model), its tokenizer and a head,
-        on ``device``, the weights in ``dtype`` (see :mod:`peagle.runtime`: ``auto`` is CUDA when present,
+        on ``device``, the weights in ``dtype`` (see :mod:`peagle.precision`: ``auto`` is CUDA when present,
         bf16 there, bf16 weights with float32 arithmetic on the CPU), a GGUF target's quantized matrices
         kept as they ship unless ``quantization`` is ``none``, run through integer dot products unless ``compute``
         is ``exact`` (:func:`peagle.models.loader.load_target`), and the response lookup table its config names."""
-        from peagle.models.loader import (dummy_target, load_drafter_for, load_response_lookup, load_target,
-                                          load_tokenizer, resolve_target)
-
         config = EngineConfig(method=method, num_speculative_tokens=k, **engine_kwargs)
         folder = dummy_target(target) if load_format == "dummy" else resolve_target(target, weights=False)
         # the tokenizer (importing transformers, parsing its files: ~1 s) is read beside the weights, whose load
@@ -155,8 +157,6 @@ class LLMEngine:
     def encode_prompt(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
         """Token ids of ``prompt`` (a user message, or a list of chat messages), wrapped in the chat
         template when ``chat`` (and the model has one)."""
-        from peagle.prompts import encode
-
         msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return encode(self.tokenizer, msgs, chat)
 
@@ -203,7 +203,6 @@ class LLMEngine:
         seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
         bar = None
         if progress:
-            from tqdm import tqdm
             bar = tqdm(total=len(seqs), desc="generate", unit="req")
         while self.has_unfinished():
             done = self.step().finished
@@ -212,3 +211,19 @@ class LLMEngine:
         if bar is not None:
             bar.close()
         return [RequestOutput.of(s) for s in seqs]
+
+
+def load_response_lookup(config: EngineConfig, target_path: Path, drafter: str | Path | None, vocab_size: int):
+    """The table of the target's earlier responses ``config.response_lookup`` names (None: none, or no
+    speculation): ``auto`` the one beside the named head, else beside the target's shipped P-EAGLE head, where
+    there is one; a path must be a table of this vocabulary (a clear error otherwise)."""
+    spec = config.response_lookup
+    if spec == "none" or config.method == "none":
+        return None
+    if spec == "auto":
+        head = Path(drafter) if drafter else default_drafter_path(target_path)
+        path = head / RESPONSES_FILE if head is not None else None
+        return ResponseLookup.load(path, vocab_size) if path is not None and path.is_file() else None
+    if not Path(spec).is_file():
+        raise ModelNotFoundError(f"no response lookup table at {spec}")
+    return ResponseLookup.load(spec, vocab_size)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import accumulate
 
@@ -22,19 +21,21 @@ import torch.nn.functional as F
 
 from peagle import kernels
 from peagle.engine.auto_k import CostCurve
+from peagle.engine.batch import Batch, Verified, offsets
 from peagle.engine.config import Bounds, EngineConfig
 from peagle.engine.expansion import expand
 from peagle.engine.graphs import StepGraphs, bucket
 from peagle.engine.processors import process
-from peagle.engine.sampling import SamplingError, TokenLogprob, argmax, greedy, logprobs_of, sample_tokens
+from peagle.engine.sampling import SamplingError, argmax, greedy, logprobs_of, sample_tokens
 from peagle.engine.sequence import Sequence
 from peagle.engine.tree import Tree, TreeBatch, accept_paths, path_rows, path_slots, tree_rows
-from peagle.models.attention import AttnMeta, KVCache, Span, TreeRows
+from peagle.memory import to_device
+from peagle.models.attention import AttnMeta, KVCache, Span
 from peagle.models.drafter import Drafter
 from peagle.models.layers import Linear, pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
 from peagle.models.quant import QuantTensor, bf16_dots, integer_path
-from peagle.runtime import precision_name, to_device
+from peagle.precision import precision_name
 
 
 def kv_cache_dtype(name: str, target: LlamaModel) -> torch.dtype:
@@ -48,42 +49,6 @@ def kv_cache_dtype(name: str, target: LlamaModel) -> torch.dtype:
             integer_path(target) or bf16_dots(target)):
         return torch.float16
     return target.dtype
-
-
-def offsets(spans: list[Span]) -> list[int]:
-    """Each span's first row in the flat batch, and the rows in all."""
-    return list(accumulate((s.num_rows for s in spans), initial=0))
-
-
-@dataclass
-class Batch:
-    """One step's target pass laid out: the rows, and what verification and drafting read of them."""
-    work: list[tuple[Sequence, int]]       # the sequences, each with its new tokens
-    layout: list[tuple[int, Tree] | None]  # (KV index of the root, tree) where a tree (not a chain) is verified
-    partial: list[bool]                    # prompt chunks before the last: nothing emitted
-    ids: torch.Tensor
-    positions: torch.Tensor
-    spans: list[Span]
-    cu: list[int]                          # each sequence's first row (padding sequences' too)
-    first: list[int]                       # each sequence's first verified (logit) row
-    logit_rows: torch.Tensor
-    tree_batch: TreeBatch | None           # the verified nodes, as verification reads them (None: no drafts)
-    tree_rows: TreeRows | None             # where tree nodes keep their KV
-    tables: torch.Tensor | None = None     # the padded decode layout (CUDA graphs): block tables ...
-    num_pad: int = 0                       # ... and padding sequences
-
-    @property
-    def seqs(self) -> list[Sequence]:
-        return [seq for seq, _ in self.work]
-
-
-@dataclass
-class Verified:
-    """One sequence's outcome of a step, read back from the device."""
-    accepted: int                  # drafts accepted (their KV, and the new tokens', is valid now)
-    tokens: list[int] = field(default_factory=list)   # the accepted drafts, the target's token (none: a chunk)
-    candidates: list[list[int]] = field(default_factory=list)  # the next drafts' [position][rank] candidates
-    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class ModelRunner:

@@ -19,7 +19,7 @@ import torch
 
 from peagle.engine import grammar
 from peagle.engine.tree import Tree
-from peagle.runtime import to_device
+from peagle.memory import to_device
 
 if TYPE_CHECKING:
     from peagle.engine.sequence import Sequence

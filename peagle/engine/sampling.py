@@ -22,7 +22,7 @@ import torch
 
 from peagle import kernels
 from peagle.engine.grammar import StructuredOutput
-from peagle.runtime import to_device
+from peagle.memory import to_device
 
 GREEDY_BELOW = 1e-5      # temperatures under this are greedy (vLLM's rule): dividing by them overflows
 MAX_LOGPROBS = 20        # top alternatives a request may ask for, as OpenAI allows

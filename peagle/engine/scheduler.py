@@ -13,7 +13,7 @@ from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
 from peagle.engine.lookup import (LOOKUP_BATCH, LOOKUP_LEAST, LOOKUP_MOST, RESPONSE_MOST, PromptLookup,
                                   ResponseLookup, with_lookup)
-from peagle.engine.model_runner import Verified
+from peagle.engine.batch import Verified
 from peagle.engine.processors import allowed_tree
 from peagle.engine.sequence import BONUS, CORRECTED, PLAIN, Sequence, SpecStats, Status
 from peagle.engine.tree import Tree, ranks_of

@@ -12,7 +12,8 @@ The target's pass lays the tree out as rows ``[root, node 1, ..., node N]``; nod
 index ``p0 + i`` and reads its ancestors there (:func:`tree_rows`, the attention's
 :class:`peagle.models.attention.TreeRows`); the accepted path's KV is then moved to ``p0 + depth``, where a
 chain's would be (:func:`path_slots`), and the drafter reads the path's rows as a chain's (:func:`path_rows`).
-How many nodes a tree may have is the attention kernel's limit (:func:`peagle.kernels.limits`).
+How many nodes a tree may have is the attention kernel's limit (:func:`peagle.kernels.limits`), checked where the
+engine starts (:meth:`peagle.engine.config.Bounds.of`): building a tree reads no library.
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from functools import cached_property, lru_cache
 import torch
 
 from peagle import kernels
+from peagle.memory import to_device
 from peagle.models.attention import AttnMeta, Span, TreeRows
-from peagle.runtime import to_device
 
 MAX_RANK = 16    # candidates per depth a tree may use
 
@@ -36,9 +37,6 @@ def _checked(paths: tuple) -> tuple[tuple[int, ...], ...]:
     for p in paths:
         if not p or any(not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < MAX_RANK for r in p):
             raise ValueError(f"token tree node {p}: a node is a non-empty tuple of ranks in 0..{MAX_RANK - 1}")
-    most = kernels.limits().tree_nodes
-    if len(paths) > most:
-        raise ValueError(f"a token tree has at most {most} nodes, got {len(paths)}")
     paths = tuple(sorted(paths, key=_bfs))
     seen = {()}
     for p in paths:

@@ -1,8 +1,11 @@
-"""``python -m peagle.kernels``: build the native kernels for this machine (``make setup`` runs it).
-A failed build is reported and leaves the torch fallback in place; it does not fail the set-up."""
+"""``python -m peagle.kernels``: build the native kernels for this machine (``make setup`` runs it), then probe
+the AMX tiles where the CPU has them. A failed build is reported and leaves the torch fallback in place; it does
+not fail the set-up. An entry point, above every layer (the import contract's one exception, pyproject.toml):
+the probe packs weights as the models do (:mod:`peagle.models.amx_probe`)."""
 import sys
 
 from peagle import kernels
+from peagle.models.amx_probe import probe_amx
 
 try:
     path = kernels.build(verbose="-v" in sys.argv)
@@ -12,6 +15,6 @@ except Exception as e:  # no compiler, no headers: the models run on torch's mat
     sys.exit(0)
 kernels.available.cache_clear()
 print(f"peagle: native kernels built at {path} ({kernels.isa()})")
-amx = kernels.probe_amx()  # AMX-INT8 and AMX-BF16 tiles checked and timed where this CPU has them
+amx = probe_amx()  # AMX-INT8 and AMX-BF16 tiles checked and timed where this CPU has them
 if amx is not None:
     print(f"peagle: AMX probe: {amx}; the integer path runs {kernels.int_isa()}, the bf16 path {kernels.bf16_isa()}")

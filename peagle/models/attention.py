@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from peagle import kernels
+from peagle.memory import anonymous_memory, to_device
 from peagle.models.layers import Linear, RMSNorm, apply_rope
-from peagle.runtime import anonymous_memory, to_device
 
 # sequences of at most kernels.limits().span_rows rows (decoding, verifying, drafting) attend in batches of
 MAX_PADDING = 1.25       # sequences whose contexts, padded to the longest, hold at most 25% padding

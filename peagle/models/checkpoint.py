@@ -11,6 +11,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from peagle.models.attention import Attention
+from peagle.models.fused import FUSED, fused_groups
 from peagle.models.layers import MLP
 
 
@@ -30,10 +31,6 @@ def replace_durably(tmp: str | os.PathLike, dst: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
 
 def check_checkpoint(sd: dict[str, torch.Tensor], model: nn.Module, optional: tuple[str, ...] = ()) -> None:
@@ -93,21 +90,6 @@ def _read_tensor(fh, start: int, info: dict) -> torch.Tensor:
     return t
 
 
-def fused_groups(names) -> dict[str, list[str]]:
-    """The fused name of each q/k/v or gate/up group whose parts are all among ``names``, and its parts, in the order
-    of ``names`` (not a set's: a packed load's layout, and its cache's key, must not change between processes)."""
-    names = dict.fromkeys(names)
-    groups = {}
-    for key in names:
-        for fused, parts in _FUSED.items():
-            if f".{parts[0]}." in f".{key}":
-                pre, suf = key.split(parts[0])
-                group = [pre + p + suf for p in parts]
-                if all(n in names for n in group):
-                    groups[pre + fused + suf] = group
-    return groups
-
-
 def fuse_checkpoint(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """HF/vLLM checkpoint names -> ours: stack q/k/v into qkv_proj and gate/up into gate_up_proj, in ``sd``
     itself (returned), each group's parts dropped as it is fused: a loader's peak holds one group twice, not
@@ -124,10 +106,10 @@ def split_checkpoint(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str,
         pre = f"{name}." if name else ""
         if isinstance(mod, Attention):
             q, kv = mod.heads * mod.head_dim, mod.kv_heads * mod.head_dim
-            fused, parts, sizes = "self_attn.qkv_proj", _FUSED["self_attn.qkv_proj"], [q, kv, kv]
+            fused, parts, sizes = "self_attn.qkv_proj", FUSED["self_attn.qkv_proj"], [q, kv, kv]
             pre = pre[: -len("self_attn.")]
         elif isinstance(mod, MLP):
-            fused, parts, sizes = "mlp.gate_up_proj", _FUSED["mlp.gate_up_proj"], [mod.inter, mod.inter]
+            fused, parts, sizes = "mlp.gate_up_proj", FUSED["mlp.gate_up_proj"], [mod.inter, mod.inter]
             pre = pre[: -len("mlp.")]
         else:
             continue

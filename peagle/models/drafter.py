@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from peagle import kernels
+from peagle.memory import to_device
 from peagle.models.attention import Attention, AttnMeta, ChainMask, DenseKV, KVCache
 from peagle.models.checkpoint import (check_checkpoint, fuse_checkpoint, read_safetensors, replace_durably,
                                       split_checkpoint)
@@ -24,7 +25,6 @@ from peagle.models.llama import (CheckpointError, DecoderLayer, ModelConfig, nat
                                  stackable)
 from peagle.models.quant import QuantTensor, operand, read_as_is
 from peagle.models.speculators import drafter_tensors, read_config, speculators_config, speculators_tensors
-from peagle.runtime import to_device
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ACCEPTED_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")

@@ -7,12 +7,15 @@ where their keys go in the paged KV cache and which cache slots make up their co
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from peagle import kernels
-from peagle.models.quant import QuantParts, QuantTensor
+from peagle.cpu import cpu_has_native_bf16
+from peagle.models.quant import (GROUP, QBLOCK, QuantParts, QuantTensor, bf16_packable, blocks_of, onto_huge_pages,
+                                 pack, pack_bf16, pack_bf16_rows, pack_owned, packable, quantized)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -43,8 +46,6 @@ def packs(w: torch.Tensor) -> bool:
     the few rows of decoding and verification 1.6-1.8x faster than torch's ``mm`` on the same weights,
     with identical results (measured, 1-512 rows). float32 keeps ``mm`` (packed results differ from it
     in the last bits)."""
-    from peagle.runtime import cpu_has_native_bf16
-
     return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and not w.is_mkldnn and not kernels.native(w.device)
             and torch.backends.mkldnn.is_available() and cpu_has_native_bf16())
 
@@ -253,3 +254,49 @@ class MLP(nn.Module):
         if self.act == "silu" and kernels.native(gate_up) and gate_up.dim() == 2:
             return self.down_proj(torch.ops.peagle.silu_mul(gate_up))
         return self.down_proj(ACTIVATIONS[self.act](gate_up[..., :self.inter]) * gate_up[..., self.inter:])
+
+
+def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, owned: bool = False) -> None:
+    """``model``'s weights packed for the kernels' paths that this CPU runs, in place (after loading: fused
+    q/k/v and gate/up matrices are packed whole): every quantized weight whose rows come in groups of 16
+    :func:`pack`-ed for the integer path (``owned``: the model alone holds its blocks, which may then be packed
+    where they lie, :func:`pack_owned`); every bfloat16 :class:`~peagle.models.layers.Linear` weight
+    :func:`pack_bf16`-ed for the bf16 dot-product path, and with them ``tied``, an embedding that is also the
+    LM head, when its values are bfloat16 ones (it keeps its nominal dtype: lookups give the same values)."""
+    blocks, bf16 = kernels.int_isa() != "none", kernels.bf16_isa() != "none"
+    packer = pack_owned if owned else pack
+    for m in model.modules():
+        for name, p in m.named_parameters(recurse=False):
+            if blocks and isinstance(p, QuantParts) and not p.packed and all(packable(q.blocks) for q in p.parts):
+                w = QuantParts([QuantTensor(packer(q.blocks), q.dtype) for q in p.parts], p.dtype)
+            elif blocks and quantized(p) and not p.packed and packable(p.blocks):
+                w = QuantTensor(packer(p.blocks), p.dtype)
+            elif bf16 and isinstance(m, Linear) and name == "weight" and bf16_packable(p):
+                w = QuantTensor(pack_bf16(p.detach()), p.dtype)
+            else:
+                continue
+            setattr(m, name, torch.nn.Parameter(w, requires_grad=False))
+    if bf16 and tied is not None and not isinstance(tied.weight, QuantTensor) and weight_dtype(model) == torch.bfloat16:
+        # the head multiplies by the layers' dtype (LlamaModel.head_weight): one packed table serves both
+        w = tied.weight.detach()
+        shaped = w.dim() == 2 and w.device.type == "cpu" and w.shape[0] % GROUP == 0 and w.shape[1] % 2 == 0
+        packed = pack_bf16_rows(w) if shaped else None
+        if packed is not None:
+            tied.weight = torch.nn.Parameter(QuantTensor(packed, w.dtype), requires_grad=False)
+    onto_huge_pages([q for p in model.parameters() if isinstance(p, (QuantTensor, QuantParts)) and p.packed
+                     for q in (p.parts if isinstance(p, QuantParts) else [p])]
+                    + ([tied.weight] if tied is not None and isinstance(tied.weight, QuantTensor) else []))
+
+
+def quantize_linears(model: torch.nn.Module, fmt: str) -> None:
+    """Every linear layer's float weight of ``model`` quantized to GGUF ``fmt`` blocks by gguf's own
+    quantizer, in place (:func:`pack_model` then packs them): a drafter beside a target on the integer path
+    reads a quarter of the bytes of its bf16 weights (Q4_1), and its drafts barely move."""
+    import gguf
+
+    kind = getattr(gguf.GGMLQuantizationType, fmt.upper())
+    for m in model.modules():
+        w = m.weight if isinstance(m, Linear) else None
+        if w is not None and not quantized(w) and not w.is_mkldnn and w.shape[1] % QBLOCK == 0:
+            data = gguf.quants.quantize(w.detach().float().cpu().numpy(), kind)
+            m.weight = torch.nn.Parameter(QuantTensor(blocks_of(data, fmt).to(w.device), w.dtype), requires_grad=False)

@@ -19,7 +19,7 @@ from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_che
 from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference,
                                   pack_weight, packs, parse_rope, set_fast_layout, wants_in_out, weight_dtype)
 from peagle.models.quant import QuantParts, QuantTensor, bf16_dots, formats, operand, read_as_is
-from peagle.runtime import dtype_name, precision_name
+from peagle.precision import dtype_name, precision_name
 
 
 class Target(NamedTuple):

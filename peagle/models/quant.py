@@ -7,8 +7,9 @@ stands for (shape, a nominal dtype, a parameter of its module, concatenated like
 gate/up are fused), while peagle's operators get its blocks, uint8 ``[out, in / 32, block bytes]`` (the
 block size names the format: ``peagle/kernels/csrc/kernels.h``), and an embedding lookup de-quantizes
 only the rows it looks up. Blocks run along a row, so a row permutation or concatenation is exact. Every
-format has an integer path too: for it (``--compute fast``) a loaded model's blocks are packed (:func:`pack_model`:
-16 rows interleaved, uint8 ``[out / 16, in / block weights, packed bytes]``, the same values: a permutation
+format has an integer path too: for it (``--compute fast``) a loaded model's blocks are packed
+(:func:`~peagle.models.layers.pack_model`: 16 rows interleaved,
+uint8 ``[out / 16, in / block weights, packed bytes]``, the same values: a permutation
 of the bytes for Q8_0/Q4_0/Q4_1, of the bits for the others, the K-quants' integer scales kept as bytes: within
 3% of the file's size); so are
 its bfloat16 matrices for the bf16 dot-product path (:func:`pack_bf16`, uint8 ``[out / 16, in / 2, 64]``),
@@ -18,6 +19,7 @@ exact`` the file's blocks stay as they are, on the float32 path (``kernels.h``: 
 from __future__ import annotations
 
 import mmap
+import struct
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -27,8 +29,9 @@ import numpy as np
 import torch
 
 from peagle import kernels
+from peagle.memory import HUGE_PAGE, anonymous_memory
+from peagle.models.fused import fused_groups
 from peagle.models.packed_cache import PackedCache
-from peagle.runtime import HUGE_PAGE, anonymous_memory
 
 QBLOCK = 32  # weights per block (a K-quant's super-block: 8 of them)
 DEQUANT_ROWS = 1024  # rows de-quantized at a time (QuantTensor.dequantize)
@@ -220,8 +223,6 @@ class QuantTensor(torch.Tensor):
     def rows(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Rows ``ids`` (any shape) de-quantized: ``[*ids.shape, in]`` (one native call on the CPU, an
         embedding lookup a step; packed GGUF blocks exist only with the kernels)."""
-        from peagle import kernels
-
         flat = ids.reshape(-1).to(self.blocks.device)
         if kernels.native(self.blocks.device):
             out = torch.ops.peagle.dequantize_rows(self.blocks, flat).to(dtype or self.dtype)
@@ -351,44 +352,9 @@ def formats(model: torch.nn.Module, packed: bool | None = None) -> list[str]:
     return sorted({q.format for q in parts})
 
 
-def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, owned: bool = False) -> None:
-    """``model``'s weights packed for the kernels' paths that this CPU runs, in place (after loading: fused
-    q/k/v and gate/up matrices are packed whole): every quantized weight whose rows come in groups of 16
-    :func:`pack`-ed for the integer path (``owned``: the model alone holds its blocks, which may then be packed
-    where they lie, :func:`pack_owned`); every bfloat16 :class:`~peagle.models.layers.Linear` weight
-    :func:`pack_bf16`-ed for the bf16 dot-product path, and with them ``tied``, an embedding that is also the
-    LM head, when its values are bfloat16 ones (it keeps its nominal dtype: lookups give the same values)."""
-    from peagle import kernels
-    from peagle.models.layers import Linear, weight_dtype
-
-    blocks, bf16 = kernels.int_isa() != "none", kernels.bf16_isa() != "none"
-    packer = pack_owned if owned else pack
-    for m in model.modules():
-        for name, p in m.named_parameters(recurse=False):
-            if blocks and isinstance(p, QuantParts) and not p.packed and all(packable(q.blocks) for q in p.parts):
-                w = QuantParts([QuantTensor(packer(q.blocks), q.dtype) for q in p.parts], p.dtype)
-            elif blocks and quantized(p) and not p.packed and packable(p.blocks):
-                w = QuantTensor(packer(p.blocks), p.dtype)
-            elif bf16 and isinstance(m, Linear) and name == "weight" and bf16_packable(p):
-                w = QuantTensor(pack_bf16(p.detach()), p.dtype)
-            else:
-                continue
-            setattr(m, name, torch.nn.Parameter(w, requires_grad=False))
-    if bf16 and tied is not None and not isinstance(tied.weight, QuantTensor) and weight_dtype(model) == torch.bfloat16:
-        # the head multiplies by the layers' dtype (LlamaModel.head_weight): one packed table serves both
-        w = tied.weight.detach()
-        shaped = w.dim() == 2 and w.device.type == "cpu" and w.shape[0] % GROUP == 0 and w.shape[1] % 2 == 0
-        packed = pack_bf16_rows(w) if shaped else None
-        if packed is not None:
-            tied.weight = torch.nn.Parameter(QuantTensor(packed, w.dtype), requires_grad=False)
-    onto_huge_pages([q for p in model.parameters() if isinstance(p, (QuantTensor, QuantParts)) and p.packed
-                     for q in (p.parts if isinstance(p, QuantParts) else [p])]
-                    + ([tied.weight] if tied is not None and isinstance(tied.weight, QuantTensor) else []))
-
-
 def onto_huge_pages(weights: list[QuantTensor]) -> None:
     """``weights``' blocks (CPU ones; blocks shared by several weights once) moved into one mapping backed by 2 MB
-    pages (:func:`~peagle.runtime.anonymous_memory`). A decoding step streams every packed weight; on 4 KB pages it
+    pages (:func:`~peagle.memory.anonymous_memory`). A decoding step streams every packed weight; on 4 KB pages it
     also misses the TLB on each of ~70,000 pages a step (the default model in bf16; llama.cpp maps the file, whose
     page cache the kernel may keep in large folios): a plain step 5-9% faster, a round of 8 rows 0-3% (Zen 4).
     The same bytes, in new tensors: a block tensor packed where it lay is a view whose base (the
@@ -433,22 +399,6 @@ def pack_bf16_rows(w: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
-def quantize_linears(model: torch.nn.Module, fmt: str) -> None:
-    """Every linear layer's float weight of ``model`` quantized to GGUF ``fmt`` blocks by gguf's own
-    quantizer, in place (:func:`pack_model` then packs them): a drafter beside a target on the integer path
-    reads a quarter of the bytes of its bf16 weights (Q4_1), and its drafts barely move."""
-    import gguf
-
-    from peagle.models.layers import Linear
-
-    kind = getattr(gguf.GGMLQuantizationType, fmt.upper())
-    for m in model.modules():
-        w = m.weight if isinstance(m, Linear) else None
-        if w is not None and not quantized(w) and not w.is_mkldnn and w.shape[1] % QBLOCK == 0:
-            data = gguf.quants.quantize(w.detach().float().cpu().numpy(), kind)
-            m.weight = torch.nn.Parameter(QuantTensor(blocks_of(data, fmt).to(w.device), w.dtype), requires_grad=False)
-
-
 def integer_path(model: torch.nn.Module) -> bool:
     """Whether ``model``'s quantized weights run the integer path (packed), not float32 arithmetic."""
     return bool(formats(model, packed=True))
@@ -479,8 +429,6 @@ def gguf_tensors(path: Path) -> tuple[str, list[tuple[str, object, list[int], in
     order), data offset, bytes)``, read from its header alone: the metadata values are stepped over, not parsed
     (``gguf.GGUFReader`` makes numpy views of each of a 262k-token vocabulary's strings: 690 MB at load and
     9 s on Gemma 3)."""
-    import struct
-
     import gguf
 
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -570,8 +518,6 @@ def packed_places(tensors: list, to_hf: dict[str, str], keepable: dict,
     of each fused group (q, k, v; gate, up) side by side in their order (fusing them is then a view), each start a
     multiple of 64 bytes. The matrices packed: kept formats, 2-D, rows in whole groups of 16; with ``bf16``, the
     linear layers' BF16 matrices too (:func:`bf16_packed`)."""
-    from peagle.models.checkpoint import fused_groups
-
     sizes = {}
     for name, ttype, shape, _, _ in tensors:
         if ttype in keepable and len(shape) == 2 and name in to_hf and shape[1] % GROUP == 0:
@@ -607,8 +553,6 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     with a ``cache`` folder too, that mapping is a cache file there (:mod:`peagle.models.packed_cache`), which the
     next load maps instead of packing."""
     import gguf
-
-    from peagle.models.checkpoint import fused_groups
 
     try:
         arch_name, tensors = gguf_tensors(path)

@@ -28,6 +28,7 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from peagle.engine.config import EngineConfig
 from peagle.request_checks import RequestError
 from peagle.serve.async_engine import AsyncEngine, Delta, EngineError, QueueFullError
 from peagle.serve.limits import BodyLimit, ServerLimits, check_request
@@ -320,8 +321,6 @@ def speculative_config(raw: str | dict | None) -> dict[str, Any]:
     vLLM's n-gram keys ``prompt_lookup_max``/``prompt_lookup_min`` set the drafts from the text itself beside
     the head's (0: off), and peagle's ``response_lookup`` those from the target's earlier responses (``auto``,
     ``none`` or a table's path)."""
-    from peagle.engine.config import EngineConfig
-
     lookup = {"prompt_lookup_max": EngineConfig.prompt_lookup_max, "prompt_lookup_min": EngineConfig.prompt_lookup_min}
     none = {"method": "none", "k": 1, "drafter": None, "speculative_token_tree": "chain", "speculative_tree_budget": 16,
             "response_lookup": "none", **lookup}

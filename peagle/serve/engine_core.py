@@ -30,7 +30,7 @@ from typing import Any, Callable
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.sampling import TokenLogprob
 from peagle.engine.sequence import Sequence, SpecStats
-from peagle.runtime import dtype_name
+from peagle.precision import dtype_name
 
 log = logging.getLogger("peagle.serve")
 

@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tqdm import tqdm
 
 from peagle.models.attention import AttnMeta, Span
 from peagle.models.checkpoint import CheckpointError, replace_durably
 from peagle.models.llama import LlamaModel
-from peagle.runtime import dtype_name
+from peagle.precision import dtype_name
 from peagle.train.objective import Doc
 from peagle.train.synth import read_responses
 
@@ -127,7 +128,6 @@ def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.Pa
     todo = [i for i in range(len(shards)) if not done(i)]
     bar = None
     if progress:
-        from tqdm import tqdm
         bar = tqdm(total=len(records), initial=len(records) - sum(len(shards[i]) for i in todo),
                    desc="hidden", unit="doc")
     meta = {"target_hidden_size": str(target.cfg.hidden_size), "aux_layers": json.dumps(list(target.aux_layers)),

@@ -29,10 +29,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
+from tqdm import tqdm
+
 from peagle.models.checkpoint import replace_durably
+from peagle.precision import dtype_name
 from peagle.prompts import Prompt, read_prompts
 from peagle.engine.sampling import SamplingParams
-from peagle.runtime import dtype_name
 
 SHARD = "responses-{:05d}.jsonl"
 
@@ -238,7 +240,6 @@ class ShardWriter:
             self.in_shard = sum(1 for _ in open(existing[-1]))
         self.bar = None
         if progress:
-            from tqdm import tqdm
             self.bar = tqdm(total=work.total, initial=work.total - work.left, desc="synth", unit="resp")
         self.run = SynthRun(0, 0, 0.0)
         self.t0 = time.perf_counter()

@@ -8,10 +8,12 @@ import os
 import torch
 from safetensors import safe_open
 
-from peagle.models.checkpoint import CheckpointError
+from peagle import kernels
+from peagle.models.checkpoint import CheckpointError, split_checkpoint
 from peagle.models.llama import LlamaModel, ModelConfig, build_target
 from peagle.models.loader import read_config, resolve_quantization, resolve_target, target_gguf
-from peagle.runtime import compute_dtype, resolve_device, resolve_dtype
+from peagle.models.quant import read_gguf
+from peagle.precision import compute_dtype, resolve_device, resolve_dtype
 
 LAYERS = "model.layers."
 STORED = "stored"
@@ -32,9 +34,6 @@ def load_target_ends(name: str | os.PathLike | None, dtype: str | torch.dtype = 
     a GGUF file's blocks kept as stored, as :func:`peagle.models.loader.load_target` keeps them), the
     layers on the meta device. A safetensors checkpoint is read for those tensors only; a GGUF file is read
     whole (its reader takes every tensor) and the layers' blocks dropped before training starts."""
-    from peagle import kernels
-    from peagle.models.quant import read_gguf
-
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     gguf = target_gguf(name)
@@ -47,8 +46,6 @@ def load_target_ends(name: str | os.PathLike | None, dtype: str | torch.dtype = 
     if cfg.tie_word_embeddings:
         wanted = [n for n in wanted if n != "lm_head.weight"]
     if from_gguf:
-        from peagle.models.checkpoint import split_checkpoint
-
         everything = read_gguf(gguf, list(split_checkpoint(model.state_dict(), model)), cfg, kernels.native(dev), dt,
                                compute_dtype(dt, dev), dev)
         sd = {n: everything.pop(n) for n in wanted if n in everything}

@@ -35,14 +35,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
+from peagle.cpu import configure_cpu
 from peagle.models.checkpoint import CheckpointError, replace_durably
-from peagle.models.drafter import save_drafter
-from peagle.runtime import DTYPE_CHOICES, configure_cpu, resolve_device, resolve_dtype
+from peagle.models.drafter import load_drafter, save_drafter
+from peagle.models.layers import Linear
+from peagle.models.loader import choose_mask_token, load_target, load_tokenizer, resolve_target, target_gguf
+from peagle.precision import DTYPE_CHOICES, resolve_device, resolve_dtype
 from peagle.train.data import HiddenSource, Record, budget_groups, draft_vocab, is_eval, load_records
 from peagle.train.head import TrainHead
 from peagle.train.objective import (LABELS, METHODS, Batch, Objective, Piece, evaluate, num_segments, pieces,
                                     sample_elements)
+from peagle.train.target import STORED, load_target_ends, stored_dtype
 
 STATE = "checkpoint/state.pt"
 PARALLEL = ("ddp", "fsdp")
@@ -148,8 +153,6 @@ def files_fingerprint(files: list[Path], sample: int = 1 << 20) -> str:
 def target_files(name: str | None, path: Path) -> list[Path]:
     """The files that hold a target's weights: its GGUF file (read from there, beside a folder of its
     config and tokenizer alone), else its folder's safetensors and config."""
-    from peagle.models.loader import target_gguf
-
     gguf = target_gguf(name)
     return [gguf] if gguf is not None else [*path.glob("*.safetensors"), path / "config.json"]
 
@@ -184,9 +187,6 @@ def placement(device: torch.device) -> tuple[torch.device, str]:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig):
-        from peagle.models.loader import choose_mask_token, load_target, load_tokenizer, resolve_target
-        from peagle.train.target import STORED, load_target_ends, stored_dtype
-
         self.cfg = cfg
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
@@ -274,7 +274,6 @@ class Trainer:
         if self.fsdp:
             from torch.distributed.fsdp import fully_shard
 
-            from peagle.models.layers import Linear
             for m in self.head.modules():  # FSDP shards row-major parameters: Linear's [in, out] order given up
                 if isinstance(m, Linear):
                     m.weight.data = m.weight.data.contiguous()
@@ -341,7 +340,6 @@ class Trainer:
         lead = self.rank == 0
         bar = None
         if lead and cfg.progress:
-            from tqdm import tqdm
             bar = tqdm(total=self.total_steps, initial=self.step, desc=f"train {cfg.method}", unit="step")
         self._log({"event": "start", "step": self.step, "total_steps": self.total_steps, "world_size": self.world,
                    "train_docs": len(self.train_records), "eval_docs": len(self.eval_records),
@@ -413,8 +411,6 @@ class Trainer:
 
     def _init_head(self):
         """The head ``--init-from`` names, checked against this run's shape."""
-        from peagle.models.drafter import load_drafter
-
         cfg = self.cfg
         init = load_drafter(cfg.init_from, base_embedding=self.target.model.embed_tokens.weight)
         init.cfg.check_target(self.target.cfg, self.target.aux_layers)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from peagle.bench.machine import OtherLoad, wait_for_idle
 from peagle.bench.peers import Peer
-from peagle.runtime import configure_cpu
+from peagle.cpu import configure_cpu
 
 
 def log(msg: str) -> None:

@@ -10,7 +10,7 @@ import torch
 from peagle.bench.baseline.common import fmt, median, settle
 from peagle.bench.machine import OtherLoad, wait_for_idle
 from peagle.bench.peers import Peer, checked_decode
-from peagle.runtime import configure_cpu
+from peagle.cpu import configure_cpu
 
 
 def run_decode(args, peer: Peer, ids: list[int], n: int) -> dict:

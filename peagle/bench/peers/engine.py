@@ -9,9 +9,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from peagle.bench.peers import PRECISION, Decode, Peer, time_once
+from peagle.cpu import configure_cpu
 from peagle.engine.sampling import SamplingParams
 from peagle.engine.tree import Tree
-from peagle.runtime import configure_cpu
+from peagle.models.layers import Linear
+from peagle.models.quant import QuantTensor
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -70,8 +72,5 @@ def peer(engine, name: str, threads: int, k: int | str | None = None) -> EngineP
 def weight_precision(engine) -> str:
     """The engine's layer weights in llama.cpp's names: a GGUF block format as it runs (Q4_1, ...), else
     the dtype (BF16, F16, F32), so that each peagle row meets the llama.cpp file of its own precision."""
-    from peagle.models.layers import Linear
-    from peagle.models.quant import QuantTensor
-
     w = next(m.weight for m in engine.target.modules() if isinstance(m, Linear))
     return w.format.upper() if isinstance(w, QuantTensor) else PRECISION[w.dtype]

@@ -17,15 +17,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from peagle.bench.peers import Decode, Peer
+from peagle.cpu import cpu_flags
 from peagle.models.loader import cache_dir, default_gguf
-from peagle.runtime import cpu_flags
 
 # llama_ftype of each precision (llama.h's LLAMA_FTYPE_*)
 FTYPES = {"F32": 0, "F16": 1, "Q4_1": 3, "Q8_0": 7, "BF16": 32}
@@ -64,9 +66,6 @@ def llama_bench(kind: str, prompt: int = 0, gen: int = 128, reps: int = 5, threa
     (``avg_ts`` tokens/s, ``stddev_ts``). ``prompt`` > 0 and ``gen`` 0 is llama.cpp's batch of that many
     tokens (pp8: what 8 verify rows cost it). ``depth``: the test after that many tokens of context (``-d``; tg128
     alone starts from an empty one, where a decode after a prompt attends to the prompt too)."""
-    import json
-    import subprocess
-
     cmd = [str(require_native("llama-bench")), "-m", str(gguf_file(kind)), "-t", str(threads or os.cpu_count() or 1),
            "-p", str(prompt), "-n", str(gen), "-d", str(depth), "-r", str(reps), "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -95,7 +94,6 @@ def gguf_file(kind: str) -> Path:
     tmp = out.with_suffix(".tmp")
     quantize = native_bin("llama-quantize")
     if quantize is not None:  # llama.cpp's own tool
-        import subprocess
 
         res = subprocess.run([str(quantize), "--allow-requantize", str(src), str(tmp), kind], capture_output=True, text=True)
         if res.returncode != 0:
