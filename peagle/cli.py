@@ -373,14 +373,39 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return args.bench_main(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from peagle.bench import attack, offline, serve, serving, structured, sweep
-    from peagle.bench.baseline import runner as baseline
+def _add_limit_args(v: argparse.ArgumentParser) -> None:
+    from peagle.serve.limits import CHARS_PER_TOKEN, ServerLimits
+
+    lim = ServerLimits()   # the limits on one client (peagle/serve/limits.py); each refusal an OpenAI error object
+    v.add_argument("--max-request-body-bytes", type=int, default=lim.max_body_bytes,
+                   help="a larger body gets a 413, by its Content-Length or once that many bytes have come "
+                        f"(default {lim.max_body_bytes})")
+    v.add_argument("--max-request-header-bytes", type=int, default=lim.max_header_bytes,
+                   help=f"a request line and headers larger get a 431 (default {lim.max_header_bytes})")
+    v.add_argument("--request-read-timeout", type=float, default=lim.read_timeout,
+                   help="seconds a client has to send a request's headers, and then its body; a slower one gets a "
+                        f"408 and its connection is closed (default {lim.read_timeout:g})")
+    v.add_argument("--limit-concurrency", type=int, default=lim.limit_concurrency,
+                   help="open connections and requests in flight beyond which the server answers 503 "
+                        f"(uvicorn's flag; default {lim.limit_concurrency})")
+    v.add_argument("--max-prompt-chars", type=int, default=lim.max_prompt_chars,
+                   help="a longer prompt (a chat's messages together) gets a 400 before it is tokenized "
+                        f"(default {CHARS_PER_TOKEN} x the maximum context length)")
+    v.add_argument("--max-choices-per-request", type=int, default=lim.max_choices,
+                   help=f"prompts x n a request may ask for (default {lim.max_choices})")
+    v.add_argument("--max-stop-strings", type=int, default=lim.max_stop_strings,
+                   help=f"stop strings a request may have (default {lim.max_stop_strings})")
+    v.add_argument("--max-stop-string-chars", type=int, default=lim.max_stop_chars,
+                   help=f"characters a stop string may have (default {lim.max_stop_chars})")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``peagle`` parser. ``command``: the one about to run, when known; the server's and the benchmarks'
+    arguments (whose modules import FastAPI and uvicorn: ~0.4 s) are then added only if it is theirs."""
     from peagle.engine.auto_k import parse_k
     from peagle.engine.lookup import RESPONSES_FILE
     from peagle.engine.args import add_kv_args, add_lookup_args, add_runtime_args, add_tree_args
     from peagle.precision import DEVICE_HELP, DTYPE_CHOICES
-    from peagle.serve.limits import CHARS_PER_TOKEN, ServerLimits
 
     parser = argparse.ArgumentParser(prog="peagle", description="P-EAGLE parallel-drafting speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -453,27 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_runtime_args(v, engine=True)
     add_kv_args(v)
     v.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond which the server answers 503")
-    lim = ServerLimits()   # the limits on one client (peagle/serve/limits.py); each refusal an OpenAI error object
-    v.add_argument("--max-request-body-bytes", type=int, default=lim.max_body_bytes,
-                   help="a larger body gets a 413, by its Content-Length or once that many bytes have come "
-                        f"(default {lim.max_body_bytes})")
-    v.add_argument("--max-request-header-bytes", type=int, default=lim.max_header_bytes,
-                   help=f"a request line and headers larger get a 431 (default {lim.max_header_bytes})")
-    v.add_argument("--request-read-timeout", type=float, default=lim.read_timeout,
-                   help="seconds a client has to send a request's headers, and then its body; a slower one gets a "
-                        f"408 and its connection is closed (default {lim.read_timeout:g})")
-    v.add_argument("--limit-concurrency", type=int, default=lim.limit_concurrency,
-                   help="open connections and requests in flight beyond which the server answers 503 "
-                        f"(uvicorn's flag; default {lim.limit_concurrency})")
-    v.add_argument("--max-prompt-chars", type=int, default=lim.max_prompt_chars,
-                   help="a longer prompt (a chat's messages together) gets a 400 before it is tokenized "
-                        f"(default {CHARS_PER_TOKEN} x the maximum context length)")
-    v.add_argument("--max-choices-per-request", type=int, default=lim.max_choices,
-                   help=f"prompts x n a request may ask for (default {lim.max_choices})")
-    v.add_argument("--max-stop-strings", type=int, default=lim.max_stop_strings,
-                   help=f"stop strings a request may have (default {lim.max_stop_strings})")
-    v.add_argument("--max-stop-string-chars", type=int, default=lim.max_stop_chars,
-                   help=f"characters a stop string may have (default {lim.max_stop_chars})")
+    if command in (None, "serve"):  # the server's modules (FastAPI, uvicorn) imported only for it
+        _add_limit_args(v)
     v.set_defaults(func=cmd_serve)
 
     y = sub.add_parser("synth", help="the target writes responses to prompt files (training data); resumable")
@@ -566,6 +572,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks: serve (HTTP load, as vllm bench serve), offline, sweep, serving, "
                                      "baseline, attack")
+    if command in (None, "bench"):
+        _add_bench_commands(b)
+    return parser
+
+
+def _add_bench_commands(b: argparse.ArgumentParser) -> None:
+    from peagle.bench import attack, offline, serve, serving, structured, sweep
+    from peagle.bench.baseline import runner as baseline
+
     bsub = b.add_subparsers(dest="bench_command", required=True)
     for name, module, text in [
             ("serve", serve, "stream a dataset to an OpenAI-compatible server (flags as vllm bench serve)"),
@@ -580,7 +595,6 @@ def build_parser() -> argparse.ArgumentParser:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_args(bp)
         bp.set_defaults(func=cmd_bench, bench_main=module.main)
-    return parser
 
 
 LONG_JOBS = ("synth", "hidden", "train")
@@ -602,7 +616,8 @@ def main(argv: list[str] | None = None) -> int:
 
     gc.disable()
     try:
-        parser = build_parser()
+        args = sys.argv[1:] if argv is None else argv
+        parser = build_parser(args[0] if args and not args[0].startswith("-") else None)
     finally:
         freeze_long_lived()
         gc.enable()

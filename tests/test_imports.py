@@ -73,3 +73,18 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
 
 def test_no_module_takes_part_in_an_import_cycle():
     assert a_cycle("peagle") is None, " -> ".join(a_cycle("peagle"))
+
+
+def test_a_command_imports_no_server_or_benchmark_it_does_not_run():
+    """``peagle generate`` (and every command but serve and bench) builds a parser without the server's and the
+    benchmarks' arguments, whose modules import FastAPI and uvicorn (~0.4 s of each start); serve's and bench's
+    parsers still have them. Building every command's arguments again fails it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from peagle.cli import build_parser; p = build_parser(sys.argv[1]); "
+            "print(sorted(m for m in ('fastapi', 'uvicorn', 'peagle.bench.serve') if m in sys.modules))")
+    run = lambda cmd: subprocess.run([sys.executable, "-c", code, cmd], capture_output=True, text=True,  # noqa: E731
+                                     check=True).stdout.strip()
+    assert run("generate") == "[]"
+    assert run("bench") == "['fastapi', 'peagle.bench.serve', 'uvicorn']"
