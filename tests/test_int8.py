@@ -366,6 +366,34 @@ def test_the_tiles_shape_is_timed_once_on_the_models_weights_and_kept(qllama, mo
 
 
 @native
+def test_the_tiles_verdict_is_remembered_for_the_same_machine_and_shapes(qllama, monkeypatch, tmp_path):
+    """With ``remember``, a verdict is written once and the next start (a new process: ``_tuned`` reset) takes it
+    without timing; a torn file, or another thread count, is timed again. Taking a verdict for other shapes, or
+    keeping none, fails it."""
+    weights = [m.weight for m in qllama.modules() if isinstance(m, Linear)]
+    memo = tmp_path / "streaming.json"
+    with kernels.streaming(*STREAMS[0]):
+        monkeypatch.setattr(kernels, "_tuned", False)
+        chosen = kernels.tune_streaming(weights, rounds=2, remember=memo)
+        assert list(json.loads(memo.read_text()).values()) == [list(chosen)]
+        with monkeypatch.context() as m:
+            m.setattr(kernels, "_tuned", False)
+            m.setattr(kernels.time, "perf_counter", lambda: pytest.fail("timed though remembered"))
+            torch.ops.peagle.set_stream_bytes(*STREAMS[0])
+            assert kernels.tune_streaming(weights, remember=memo) == chosen
+            assert tuple(torch.ops.peagle.stream_bytes()) == chosen
+        timed = []
+        for spoil in (lambda: memo.write_text("{torn"), lambda: torch.set_num_threads(torch.get_num_threads() + 1)):
+            spoil()
+            monkeypatch.setattr(kernels, "_tuned", False)
+            with monkeypatch.context() as m:
+                m.setattr(kernels.time, "perf_counter", lambda: timed.append(1) or 0.0)
+                kernels.tune_streaming(weights, rounds=2, remember=memo)
+        torch.set_num_threads(torch.get_num_threads() - 1)
+        assert len(timed) > 0 and len(json.loads(memo.read_text())) == 2
+
+
+@native
 def test_the_fast_paths_keep_a_half_kv_cache_and_exact_keeps_float32(qllama):
     """``kv_cache_dtype`` ``auto``: float16 pools (the target's and the head's) on the integer path, float32 where
     the matmuls run float32 arithmetic (``--compute exact``, plain float32 weights); an explicit dtype wins; a

@@ -34,6 +34,7 @@ from peagle.models.attention import AttnMeta, KVCache, Span
 from peagle.models.drafter import Drafter
 from peagle.models.layers import Linear, pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
+from peagle.models.loader import cache_dir
 from peagle.models.quant import QuantTensor, bf16_dots, integer_path
 from peagle.precision import precision_name
 
@@ -65,7 +66,8 @@ class ModelRunner:
             pack_for_inference(drafter)
         if self.device.type == "cpu":  # the tiles' shape for this CPU, timed on the target's own matrices
             kernels.tune_streaming([m.weight for m in target.modules()
-                                    if isinstance(m, Linear) and isinstance(m.weight, QuantTensor) and m.weight.packed])
+                                    if isinstance(m, Linear) and isinstance(m.weight, QuantTensor) and m.weight.packed],
+                                   remember=cache_dir() / "streaming.json")
         if config.uses_head:
             if drafter is None:
                 raise ValueError(f"method {config.method!r} needs a drafter")

@@ -191,7 +191,8 @@ _tuned = False
 
 
 @torch.inference_mode()
-def tune_streaming(weights: list, rounds: int = 15, budget: int = 64 << 20) -> tuple[int, int] | None:
+def tune_streaming(weights: list, rounds: int = 15, budget: int = 64 << 20,
+                   remember: Path | None = None) -> tuple[int, int] | None:
     """Where packed weights (GGUF blocks on the integer path, bf16 pairs on the bf16 one) stream in tiles one
     packed group wide (one read stream) rather than the wider tiles that hide the dot products' latency, for
     passes of one row and taller (``csrc/linear_tiles.h``, ``run_packed``): the CPU's answer, not a constant
@@ -202,7 +203,9 @@ def tune_streaming(weights: list, rounds: int = 15, budget: int = 64 << 20) -> t
     Zen 4), and leaves the kernels' default (weights over 16 MiB: LM heads) only where the other wins by 3%.
     Once a process: the shape never changes a result, only its speed. Timed on one weight of each shape and format,
     up to ``budget`` bytes of them (a layer's matrices stand for all layers': timing all of an 8B model's would add
-    seconds to every start). Returns the limits (one row, taller); None without weights."""
+    seconds to every start). With ``remember`` (a JSON file), a verdict found there for the same library, CPU, thread
+    count and shapes is taken instead of timing (0.5-3 s of each start), and a new one is added to it. Returns the
+    limits (one row, taller); None without weights."""
     global _tuned
     if not weights or not available():
         return None
@@ -219,6 +222,12 @@ def tune_streaming(weights: list, rounds: int = 15, budget: int = 64 << 20) -> t
     if _tuned:
         return before
     _tuned = True
+    key = json.dumps([STAMP.read_text(), int_isa(), bf16_isa(), torch.get_num_threads(), _cpu_model(),
+                      [[list(w.blocks.shape), str(w.blocks.dtype)] for w in weights]])
+    known = _read_json(remember) if remember is not None else {}
+    if isinstance(known.get(key), list) and len(known[key]) == 2 and all(isinstance(v, int) for v in known[key]):
+        torch.ops.peagle.set_stream_bytes(*known[key])
+        return tuple(known[key])
     chosen = []
     for i, rows in enumerate((1, 4)):
         xs = [torch.randn(rows, w.shape[1]) for w in weights]
@@ -234,4 +243,28 @@ def tune_streaming(weights: list, rounds: int = 15, budget: int = 64 << 20) -> t
         narrow, wide = min(times[0]), min(times[before[i]])
         chosen.append(0 if narrow < 0.97 * wide else before[i])
     torch.ops.peagle.set_stream_bytes(*chosen)
+    if remember is not None:
+        with contextlib.suppress(OSError):  # a read-only home only costs the next start the timing again
+            remember.parent.mkdir(parents=True, exist_ok=True)
+            tmp = remember.with_name(f"{remember.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({**known, key: chosen}))
+            os.replace(tmp, remember)
     return tuple(chosen)
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), which a timing verdict belongs to."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _read_json(path: Path) -> dict:
+    """``path``'s JSON object, or {} where it is missing, torn or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
