@@ -250,9 +250,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     res = train(cfg)
-    if res is not None and int(os.environ.get("RANK", "0")) == 0:
-        print(f"head written to {cfg.out}; held-out estimate: acceptance length {res['al']} at K={cfg.k}, "
-              f"per-depth accuracy {res['acc']}", file=sys.stderr)
+    if int(os.environ.get("RANK", "0")) == 0:  # said whether or not a held-out slice was evaluated
+        est = (f"held-out estimate: acceptance length {res['al']} at K={cfg.k}, per-depth accuracy {res['acc']}"
+               if res is not None else
+               f"no held-out estimate (no document held out: --eval-fraction {cfg.eval_fraction}, "
+               f"--eval-docs {cfg.eval_docs})")
+        print(f"head written to {cfg.out}; {est}", file=sys.stderr)
     return 0
 
 
