@@ -1,0 +1,122 @@
+"""The training guide's loop (docs/training.md) on the default model, through the CLI as a user types it:
+prompts -> ``synth`` (in-process and ``--server`` against ``peagle serve``) -> ``hidden`` -> ``train`` under
+``torchrun`` (two gloo processes) -> ``export`` in vLLM's layout and the speculators format -> ``generate`` with
+each exported head, lossless and with the head's drafts accepted. Tiny sizes: a few prompts, short responses, a
+small draft vocabulary, enough steps for the head to learn the responses it then drafts."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+import torch
+from safetensors import safe_open
+
+from peagle.cli import main
+from peagle.models.drafter import load_drafter
+from peagle.models.loader import load_tokenizer, resolve_target
+from peagle.train.synth import read_responses
+from test_serve import free_port, wait_healthy
+
+# arithmetic questions written for this test (never a benchmark set): greedy answers the head can learn
+QUESTIONS = ["A baker sells 14 loaves a day. How many loaves does he sell in a week?",
+             "Tom has 23 marbles and gives 9 to his sister. How many marbles does he have left?",
+             "A train travels 60 miles an hour for 3 hours. How far does it go?",
+             "Sara buys 4 pens at 3 dollars each. How much does she pay?",
+             "A class has 28 pupils in 4 equal rows. How many pupils are in each row?",
+             "Jim reads 12 pages a day. How many pages does he read in 5 days?"]
+NEW_TOKENS = 32
+K = 2
+
+
+def peagle(*argv: str) -> None:
+    assert main(list(argv)) == 0, argv
+
+
+def by_id(folder) -> dict[str, dict]:
+    return {r["id"]: r for r in read_responses(folder)}
+
+
+@contextlib.contextmanager
+def serving():
+    """``peagle serve`` on the default model, the target alone, started as the guide starts it; the caller waits
+    for it (:func:`wait_healthy`) when it needs it, so it loads while the in-process steps run."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", "--port", str(port),
+                             "--speculative-config", '{"method": "none"}'], stderr=subprocess.PIPE, text=True)
+    try:
+        yield port
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_the_guides_loop_from_prompts_to_a_served_head(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "question": q}) + "\n" for i, q in enumerate(QUESTIONS)))
+    synth, hidden, run = tmp_path / "synth", tmp_path / "hidden", tmp_path / "run"
+
+    # 1. the target answers the prompts, in-process and through a server, with the same records; 2. the hidden
+    # states, once (while the server loads)
+    with serving() as port:
+        peagle("synth", "--prompts", str(prompts), "--out", str(synth), "--max-new-tokens", str(NEW_TOKENS))
+        peagle("hidden", "--data", str(synth), "--out", str(hidden))
+        assert wait_healthy(port), "peagle serve did not start"
+        peagle("synth", "--server", f"http://127.0.0.1:{port}", "--prompts", str(prompts),
+               "--out", str(tmp_path / "synth-server"), "--max-new-tokens", str(NEW_TOKENS), "--concurrency", "3")
+    local, served = by_id(synth), by_id(tmp_path / "synth-server")
+    assert len(local) == len(QUESTIONS) and local.keys() == served.keys()
+    tok = load_tokenizer(resolve_target(None, weights=False))
+    for rid, r in local.items():  # the target's own tokenizer and chat template
+        text = tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                       tokenize=False)
+        assert r["prompt_token_ids"] == tok(text, add_special_tokens=False)["input_ids"], rid
+        assert tok.decode(r["response_token_ids"], skip_special_tokens=True) == r["response"], rid
+        assert [served[rid][k] for k in ("prompt_token_ids", "response_token_ids")] == \
+            [r["prompt_token_ids"], r["response_token_ids"]], rid
+
+    with safe_open(str(hidden / "hidden-00000.safetensors"), "pt") as f:
+        assert {"taps", "final"} <= set(f.keys())
+
+    # 3. train under torchrun: two processes (gloo), every document in the training set
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "peagle.cli", "train", "--data", str(synth), "--hidden", str(hidden),
+                           "--out", str(run), "-k", str(K), "--draft-vocab", "256", "--batch-size", "1",
+                           "--max-steps", "20", "--lr", "3e-3", "--min-lr", "3e-3", "--warmup-steps", "1",
+                           "--eval-fraction", "0", "--no-progress"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"head written to {run}" in done.stderr
+    assert (run / "checkpoint" / "state.pt").is_file() and (run / "model.safetensors").is_file()
+    start = json.loads((run / "train_log.jsonl").read_text().splitlines()[0])
+    assert start["world_size"] == 2 and start["train_docs"] == len(QUESTIONS)
+
+    # 4. export in both formats
+    peagle("export", "--drafter", str(run), "--out", str(tmp_path / "head-vllm"))
+    peagle("export", "--drafter", str(run), "--out", str(tmp_path / "head-speculators"), "--format", "speculators")
+    vllm_cfg = json.loads((tmp_path / "head-vllm" / "config.json").read_text())
+    spec_cfg = json.loads((tmp_path / "head-speculators" / "config.json").read_text())
+    assert vllm_cfg["architectures"] == ["LlamaForCausalLMEagle3"] and vllm_cfg["peagle"]["trained_k"] == K
+    assert spec_cfg["speculators_model_type"] == "peagle"
+    assert spec_cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == K
+    # what `vllm serve HEAD` loads as the target: the hub id, not peagle's cache folder
+    assert spec_cfg["speculators_config"]["verifier"] == {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                          "architectures": ["LlamaForCausalLM"]}
+    trained = load_drafter(run).state_dict()
+    for head in ("head-vllm", "head-speculators"):  # each loads back as the trained head, in bfloat16
+        got = load_drafter(tmp_path / head).state_dict()
+        assert got.keys() == trained.keys(), head
+        for name, t in trained.items():
+            torch.testing.assert_close(got[name], t, rtol=4e-3, atol=1e-6, msg=f"{head}: {name}")
+
+    # 5. each exported head drafts for a training prompt: the target's own greedy tokens, drafts accepted
+    record = local["prompts:0"]
+    capsys.readouterr()
+    for head in ("head-vllm", "head-speculators"):
+        peagle("generate", "--drafter", str(tmp_path / head), "-k", str(K), "--max-new-tokens", str(NEW_TOKENS),
+               "--prompt-lookup-max", "0", "--response-lookup", "none", "--json", record["prompt"])
+        out = json.loads(capsys.readouterr().out)
+        assert out["token_ids"] == record["response_token_ids"], head  # lossless: synth's greedy answer
+        assert out["num_accepted_tokens"] > 0, (head, out)             # the trained head's own drafts
