@@ -503,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_args(y)
     y.add_argument("--prompts", nargs="+", required=True,
                    help="JSONL files with 'turns', 'question' or 'prompt'; a name that is no file is a Hugging Face "
-                        "dataset (NAME or NAME:SPLIT, read through `datasets`; needs the network the first time)")
+                        "dataset (NAME, NAME:SPLIT or NAME:CONFIG:SPLIT, read through `datasets`; needs the network the "
+                        "first time)")
     y.add_argument("--out", required=True)
     y.add_argument("--num-prompts", type=int, default=None, help="the first N of the seeded shuffle (default: all)")
     y.add_argument("--max-new-tokens", type=int, default=512)
