@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
@@ -17,8 +19,11 @@ from safetensors import safe_open
 from peagle.cli import main
 from peagle.models.drafter import load_drafter
 from peagle.models.loader import load_tokenizer, resolve_target
+from peagle.serve.api import speculative_config
 from peagle.train.synth import read_responses
+from test_public_heads import vllm_problems
 from test_serve import free_port, wait_healthy
+from test_speculators import vllm_reads_speculators
 
 # arithmetic questions written for this test (never a benchmark set): greedy answers the head can learn
 QUESTIONS = ["A baker sells 14 loaves a day. How many loaves does he sell in a week?",
@@ -29,6 +34,10 @@ QUESTIONS = ["A baker sells 14 loaves a day. How many loaves does he sell in a w
              "Jim reads 12 pages a day. How many pages does he read in 5 days?"]
 NEW_TOKENS = 32
 K = 2
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "training.md"
+# the keys of vLLM's SpeculativeConfig (vllm/config/speculative.py) the guide's lines use
+VLLM_KEYS = {"method", "model", "num_speculative_tokens", "parallel_drafting"}
+P_EAGLE = {"method": "eagle3", "parallel_drafting": True}  # what vLLM makes of a speculators P-EAGLE head
 
 
 def peagle(*argv: str) -> None:
@@ -104,6 +113,8 @@ def test_the_guides_loop_from_prompts_to_a_served_head(tmp_path, capsys):
     # what `vllm serve HEAD` loads as the target: the hub id, not peagle's cache folder
     assert spec_cfg["speculators_config"]["verifier"] == {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
                                                           "architectures": ["LlamaForCausalLM"]}
+    assert vllm_problems(tmp_path / "head-vllm") == []  # what vLLM's EAGLE-3 loader would refuse
+    assert vllm_reads_speculators(spec_cfg)[1] == {**P_EAGLE, "num_speculative_tokens": K}
     trained = load_drafter(run).state_dict()
     for head in ("head-vllm", "head-speculators"):  # each loads back as the trained head, in bfloat16
         got = load_drafter(tmp_path / head).state_dict()
@@ -120,3 +131,25 @@ def test_the_guides_loop_from_prompts_to_a_served_head(tmp_path, capsys):
         out = json.loads(capsys.readouterr().out)
         assert out["token_ids"] == record["response_token_ids"], head  # lossless: synth's greedy answer
         assert out["num_accepted_tokens"] > 0, (head, out)             # the trained head's own drafts
+
+
+def test_the_guides_speculative_configs_are_what_vllm_and_peagle_read():
+    """The guide's ``--speculative-config`` lines: JSON that ``peagle serve`` takes, with vLLM's keys only, P-EAGLE
+    as vLLM derives it for a speculators P-EAGLE head, K within the K the guide trains, for both exported folders."""
+    loop = GUIDE.read_text()
+    loop = loop[loop.index("## The whole loop"):loop.index("## Each step")]
+    trained_k = int(re.search(r"-m peagle\.cli train .*? -k (\d+)", loop, re.S).group(1))
+    lines = re.findall(r"(peagle|vllm) serve [^\n]*?--speculative-config(?:\s*\\\n\s*|\s+)'([^']*)'", loop)
+    served = {"peagle": set(), "vllm": set()}
+    for engine, text in lines:
+        cfg = json.loads(text)
+        speculative_config(cfg)  # peagle serve takes every line
+        if cfg["method"] == "none":  # the server that writes synth's responses
+            continue
+        assert set(cfg) <= VLLM_KEYS and {k: cfg[k] for k in P_EAGLE} == P_EAGLE, text
+        assert 1 <= cfg["num_speculative_tokens"] <= trained_k, text
+        served[engine].add(cfg["model"])
+    assert served["vllm"] == {"heads/my-head", "heads/my-head-speculators"}, lines
+    assert served["peagle"] and served["peagle"] <= served["vllm"], lines
+    for out in served["vllm"]:  # each folder is one the loop exports
+        assert re.search(rf"peagle export .*--out {out}( |\n)", loop), out
