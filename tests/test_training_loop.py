@@ -49,17 +49,19 @@ def by_id(folder) -> dict[str, dict]:
 
 
 @contextlib.contextmanager
-def serving():
-    """``peagle serve`` on the default model, the target alone, started as the guide starts it; the caller waits
-    for it (:func:`wait_healthy`) when it needs it, so it loads while the in-process steps run."""
+def serving(log: Path):
+    """``peagle serve`` on the default model, the target alone, started as the guide starts it (its stderr in
+    ``log``); the caller waits for it (:func:`wait_healthy`) when it needs it, so it loads while the in-process
+    steps run."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", "--port", str(port),
-                             "--speculative-config", '{"method": "none"}'], stderr=subprocess.PIPE, text=True)
-    try:
-        yield port
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", "--port", str(port),
+                                 "--speculative-config", '{"method": "none"}'], stderr=err)
+        try:
+            yield port
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def test_the_guides_loop_from_prompts_to_a_served_head(tmp_path, capsys):
@@ -69,10 +71,11 @@ def test_the_guides_loop_from_prompts_to_a_served_head(tmp_path, capsys):
 
     # 1. the target answers the prompts, in-process and through a server, with the same records; 2. the hidden
     # states, once (while the server loads)
-    with serving() as port:
+    log = tmp_path / "serve.log"
+    with serving(log) as port:
         peagle("synth", "--prompts", str(prompts), "--out", str(synth), "--max-new-tokens", str(NEW_TOKENS))
         peagle("hidden", "--data", str(synth), "--out", str(hidden))
-        assert wait_healthy(port), "peagle serve did not start"
+        assert wait_healthy(port), log.read_text()
         peagle("synth", "--server", f"http://127.0.0.1:{port}", "--prompts", str(prompts),
                "--out", str(tmp_path / "synth-server"), "--max-new-tokens", str(NEW_TOKENS), "--concurrency", "3")
     local, served = by_id(synth), by_id(tmp_path / "synth-server")
