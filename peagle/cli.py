@@ -250,9 +250,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     res = train(cfg)
-    if res is not None and int(os.environ.get("RANK", "0")) == 0:
-        print(f"head written to {cfg.out}; held-out estimate: acceptance length {res['al']} at K={cfg.k}, "
-              f"per-depth accuracy {res['acc']}", file=sys.stderr)
+    if int(os.environ.get("RANK", "0")) == 0:  # said whether or not a held-out slice was evaluated
+        est = (f"held-out estimate: acceptance length {res['al']} at K={cfg.k}, per-depth accuracy {res['acc']}"
+               if res is not None else
+               f"no held-out estimate (no document held out: --eval-fraction {cfg.eval_fraction}, "
+               f"--eval-docs {cfg.eval_docs})")
+        print(f"head written to {cfg.out}; {est}", file=sys.stderr)
     return 0
 
 
@@ -274,15 +277,34 @@ def cmd_export(args: argparse.Namespace) -> int:
         k = args.k or head.cfg.trained_k
         if k is None:
             raise ValueError(f"{args.drafter} does not record the K it was trained for: give -k")
-        cfg_file = path / "config.json"
-        archs = (json.loads(cfg_file.read_text()).get("architectures") or []) if cfg_file.is_file() else []
-        save_speculators(head, args.out, args.kind, k, args.verifier or str(args.target or path), archs, dtype)
+        save_speculators(head, args.out, args.kind, k, args.verifier or _verifier_name(args.target, path),
+                         _verifier_architectures(target, path), dtype)
         form = f"speculators format ({args.kind}, K={k})"
     else:
         save_drafter(head, args.out, dtype, base_embedding=target.model.embed_tokens.weight if args.compact else None)
         form = "compact (embedding rows shared with the target left out)" if args.compact else "complete vLLM layout"
     print(f"wrote {args.drafter} to {args.out}: {form}, {args.dtype}", file=sys.stderr)
     return 0
+
+
+def _verifier_name(target: str | None, path: Path) -> str:
+    """The target as vLLM should load it: the models peagle ships as GGUF files by the hub ids they were made
+    from (their local folder is peagle's cache, and ``vllm serve HEAD`` serves the verifier named here),
+    otherwise what ``--target`` said."""
+    from peagle.models.loader import DEFAULT_GGUF, DEFAULT_NAME, GEMMA_GGUF, target_gguf
+
+    gguf = target_gguf(target)
+    hub = {DEFAULT_GGUF[1]: f"HuggingFaceTB/{DEFAULT_NAME}", GEMMA_GGUF[1]: "google/gemma-3-270m"}
+    return hub.get(gguf.name if gguf is not None else "", str(target or path))
+
+
+def _verifier_architectures(target, path: Path) -> list[str]:
+    """The target's HF class names: its config's, or (a GGUF file's config has none) its family's."""
+    from peagle.models.llama import SUPPORTED_ARCHITECTURES
+
+    cfg_file = path / "config.json"
+    archs = (json.loads(cfg_file.read_text()).get("architectures") or []) if cfg_file.is_file() else []
+    return archs or [SUPPORTED_ARCHITECTURES[target.cfg.model_type].architecture]
 
 
 def cmd_dummy_gguf(args: argparse.Namespace) -> int:
@@ -308,7 +330,8 @@ def _add_export_args(e: argparse.ArgumentParser) -> None:
     e.add_argument("-k", "--num-speculative-tokens", dest="k", type=_at_least_one, default=None,
                    help="with --format speculators: the K recorded for vLLM (default: the K the head was trained for)")
     e.add_argument("--verifier", default=None,
-                   help="with --format speculators: the target's name recorded (a hub id; default: --target)")
+                   help="with --format speculators: the target's name recorded, which `vllm serve HEAD` loads "
+                        "(a hub id; default: --target; the default model as HuggingFaceTB/SmolLM2-135M-Instruct)")
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     e.add_argument("--compact", action="store_true",
                    help="leave out embedding rows equal to the target's (peagle loads it; vLLM needs the full form)")
@@ -486,7 +509,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_target_args(y)
     y.add_argument("--prompts", nargs="+", required=True,
                    help="JSONL files with 'turns', 'question' or 'prompt'; a name that is no file is a Hugging Face "
-                        "dataset (NAME or NAME:SPLIT, read through `datasets`; needs the network the first time)")
+                        "dataset (NAME, NAME:SPLIT or NAME:CONFIG:SPLIT, read through `datasets`; needs the network the "
+                        "first time)")
     y.add_argument("--out", required=True)
     y.add_argument("--num-prompts", type=int, default=None, help="the first N of the seeded shuffle (default: all)")
     y.add_argument("--max-new-tokens", type=int, default=512)

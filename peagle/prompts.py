@@ -132,21 +132,27 @@ HF_FIELDS = ("turns", "question", "prompt", "conversations", "messages")
 
 
 def read_hf_prompts(name: str) -> list[Prompt]:
-    """The prompts of a Hugging Face dataset, ``name`` or ``name:split`` (default ``train``), through
+    """The prompts of a Hugging Face dataset, ``name``, ``name:split`` (default ``train``) or
+    ``name:config:split`` (datasets with several configs, as GSM8K's ``openai/gsm8k:main:train``), through
     ``datasets`` (downloaded once into its cache). Offline, or for a name the hub does not have, a clear error
     that says to give a JSONL file instead."""
-    repo, _, split = name.partition(":")
+    parts = name.split(":")
+    if len(parts) > 3:
+        raise ValueError(f"{name}: a Hugging Face dataset is NAME, NAME:SPLIT or NAME:CONFIG:SPLIT")
+    repo, config, split = parts[0], parts[1] if len(parts) == 3 else None, parts[-1] if len(parts) > 1 else ""
     try:
         import datasets
     except ImportError:
         raise ValueError(f"{name} is no prompt file, and reading Hugging Face datasets needs the `datasets` "
                          "package (pip install datasets)") from None
     try:
-        rows = datasets.load_dataset(repo, split=split or "train")
+        rows = datasets.load_dataset(repo, config, split=split or "train")
     except Exception as e:  # noqa: BLE001  (offline, no such dataset or split: datasets raises many kinds)
         raise ValueError(f"{name} is no prompt file here, and loading it as a Hugging Face dataset failed "
-                         f"({type(e).__name__}: {e}). Offline, give a JSONL file of prompts instead") from None
-    return _prompts(enumerate(rows), HF_FIELDS, repo.replace("/", "__") + (f"__{split}" if split else ""), name)
+                         f"({type(e).__name__}: {e}). A dataset with several configs is NAME:CONFIG:SPLIT. "
+                         "Offline, give a JSONL file of prompts instead") from None
+    source = "__".join([repo.replace("/", "__"), *([config] if config else []), *([split] if split else [])])
+    return _prompts(enumerate(rows), HF_FIELDS, source, name)
 
 
 def read_prompts(files: list[str]) -> list[Prompt]:

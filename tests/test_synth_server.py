@@ -159,6 +159,16 @@ def test_prompts_from_a_hugging_face_dataset_and_a_clear_error_offline(tmp_path)
         {"role": "user", "content": "More?"}]}) + "\n")
     res = read_prompts_offline(str(folder), tmp_path)
     assert res.returncode == 0 and res.stdout.strip() == "[['Hi?', 'More?']]", res.stderr
+    # a dataset with several configs (as GSM8K's main and socratic): NAME:CONFIG:SPLIT picks one
+    configs = tmp_path / "configs"
+    for config in ("main", "socratic"):
+        (configs / config).mkdir(parents=True)
+        (configs / config / "train.jsonl").write_text(json.dumps({"question": f"Sum? ({config})"}) + "\n")
+    (configs / "README.md").write_text("---\nconfigs:\n" + "".join(
+        f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train.jsonl\n"
+        for c in ("main", "socratic")) + "---\n")
+    res = read_prompts_offline(f"{configs}:socratic:train", tmp_path)
+    assert res.returncode == 0 and res.stdout.strip() == "[['Sum? (socratic)']]", res.stderr
     res = read_prompts_offline("nobody-here/no-such-prompts:train", tmp_path)
     assert res.returncode != 0 and "Offline, give a JSONL file of prompts instead" in res.stderr, res.stderr
     with pytest.raises(FileNotFoundError, match="no such dataset file"):   # a mistyped file is no dataset id
