@@ -373,9 +373,9 @@ class DenseKV:
 
 
 SCORE_BUDGET = 1 << 24   # scores one query block of the chunked chain attention holds (64 MB in float32)
-# weights the chunked chain attention keeps from forward for backward, per call (512 MB in bf16): at N = 2,048, K = 8
-# on the default target a layer's are about 60M; past the budget (a long segment) backward recomputes them
-SAVED_BUDGET = 1 << 28
+# bytes of weights the chunked chain attention keeps from forward for backward, per call: a 2,048-token document at
+# K = 8 on the default target keeps 227 MB a layer in bf16; past the budget (a long segment) backward recomputes them
+SAVED_BUDGET = 512 << 20
 
 
 @dataclass
@@ -474,7 +474,7 @@ class ChunkedChainAttention(torch.autograd.Function):
         dev = q.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
         blocks = _blocks(m.first, m.end, H, (int((m.end - m.first).max()) if T else 0) + C)
-        keep = sum(H * (j - i) * (r1 - r0 + C) for i, j, r0, r1 in blocks) <= SAVED_BUDGET
+        keep = sum(H * (j - i) * (r1 - r0 + C) for i, j, r0, r1 in blocks) * dtype.itemsize <= SAVED_BUDGET
         kept = []
         with torch.autocast(dev, enabled=False):
             qh, kh, vh, kc, vc, _ = _layout(q, k, v, m.chain, scale, dtype)
