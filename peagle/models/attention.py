@@ -372,9 +372,12 @@ class DenseKV:
         return self.k, self.v
 
 
-SCORE_BUDGET = 1 << 24   # scores one query block of the chunked chain attention holds (64 MB in float32)
+# scores one query block of the chunked chain attention holds (128 MB in bf16): each block runs about 20 operations
+# besides its matmuls, so fewer, larger blocks are faster (a 2,048-token document at K = 8 on the default target runs
+# in 2 blocks: its attention's forward and backward took 0.6x the time of 8 blocks' on a loaded 2-core CPU)
+SCORE_BUDGET = 1 << 26
 # bytes of weights the chunked chain attention keeps from forward for backward, per call: a 2,048-token document at
-# K = 8 on the default target keeps 227 MB a layer in bf16; past the budget (a long segment) backward recomputes them
+# K = 8 on the default target keeps 238 MB a layer in bf16; past the budget (a long segment) backward recomputes them
 SAVED_BUDGET = 512 << 20
 
 
