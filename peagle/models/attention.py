@@ -414,10 +414,10 @@ class ChainMask:
 
 
 def _layout(q, k, v, chain, scale, dtype):
-    """:class:`ChunkedChainAttention`'s operands in the matmuls' dtype and in the layout they take without copies:
-    queries ``[Hkv, T, g, d]`` (the query heads that share a KV head next to each other, so that a block of queries
-    is a view ``[Hkv, B*g, d]``), keys and values ``[Hkv, S, d]``, and each query's chain keys and values
-    ``[Hkv, T, C, d]``."""
+    """:class:`ChunkedChainAttention`'s operands in the matmuls' dtype: queries ``[Hkv, T, g, d]`` (the query heads
+    that share a KV head next to each other, so that a block of queries is the view ``[Hkv, B*g, d]`` and its output
+    is written in place), keys and values ``[Hkv, S, d]``, and each query's chain keys and values ``[Hkv, T, C, d]``
+    (the chain's products then run for all queries in one batched matmul each)."""
     T, H, d = q.shape
     Hkv, C = k.shape[1], chain.shape[1]
     qh = (q * scale).to(dtype).view(T, Hkv, H // Hkv, d).transpose(0, 1).contiguous()
