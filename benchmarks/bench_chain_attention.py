@@ -5,6 +5,7 @@ same ranges) and the chunked one, alternating. Usage (DATA: a `peagle synth` fol
     PYTHONPATH=. python benchmarks/bench_chain_attention.py DATA ROUNDS
 """
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -38,12 +39,16 @@ tr = Trainer(TrainConfig(data=sys.argv[1], out=tempfile.mkdtemp(), k=8, layers=1
                          batch_size=2, eval_fraction=0.0, progress=False))
 work, n_sup, n_tok = tr.step_work()
 print("pieces", len(work), "elements", sum(len(p.el) for p in work), "tokens", n_tok, "dtype", tr.dtype, flush=True)
-for rnd in range(int(sys.argv[2])):
+tokens_per_s = {"dense": [], "chunked": []}
+for rnd in range(int(sys.argv[2])):  # pairs: dense then chunked, so that a change in the machine's load hits both
     for name, fn in (("dense", dense_attend_chain), ("chunked", chunked)):
         attention.attend_chain = fn
         t, c = time.perf_counter(), time.process_time()
         tr.objective.run(work, 1.0 / n_sup, backward=True)
         tr.head.zero_grad(set_to_none=True)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
+        tokens_per_s[name].append(n_tok / wall)
         print(json.dumps({"round": rnd, "attention": name, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                           "tokens_per_s": round(n_tok / wall, 1)}), flush=True)
+print(json.dumps({"median_tokens_per_s": {k: round(statistics.median(v), 1) for k, v in tokens_per_s.items()},
+                  "chunked_over_dense": [round(c / d, 2) for d, c in zip(*tokens_per_s.values())]}))

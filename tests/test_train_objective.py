@@ -243,14 +243,17 @@ def sampled(target, method, n=(48, 30), dtype=torch.float32, device="cpu"):
     return obj, batch, el
 
 
+@pytest.mark.parametrize("saved", [True, False], ids=["weights-kept", "weights-recomputed"])
 @pytest.mark.parametrize("method", ["peagle", "eagle3"])
-def test_chunked_attention_gives_the_dense_loss_and_gradients(target, method, monkeypatch):
+def test_chunked_attention_gives_the_dense_loss_and_gradients(target, method, saved, monkeypatch):
     """The chunked chain attention (in query blocks of 16 here, so that blocks straddle depths and
     documents) against the dense masked softmax the trainer ran before: the same loss and gradients
-    in float32, through a 2-layer head over two packed documents."""
+    in float32, through a 2-layer head over two packed documents, with backward reusing forward's
+    weights and, past ``SAVED_BUDGET``, recomputing them."""
     obj, batch, el = sampled(target, method)
     count = obj.count(batch, el)
     monkeypatch.setattr(attention, "SCORE_BUDGET", 1)
+    monkeypatch.setattr(attention, "SAVED_BUDGET", attention.SAVED_BUDGET if saved else 0)
     chunked = loss_and_grads(obj, pieces(batch, el, 1, method), count)
     monkeypatch.setattr(attention, "attend_chain", lambda q, k, v, m: dense_chain(q, k, v, m))
     dense = loss_and_grads(obj, pieces(batch, el, 1, method), count)

@@ -372,7 +372,13 @@ class DenseKV:
         return self.k, self.v
 
 
-SCORE_BUDGET = 1 << 24   # scores one query block of the chunked chain attention holds (64 MB in float32)
+# scores one query block of the chunked chain attention holds (128 MB in bf16): each block runs about 20 operations
+# besides its matmuls, so fewer, larger blocks are faster (a 2,048-token document at K = 8 on the default target runs
+# in 2 blocks: its attention's forward and backward took 0.6x the time of 8 blocks' on a loaded 2-core CPU)
+SCORE_BUDGET = 1 << 26
+# bytes of weights the chunked chain attention keeps from forward for backward, per call: a 2,048-token document at
+# K = 8 on the default target keeps 238 MB a layer in bf16; past the budget (a long segment) backward recomputes them
+SAVED_BUDGET = 512 << 20
 
 
 @dataclass
@@ -407,112 +413,120 @@ class ChainMask:
         return rule
 
 
-class _Block:
-    """One query block of :class:`ChunkedChainAttention`, in the layout its matmuls take without copies:
-    the query heads that share a KV head folded into the rows (``[Hkv, g*B, d]``), keys ``[Hkv, S, d]``;
-    the block's context keys are ``r0 .. r1-1``, the union of its queries' ranges."""
+def _layout(q, k, v, chain, scale, dtype):
+    """:class:`ChunkedChainAttention`'s operands in the matmuls' dtype: queries ``[Hkv, T, g, d]`` (the query heads
+    that share a KV head next to each other, so that a block of queries is the view ``[Hkv, B*g, d]`` and its output
+    is written in place), keys and values ``[Hkv, S, d]``, and each query's chain keys and values ``[Hkv, T, C, d]``
+    (the chain's products then run for all queries in one batched matmul each)."""
+    T, H, d = q.shape
+    Hkv, C = k.shape[1], chain.shape[1]
+    qh = (q * scale).to(dtype).view(T, Hkv, H // Hkv, d).transpose(0, 1).contiguous()
+    kh, vh = (t.to(dtype).transpose(0, 1).contiguous() for t in (k, v))
+    idx = chain.clamp(min=0).view(-1)
+    kc, vc = (t.index_select(1, idx).view(Hkv, T, C, d) for t in (kh, vh))
+    return qh, kh, vh, kc, vc, idx
 
-    def __init__(self, qh, kh, vh, k, v, first, end, chain, i, j, dtype):
-        Hkv, g, _, d = qh.shape
-        self.shape = (Hkv, g, j - i, d)
-        B, C = j - i, chain.shape[1]
-        self.r0, self.r1 = int(first.min()), int(end.max())
-        self.q = qh[:, :, i:j].reshape(Hkv, g * B, d)
-        self.k, self.v = kh[:, self.r0:self.r1], vh[:, self.r0:self.r1]
-        cols = torch.arange(self.r0, self.r1, device=qh.device)
-        self.hidden = (cols < first[:, None]) | (cols >= end[:, None])                # [B, R]
-        self.unchained = chain < 0                                                      # [B, C]
-        self.idx = chain.clamp(min=0).view(-1)
-        # index_select, not k[idx]: its backward adds rows (index_add_), where advanced indexing's sorts them first
-        self.kc = k.index_select(0, self.idx).view(B, C, Hkv, d).to(dtype).permute(2, 0, 1, 3)  # [Hkv, B, C, d]
-        self.vc = v.index_select(0, self.idx).view(B, C, Hkv, d).to(dtype).permute(2, 0, 1, 3)
-        self.qc = self.q.view(Hkv, g, B, d).transpose(1, 2)                               # [Hkv, B, g, d]
 
-    def probs(self) -> torch.Tensor:
-        """The block's attention weights ``[Hkv, g, B, R + C]``: its context range, then its chain keys (torch's
-        softmax, in the matmuls' dtype, as the dense path ran it)."""
-        Hkv, g, B, _ = self.shape
-        s = torch.bmm(self.q, self.k.transpose(1, 2)).view(Hkv, g, B, -1).masked_fill_(self.hidden, float("-inf"))
-        sc = torch.matmul(self.qc, self.kc.transpose(2, 3)).transpose(1, 2).masked_fill(self.unchained, float("-inf"))
-        return torch.cat([s, sc], -1).softmax(-1)
+def _padded(x: torch.Tensor, r0: int, r1: int, pad: int) -> torch.Tensor:
+    """Rows ``r0 .. r1-1`` of ``x [Hkv, S, d]`` and ``pad`` zero rows after them: a block's context keys or values
+    with a zero row for each chain column of its weights, so that the weights ``[.., R + C]`` enter each matmul
+    whole (a slice of them, its rows strided, makes the matmul copy it) and the chain columns add zeros."""
+    return torch.cat([x[:, r0:r1], x.new_zeros(x.shape[0], pad, x.shape[2])], 1)
 
-    def chain_out(self, w: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """``sum_c w[h, g, b, c] * values[h, b, c, :]`` -> ``[Hkv, g, B, d]``."""
-        return torch.matmul(w.transpose(1, 2), values).transpose(1, 2)
 
-    def chain_grad(self, w: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``sum_g w[h, g, b, c] * rows[h, b, g, :]`` as rows of the chain keys ``[B*C, Hkv, d]``."""
-        Hkv, _, B, d = self.shape
-        return torch.matmul(w.permute(0, 2, 3, 1), rows).permute(1, 2, 0, 3).reshape(-1, Hkv, d)
+def _probs(qh, kh, sc, first, end, chain, i, j, r0, r1) -> torch.Tensor:
+    """The weights ``[Hkv, B, g, R + C]`` of query block ``i .. j-1`` (``R = r1 - r0`` context keys, the union of
+    its queries' ranges; then its chain keys, their scores ``sc``): torch's softmax in the matmuls' dtype, as the
+    dense path ran it."""
+    Hkv, _, g, d = qh.shape
+    B, R, C = j - i, r1 - r0, sc.shape[-1]
+    s = torch.bmm(qh[:, i:j].view(Hkv, B * g, d), _padded(kh, r0, r1, C).transpose(1, 2)).view(Hkv, B, g, R + C)
+    s[..., R:] = sc[:, i:j]
+    cols = torch.arange(r0, r1, device=qh.device)
+    hidden = torch.cat([(cols < first[i:j, None]) | (cols >= end[i:j, None]), chain[i:j] < 0], 1)   # [B, R+C]
+    return torch.softmax(s.masked_fill_(hidden[:, None], float("-inf")), -1, out=s)
+
+
+def _blocks(first: torch.Tensor, end: torch.Tensor, heads: int, width: int) -> list[tuple[int, int, int, int]]:
+    """The query blocks ``(i, j, r0, r1)`` of :class:`ChunkedChainAttention`: queries ``i .. j-1`` whose scores
+    (``heads`` x queries x the widest range plus the chain) stay under :data:`SCORE_BUDGET`, each with its
+    context keys ``r0 .. r1-1``."""
+    T = len(first)
+    if not T:
+        return []
+    block = max(16, SCORE_BUDGET // (heads * max(width, 1)))
+    starts = list(range(0, T, block))
+    r0 = torch.stack([first[i:i + block].min() for i in starts]).tolist()
+    r1 = torch.stack([end[i:i + block].max() for i in starts]).tolist()
+    return [(i, min(i + block, T), a, b) for i, a, b in zip(starts, r0, r1)]
 
 
 class ChunkedChainAttention(torch.autograd.Function):
-    """Attention under a :class:`ChainMask` one query block at a time, saving only its inputs for backward,
-    which recomputes each block's weights (as FlashAttention does): no ``[H, queries, keys]`` tensor lives
-    beyond one block, and a block scores only the keys its queries' ranges span. Exact: the dense masked
-    softmax, up to summation order. Matmuls run in the autocast dtype where autocast is on, as the dense
-    path's did, and torch's softmax and its backward in the scores' dtype."""
+    """Attention under a :class:`ChainMask` one query block at a time: no ``[H, queries, keys]`` tensor is built,
+    and a block scores only the keys its queries' ranges span. Backward reuses the blocks' weights from forward
+    while all of them fit :data:`SAVED_BUDGET`; past it forward keeps only its inputs and backward recomputes each
+    block's weights (as FlashAttention does), so memory stays one block's scores. The chain keys (at most C per
+    query) are scored, and their share of each gradient summed, for all queries at once: per block only the
+    large matmuls run. Exact: the dense masked softmax, up to summation order. Matmuls run in the autocast dtype
+    where autocast is on, as the dense path's did, and torch's softmax and its backward in the scores' dtype."""
 
     @staticmethod
     def forward(ctx, q, k, v, m: ChainMask, scale: float):
         T, H, d = q.shape
-        Hkv = k.shape[1]
-        g = H // Hkv
+        Hkv, C = k.shape[1], m.chain.shape[1]
         dev = q.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
-        width = (int((m.end - m.first).max()) if T else 0) + m.chain.shape[1]
-        block = max(16, SCORE_BUDGET // (H * max(width, 1)))
-        out = torch.empty(T, H, d, dtype=dtype, device=q.device)
+        blocks = _blocks(m.first, m.end, H, (int((m.end - m.first).max()) if T else 0) + C)
+        keep = sum(H * (j - i) * (r1 - r0 + C) for i, j, r0, r1 in blocks) * dtype.itemsize <= SAVED_BUDGET
+        kept = []
         with torch.autocast(dev, enabled=False):
-            qh = (q * scale).to(dtype).view(T, Hkv, g, d).permute(1, 2, 0, 3)            # [Hkv, g, T, d]
-            kh, vh = (t.to(dtype).transpose(0, 1).contiguous() for t in (k, v))          # [Hkv, S, d]
-            for i in range(0, T, block):
-                j = min(i + block, T)
-                b = _Block(qh, kh, vh, k, v, m.first[i:j], m.end[i:j], m.chain[i:j], i, j, dtype)
-                p = b.probs()
-                R = b.r1 - b.r0
-                o = torch.bmm(p.view(Hkv, g * (j - i), -1)[..., :R], b.v).view(Hkv, g, j - i, d)
-                out[i:j] = (o + b.chain_out(p[..., R:], b.vc)).permute(2, 0, 1, 3).reshape(j - i, H, d)
-        ctx.save_for_backward(q, k, v, m.first, m.end, m.chain)
-        ctx.scale, ctx.block, ctx.dtype = scale, block, dtype
-        return out
+            qh, kh, vh, kc, vc, _ = _layout(q, k, v, m.chain, scale, dtype)
+            sc = torch.matmul(qh, kc.transpose(2, 3))                                    # [Hkv, T, g, C]
+            pc, oh = torch.empty_like(sc), torch.empty_like(qh)
+            for i, j, r0, r1 in blocks:
+                p = _probs(qh, kh, sc, m.first, m.end, m.chain, i, j, r0, r1)
+                torch.bmm(p.view(Hkv, -1, p.shape[-1]), _padded(vh, r0, r1, C), out=oh[:, i:j].view(Hkv, -1, d))
+                pc[:, i:j] = p[..., r1 - r0:]
+                if keep:
+                    kept.append(p)
+            oh += torch.matmul(pc, vc)
+        ctx.save_for_backward(q, k, v, m.first, m.end, m.chain, *kept)
+        ctx.scale, ctx.blocks, ctx.dtype = scale, blocks, dtype
+        return oh.transpose(0, 1).reshape(T, H, d)
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, v, first, end, chain = ctx.saved_tensors
-        scale, block, dtype = ctx.scale, ctx.block, ctx.dtype
+        q, k, v, first, end, chain, *kept = ctx.saved_tensors
+        scale, dtype = ctx.scale, ctx.dtype
         T, H, d = q.shape
-        Hkv = k.shape[1]
-        g = H // Hkv
-        dq = torch.empty(Hkv, g, T, d, dtype=torch.float32, device=q.device)
+        Hkv, C = k.shape[1], chain.shape[1]
         dk = torch.zeros(Hkv, k.shape[0], d, dtype=torch.float32, device=k.device)
         dv = torch.zeros(Hkv, v.shape[0], d, dtype=torch.float32, device=v.device)
-        dkc = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        dvc = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         with torch.autocast(q.device.type, enabled=False):
-            qh = (q * scale).to(dtype).view(T, Hkv, g, d).permute(1, 2, 0, 3)
-            kh, vh = (t.to(dtype).transpose(0, 1).contiguous() for t in (k, v))
-            gh = grad.to(dtype).view(T, Hkv, g, d).permute(1, 2, 0, 3)                   # [Hkv, g, T, d]
-            for i in range(0, T, block):
-                j = min(i + block, T)
-                b = _Block(qh, kh, vh, k, v, first[i:j], end[i:j], chain[i:j], i, j, dtype)
-                B, R = j - i, b.r1 - b.r0
-                p = b.probs()                                                             # [Hkv, g, B, R+C]
-                go = gh[:, :, i:j].reshape(Hkv, g * B, d)
-                goc = go.view(Hkv, g, B, d).transpose(1, 2)                               # [Hkv, B, g, d]
-                dp = torch.cat([torch.bmm(go, b.v.transpose(1, 2)).view(Hkv, g, B, R),
-                                torch.matmul(goc, b.vc.transpose(2, 3)).transpose(1, 2)], -1)
+            qh, kh, vh, kc, vc, idx = _layout(q, k, v, chain, scale, dtype)
+            gh = grad.to(dtype).view(T, Hkv, H // Hkv, d).transpose(0, 1).contiguous()  # [Hkv, T, g, d]
+            dpc = torch.matmul(gh, vc.transpose(2, 3))                                   # [Hkv, T, g, C]
+            sc = None if kept else torch.matmul(qh, kc.transpose(2, 3))
+            dqh, dsc, pc = torch.empty_like(qh), torch.empty_like(dpc), torch.empty_like(dpc)
+            for n, (i, j, r0, r1) in enumerate(ctx.blocks):
+                R = r1 - r0
+                p = kept[n] if kept else _probs(qh, kh, sc, first, end, chain, i, j, r0, r1)   # [Hkv, B, g, R+C]
+                ks, vs = _padded(kh, r0, r1, C), _padded(vh, r0, r1, C)
+                qb, go = qh[:, i:j].view(Hkv, -1, d), gh[:, i:j].view(Hkv, -1, d)
+                dp = torch.bmm(go, vs.transpose(1, 2)).view(p.shape)
+                dp[..., R:] = dpc[:, i:j]
                 ds = torch.ops.aten._softmax_backward_data(dp, p, -1, p.dtype)           # p * (dp - sum(p * dp))
-                flat, pflat = ds.view(Hkv, g * B, -1), p.view(Hkv, g * B, -1)
-                dq[:, :, i:j] = (torch.bmm(flat[..., :R], b.k).view(Hkv, g, B, d)
-                                 + b.chain_out(ds[..., R:], b.kc)).float()
-                dk[:, b.r0:b.r1] += torch.bmm(b.q.transpose(1, 2), flat[..., :R]).transpose(1, 2).float()
-                dv[:, b.r0:b.r1] += torch.bmm(go.transpose(1, 2), pflat[..., :R]).transpose(1, 2).float()
-                dkc.index_add_(0, b.idx, b.chain_grad(ds[..., R:], b.qc).float())
-                dvc.index_add_(0, b.idx, b.chain_grad(p[..., R:], goc).float())
-        dq = dq.permute(2, 0, 1, 3).reshape(T, H, d) * scale
-        dk, dv = dk.transpose(0, 1) + dkc, dv.transpose(0, 1) + dvc
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+                flat = ds.view(Hkv, -1, R + C)
+                torch.bmm(flat, ks, out=dqh[:, i:j].view(Hkv, -1, d))
+                dk[:, r0:r1] += torch.bmm(flat.transpose(1, 2), qb)[:, :R]
+                dv[:, r0:r1] += torch.bmm(p.view(Hkv, -1, R + C).transpose(1, 2), go)[:, :R]
+                dsc[:, i:j], pc[:, i:j] = ds[..., R:], p[..., R:]
+            dqh += torch.matmul(dsc, kc)
+            # the chain keys' and values' share: rows of [Hkv, T*C, d], added to the keys they were gathered from
+            dk.index_add_(1, idx, torch.matmul(dsc.transpose(2, 3), qh).view(Hkv, -1, d).float())
+            dv.index_add_(1, idx, torch.matmul(pc.transpose(2, 3), gh).view(Hkv, -1, d).float())
+        dq = dqh.transpose(0, 1).reshape(T, H, d) * scale
+        return dq.to(q.dtype), dk.transpose(0, 1).to(k.dtype), dv.transpose(0, 1).to(v.dtype), None, None
 
 
 def attend_chain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: ChainMask) -> torch.Tensor:
