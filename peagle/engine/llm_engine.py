@@ -106,7 +106,7 @@ class LLMEngine:
     @property
     def kernels(self) -> str:
         """The linear layers' kernels: ``avx512``/``avx2``/``scalar`` (peagle's CPU kernels), ``torch``."""
-        return kernels.isa() if kernels.native(self.device) else "torch"
+        return kernels.isa() if kernels.on_device(self.device) else "torch"
 
     @property
     def kv_dtype(self) -> torch.dtype:

@@ -44,7 +44,7 @@ def kv_cache_dtype(name: str, target: LlamaModel) -> torch.dtype:
     if name != "auto":
         return getattr(torch, name)
     c = target.cfg
-    if kernels.native(target.lm_weight.device, c.head_dim, c.num_heads // c.num_kv_heads) and (
+    if kernels.on_device(target.lm_weight.device, c.head_dim, c.num_heads // c.num_kv_heads) and (
             integer_path(target) or bf16_dots(target)):
         return torch.float16
     return target.dtype

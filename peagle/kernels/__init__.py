@@ -77,10 +77,20 @@ def available() -> bool:
     except OSError as e:
         _notice(f"native kernels failed to load ({e})")
         return False
+    if published_block_sizes() != table.BLOCK_SIZES:
+        _notice("native kernels' GGUF block layouts differ from peagle.kernels.table.BLOCK_SIZES (rebuild)")
+        return False
     torch.ops.peagle.set_isa(os.environ.get("PEAGLE_ISA", ""))
     if "amx" in torch.ops.peagle.int_isas():
         torch.ops.peagle.set_amx(*_amx_verdict())
     return True
+
+
+def published_block_sizes() -> "table.BlockSizes":
+    """The GGUF block layouts the loaded library reads (``peagle::formats``, from ``csrc/kernels.h``)."""
+    f = dict(torch.ops.peagle.formats())
+    group, bf16 = f.pop("group")[0], f.pop("bf16")[1]
+    return table.BlockSizes({name: tuple(v) for name, v in f.items()}, bf16, group)
 
 
 AMX_PROBE = BUILD_DIR / "amx.json"
@@ -230,7 +240,8 @@ def limits() -> Limits:
 
 
 def native(x: torch.Tensor | torch.device, head_dim: int | None = None, group: int | None = None) -> bool:
-    """Whether peagle's kernels run here rather than torch's ops: the one place that decides. For a device,
+    """Whether peagle's kernels may run here rather than torch's ops (asked only by :mod:`peagle.kernels.table`,
+    whose entries add each kernel's own conditions). For a device,
     the CPU with the kernels loaded; for activations ``x``, also float32 with no gradient wanted (the kernels
     have no backward); for attention, heads within :func:`limits`."""
     if isinstance(x, torch.device):
@@ -332,3 +343,7 @@ def tune_streaming(weights: list, rounds: int = 15, budget: int = 64 << 20) -> t
         chosen.append(0 if narrow < 0.97 * wide else before[i])
     torch.ops.peagle.set_stream_bytes(*chosen)
     return tuple(chosen)
+
+
+from peagle.kernels import table  # noqa: E402  (the table reads this module's functions at call time)
+from peagle.kernels.table import on_device, pick, provides, run, runs_packed  # noqa: E402,F401

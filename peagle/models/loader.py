@@ -243,7 +243,7 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
         model = build_target(cfg, aux_layers)
     try:
         if dummy:
-            fmt = quant if quant in FORMATS and kernels.native(dev) else None
+            fmt = quant if quant in FORMATS and kernels.on_device(dev) else None
             if quant in FORMATS and fmt is None:
                 print(f"peagle: {'no native CPU kernels' if dev.type == 'cpu' else dev.type}: random {dtype_name(dt)} "
                       f"weights, not {quant} blocks", file=sys.stderr)
@@ -251,13 +251,13 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
             sd = {n: t.to(dev) if fmt is None else t for n, t in random_state_dict(shapes, dt, fmt).items()}
             print(f"peagle: {path.name}: random weights ({fmt or dtype_name(dt)}), --load-format dummy", file=sys.stderr)
         elif from_gguf:
-            keep = kernels.native(dev)
+            keep = kernels.on_device(dev)
             if not keep:
                 print(f"peagle: {'no native CPU kernels' if dev.type == 'cpu' else dev.type}: the GGUF weights are "
                       f"de-quantized to {dtype_name(dt)}", file=sys.stderr)
             names = list(split_checkpoint(model.state_dict(), model))
             sd = read_gguf(gguf, names, cfg, keep, dt, compute_dtype(dt, dev), dev,
-                           packs=keep and compute == "fast" and kernels.int_isa() != "none")
+                           packs=keep and compute == "fast" and kernels.runs_packed("packed"))
         else:
             sd = read_safetensors(path, dt, dev)
         model.load_checkpoint(sd)  # empties sd: the file's tensors are the model's, none held beside them

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from peagle import kernels
+from peagle.kernels.table import BLOCK_SIZES
 from peagle.runtime import HUGE_PAGE, anonymous_memory
 
 QBLOCK = 32  # weights per block (a K-quant's super-block: 8 of them)
@@ -53,15 +55,21 @@ class BlockFormat:
         return 4 if self.has_min else 2
 
 
+def _format(name: str, has_min: bool, nibbles: bool, plain: bool = True) -> BlockFormat:
+    """Format ``name`` with its sizes as the kernels publish them (:data:`peagle.kernels.table.BLOCK_SIZES`)."""
+    block_bytes, packed_bytes, weights = BLOCK_SIZES.formats[name]
+    return BlockFormat(name, block_bytes, packed_bytes, has_min, nibbles, weights, plain)
+
+
 FORMATS = {f.name: f for f in (
-    BlockFormat("q8_0", 34, 544, False, False), BlockFormat("q4_0", 18, 288, False, True),
-    BlockFormat("q4_1", 20, 320, True, True), BlockFormat("q5_0", 22, 352, False, True, plain=False),
-    BlockFormat("q5_1", 24, 384, True, True, plain=False), BlockFormat("q4_k", 144, 2368, True, True, 256, False),
-    BlockFormat("q5_k", 176, 2880, True, True, 256, False), BlockFormat("q6_k", 210, 3392, False, False, 256, False))}
+    _format("q8_0", False, False), _format("q4_0", False, True), _format("q4_1", True, True),
+    _format("q5_0", False, True, plain=False), _format("q5_1", True, True, plain=False),
+    _format("q4_k", True, True, plain=False), _format("q5_k", True, True, plain=False),
+    _format("q6_k", False, False, plain=False))}
 BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
-GROUP = 16  # columns a packed block interleaves (kernels.h: QGROUP)
+GROUP = BLOCK_SIZES.group  # columns a packed block interleaves
 PACKED = {f.packed_bytes: f for f in FORMATS.values()}  # a packed group's size names it too
-BF16_PAIR = GROUP * 4  # bytes of a packed bf16 matrix's (group, k pair): 16 columns' weights k, k+1
+BF16_PAIR = BLOCK_SIZES.bf16_pair  # bytes of a packed bf16 matrix's (group, k pair): 16 columns' weights k, k+1
 
 
 def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
@@ -162,6 +170,16 @@ def bf16_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return pairs[rows // GROUP, :, rows % GROUP].contiguous().view(torch.bfloat16)
 
 
+@kernels.provides("dequantize_rows", "torch", "packed-bf16")
+def _bf16_rows_of(w: "QuantTensor", rows: torch.Tensor) -> torch.Tensor:
+    return bf16_rows(w.blocks, rows)
+
+
+@kernels.provides("dequantize_rows", "torch", "gguf", "packed")
+def _gguf_rows_of(w: "QuantTensor", rows: torch.Tensor) -> torch.Tensor:
+    return dequantize(w.blocks[rows])
+
+
 class QuantTensor(torch.Tensor):
     """A quantized ``[out, in]`` matrix standing for its de-quantized values in ``dtype`` (nominal: no
     such copy exists), its GGUF blocks in ``blocks``, as the file stores them or :func:`pack`-ed for the
@@ -215,16 +233,8 @@ class QuantTensor(torch.Tensor):
     def rows(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Rows ``ids`` (any shape) de-quantized: ``[*ids.shape, in]`` (one native call on the CPU, an
         embedding lookup a step; packed GGUF blocks exist only with the kernels)."""
-        from peagle import kernels
-
         flat = ids.reshape(-1).to(self.blocks.device)
-        if kernels.native(self.blocks.device):
-            out = torch.ops.peagle.dequantize_rows(self.blocks, flat).to(dtype or self.dtype)
-        elif self.format == "bf16":
-            out = bf16_rows(self.blocks, flat).to(dtype or self.dtype)
-        else:
-            out = dequantize(self.blocks[flat], dtype or self.dtype)
-        return out.view(*ids.shape, self.shape[1])
+        return kernels.run("dequantize_rows", self, flat).to(dtype or self.dtype).view(*ids.shape, self.shape[1])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -353,10 +363,9 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, o
     where they lie, :func:`pack_owned`); every bfloat16 :class:`~peagle.models.layers.Linear` weight
     :func:`pack_bf16`-ed for the bf16 dot-product path, and with them ``tied``, an embedding that is also the
     LM head, when its values are bfloat16 ones (it keeps its nominal dtype: lookups give the same values)."""
-    from peagle import kernels
     from peagle.models.layers import Linear, weight_dtype
 
-    blocks, bf16 = kernels.int_isa() != "none", kernels.bf16_isa() != "none"
+    blocks, bf16 = kernels.runs_packed("packed"), kernels.runs_packed("packed-bf16")
     packer = pack_owned if owned else pack
     for m in model.modules():
         for name, p in m.named_parameters(recurse=False):

@@ -49,7 +49,7 @@ def load_target_ends(name: str | os.PathLike | None, dtype: str | torch.dtype = 
     if from_gguf:
         from peagle.models.checkpoint import split_checkpoint
 
-        everything = read_gguf(gguf, list(split_checkpoint(model.state_dict(), model)), cfg, kernels.native(dev), dt,
+        everything = read_gguf(gguf, list(split_checkpoint(model.state_dict(), model)), cfg, kernels.on_device(dev), dt,
                                compute_dtype(dt, dev), dev)
         sd = {n: everything.pop(n) for n in wanted if n in everything}
         everything.clear()
