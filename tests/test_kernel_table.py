@@ -18,7 +18,7 @@ from peagle.models.attention import DenseKV, KVCache
 from peagle.models.layers import pack_weight
 from peagle.models.quant import FORMATS, QuantParts, QuantTensor, dequantize, pack, pack_bf16
 
-native = pytest.mark.skipif(not kernels.available(), reason="native kernels not built")
+native = pytest.mark.skipif(not kernels.available(), reason="native kernels not loaded (not built, stale, or PEAGLE_NATIVE=0)")
 
 
 def _blocks(fmt: str, n: int, k: int) -> torch.Tensor:
@@ -26,7 +26,7 @@ def _blocks(fmt: str, n: int, k: int) -> torch.Tensor:
 
 
 def _weights() -> dict[str, torch.Tensor]:
-    """One weight of each format the linear row keys on (packed ones only where the library packs)."""
+    """One weight of each format the linear row keys on (packed ones only where the library has their path)."""
     w = torch.randn(32, 64)
     out = {"float32": w, "float32 [in, out]": w.t().contiguous().t(), "bf16": w.bfloat16(),
            "q4_0 file": QuantTensor(_blocks("q4_0", 32, 64), torch.float32),
@@ -34,8 +34,9 @@ def _weights() -> dict[str, torch.Tensor]:
                                 QuantTensor(_blocks("q8_0", 16, 64), torch.float32)], torch.float32)}
     if torch.backends.mkldnn.is_available():
         out["mkldnn"] = pack_weight(w.bfloat16())
-    if kernels.available():
+    if table.runs_packed("packed"):  # as pack_model packs
         out["q4_0 packed"] = QuantTensor(pack(_blocks("q4_0", 32, 64)), torch.float32)
+    if table.runs_packed("packed-bf16"):
         out["bf16 packed"] = QuantTensor(pack_bf16(w.bfloat16()), torch.float32)
     return out
 
