@@ -30,7 +30,6 @@ from peagle import kernels
 from peagle.kernels.table import BLOCK_SIZES
 from peagle.runtime import HUGE_PAGE, anonymous_memory
 
-QBLOCK = 32  # weights per block (a K-quant's super-block: 8 of them)
 DEQUANT_ROWS = 1024  # rows de-quantized at a time (QuantTensor.dequantize)
 
 
@@ -47,7 +46,7 @@ class BlockFormat:
     packed_bytes: int
     has_min: bool
     nibbles: bool
-    weights: int = QBLOCK
+    weights: int
     plain: bool = True
 
     @property
@@ -67,6 +66,7 @@ FORMATS = {f.name: f for f in (
     _format("q4_k", True, True, plain=False), _format("q5_k", True, True, plain=False),
     _format("q6_k", False, False, plain=False))}
 BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
+QBLOCK = FORMATS["q8_0"].weights  # weights per block (a K-quant's super-block: 8 of them)
 GROUP = BLOCK_SIZES.group  # columns a packed block interleaves
 PACKED = {f.packed_bytes: f for f in FORMATS.values()}  # a packed group's size names it too
 BF16_PAIR = BLOCK_SIZES.bf16_pair  # bytes of a packed bf16 matrix's (group, k pair): 16 columns' weights k, k+1
