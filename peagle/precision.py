@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from peagle import kernels
+from peagle.kernels import table
 from peagle.cpu import cpu_has_native_bf16
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,7 +53,7 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
     if name in (None, "", "auto"):
         if device.type == "cuda":
             return torch.bfloat16
-        return torch.bfloat16 if kernels.native(device) or cpu_has_native_bf16() else torch.float32
+        return torch.bfloat16 if table.on_device(device) or cpu_has_native_bf16() else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}")
     return DTYPES[name]
@@ -62,7 +62,7 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
 def compute_dtype(weights: torch.dtype, device: torch.device) -> torch.dtype:
     """The activations' (and KV cache's) dtype for weights in ``weights``: float32 where the native CPU
     kernels run, else the weights' own."""
-    return torch.float32 if kernels.native(device) else weights
+    return torch.float32 if table.on_device(device) else weights
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -16,14 +16,12 @@ over the requests: a decode step's few rows cost ~30 torch ops in plain torch) a
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 import torch
 
-from peagle import kernels
-
-HAVE_TRITON = importlib.util.find_spec("triton") is not None  # found, not imported: CPU runs never need it
+from peagle.kernels import table
+from peagle.kernels.table import HAVE_TRITON
 
 
 @dataclass
@@ -36,6 +34,7 @@ class DraftBatch:
     sample_idx: torch.Tensor   # [B, num_masks + 1] int64: rows whose outputs are the drafts
 
 
+@table.provides("expand", "torch")
 def expand_torch(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torch.Tensor,
                  num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int, mask_id: int) -> DraftBatch:
     B, dev = num_valid.shape[0], ids.device
@@ -63,6 +62,7 @@ def expand_torch(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torc
         sample_idx=sample)
 
 
+@table.provides("expand", "triton")
 def expand_triton(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torch.Tensor,
                   num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int, mask_id: int) -> DraftBatch:
     """The fused Triton kernel (:mod:`peagle.engine.expansion_triton`, imported on first use)."""
@@ -73,6 +73,7 @@ def expand_triton(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: tor
     return DraftBatch(*fused(ids, positions, cu_num_tokens, num_valid, bonus, num_masks, mask_id))
 
 
+@table.provides("expand", "cpu")
 def expand_native(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: torch.Tensor,
                   num_valid: torch.Tensor, bonus: torch.Tensor, num_masks: int, mask_id: int) -> DraftBatch:
     """peagle's CPU kernel (``peagle::expand``)."""
@@ -81,7 +82,6 @@ def expand_native(ids: torch.Tensor, positions: torch.Tensor, cu_num_tokens: tor
 
 
 def expand(ids, positions, cu_num_tokens, num_valid, bonus, num_masks: int, mask_id: int) -> DraftBatch:
-    """The fused kernel on CUDA when Triton is there, peagle's kernel on the CPU when built, torch otherwise."""
-    fn = expand_triton if ids.is_cuda and HAVE_TRITON else expand_native if kernels.native(ids.device) \
-        else expand_torch
-    return fn(ids, positions, cu_num_tokens, num_valid, bonus, num_masks, mask_id)
+    """The fused kernel on CUDA when Triton is there, peagle's kernel on the CPU when built, torch otherwise (the
+    kernel table's choice)."""
+    return table.run("expand", ids, positions, cu_num_tokens, num_valid, bonus, num_masks, mask_id)

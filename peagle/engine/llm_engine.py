@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from peagle import kernels
+from peagle.kernels import table
 from peagle.cpu import configure_cpu
 from peagle.engine.auto_k import AutoK
 from peagle.engine.block_manager import BlockManager
@@ -112,7 +113,7 @@ class LLMEngine:
     @property
     def kernels(self) -> str:
         """The linear layers' kernels: ``avx512``/``avx2``/``scalar`` (peagle's CPU kernels), ``torch``."""
-        return kernels.isa() if kernels.native(self.device) else "torch"
+        return kernels.isa() if table.on_device(self.device) else "torch"
 
     @property
     def kv_dtype(self) -> torch.dtype:

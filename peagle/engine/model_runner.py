@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from peagle import kernels
+from peagle.kernels import table
 from peagle.engine.auto_k import CostCurve
 from peagle.engine.batch import Batch, Verified, offsets
 from peagle.engine.config import Bounds, EngineConfig
@@ -46,7 +47,7 @@ def kv_cache_dtype(name: str, target: LlamaModel) -> torch.dtype:
     if name != "auto":
         return getattr(torch, name)
     c = target.cfg
-    if kernels.native(target.lm_weight.device, c.head_dim, c.num_heads // c.num_kv_heads) and (
+    if table.on_device(target.lm_weight.device, c.head_dim, c.num_heads // c.num_kv_heads) and (
             integer_path(target) or bf16_dots(target)):
         return torch.float16
     return target.dtype

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from peagle import kernels
+from peagle.kernels import table
 from peagle.engine.grammar import StructuredOutput
 from peagle.memory import to_device
 
@@ -150,23 +150,15 @@ def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return hit.clamp_(max=probs.shape[-1] - 1)
 
 
-def _native_rows(logits: torch.Tensor) -> bool:
-    """Whether peagle's one-pass argmax kernel takes these logits (torch's argmax and isfinite take ~20x as
-    long on the CPU)."""
-    return kernels.native(logits) and logits.dim() == 2 and logits.is_contiguous()
-
-
 def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's argmax (the first of equal maxima) and whether the row is finite (no NaN, no infinity)."""
-    if _native_rows(logits):
-        values, tokens = torch.ops.peagle.argmax(logits)
-        return tokens, values.isfinite()
-    return logits.argmax(-1), logits.isfinite().all(-1)
+    """Each row's argmax (the first of equal maxima) and whether the row is finite (no NaN, no infinity): peagle's
+    one-pass kernel where the table picks it (torch's argmax and isfinite take ~20x as long on the CPU)."""
+    return table.run("greedy", logits)
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """:func:`greedy`'s tokens alone, for the callers that do not check finiteness (drafts, processed rows)."""
-    return torch.ops.peagle.argmax(logits)[1] if _native_rows(logits) else logits.argmax(-1)
+    return table.run("argmax", logits)
 
 
 def sample_tokens(logits: torch.Tensor, p: SamplingParams, seed: int, positions: list[int]) -> torch.Tensor:

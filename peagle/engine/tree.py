@@ -24,7 +24,7 @@ from functools import cached_property, lru_cache
 
 import torch
 
-from peagle import kernels
+from peagle.kernels import table
 from peagle.memory import to_device
 from peagle.models.attention import AttnMeta, Span, TreeRows
 
@@ -205,12 +205,11 @@ def accept_paths(y: torch.Tensor, tb: TreeBatch) -> tuple[torch.Tensor, torch.Te
     parent's ``y`` and its parent was accepted; siblings hold distinct tokens, so the accepted nodes form
     one path. Returns (accepted drafts ``[B]``, the token emitted after them ``[B]``: ``y`` at the path's
     end, the path's nodes by depth ``[B, D+1]``). One call on peagle's CPU kernels (``peagle::accept_paths``),
-    else :func:`accept_paths_torch`."""
-    if kernels.native(y.device):
-        return torch.ops.peagle.accept_paths(y.long().contiguous(), tb.tokens, tb.parents, tb.depths, tb.lineage)
-    return accept_paths_torch(y, tb)
+    else :func:`accept_paths_torch` (the kernel table's choice)."""
+    return table.run("accept_paths", y, tb)
 
 
+@table.provides("accept_paths", "torch")
 def accept_paths_torch(y: torch.Tensor, tb: TreeBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`accept_paths` in torch operators (CUDA, and the CPU without peagle's kernels)."""
     match = tb.tokens == y.gather(1, tb.parents)

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from peagle.kernels.blocks import BLOCK_SIZES, BlockSizes
+
 HERE = Path(__file__).parent
 SOURCES = sorted((HERE / "csrc").glob("*.cpp"))
 HEADERS = sorted((HERE / "csrc").glob("*.h"))
@@ -77,10 +79,20 @@ def available() -> bool:
     except OSError as e:
         _notice(f"native kernels failed to load ({e})")
         return False
+    if published_block_sizes() != BLOCK_SIZES:
+        _notice("native kernels' GGUF block layouts differ from peagle.kernels.blocks.BLOCK_SIZES (rebuild)")
+        return False
     torch.ops.peagle.set_isa(os.environ.get("PEAGLE_ISA", ""))
     if "amx" in torch.ops.peagle.int_isas():
         torch.ops.peagle.set_amx(*_amx_verdict())
     return True
+
+
+def published_block_sizes() -> BlockSizes:
+    """The GGUF block layouts the loaded library reads (``peagle::formats``, from ``csrc/kernels.h``)."""
+    f = dict(torch.ops.peagle.formats())
+    group, bf16 = f.pop("group")[0], f.pop("bf16")[1]
+    return BlockSizes({name: tuple(v) for name, v in f.items()}, bf16, group)
 
 
 AMX_PROBE = BUILD_DIR / "amx.json"
@@ -133,7 +145,8 @@ def limits() -> Limits:
 
 
 def native(x: torch.Tensor | torch.device, head_dim: int | None = None, group: int | None = None) -> bool:
-    """Whether peagle's kernels run here rather than torch's ops: the one place that decides. For a device,
+    """Whether peagle's kernels may run here rather than torch's ops (asked only by :mod:`peagle.kernels.table`,
+    whose entries add each kernel's own conditions). For a device,
     the CPU with the kernels loaded; for activations ``x``, also float32 with no gradient wanted (the kernels
     have no backward); for attention, heads within :func:`limits`."""
     if isinstance(x, torch.device):
@@ -268,3 +281,4 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from peagle import kernels
+from peagle.kernels import table
 from peagle.memory import anonymous_memory, to_device
 from peagle.models.layers import Linear, RMSNorm, apply_rope
 
@@ -141,7 +142,7 @@ class AttnMeta:
         and where peagle's attention kernel runs (``x`` the layers' input), a copy whose long spans are cut into
         spans it takes whole (:meth:`cut`: prompts, the drafter's catch-up on rows it missed), prepared in turn."""
         self.prepare(positions, caches[0].num_slots, windows)
-        if not (self.kernel_ok and isinstance(caches[0], KVCache) and kernels.native(x, head_dim, group)):
+        if not table.pick("attention", x, caches[0], self, head_dim, group).native:
             return self
         meta = self.cut(kernels.limits().span_rows)
         return meta if meta is self else meta.prepare(positions, caches[0].num_slots, windows)
@@ -310,6 +311,8 @@ class KVCache:
     memory could turn into NaN (stale values of freed blocks are finite); on the CPU the pool's pages become
     resident as blocks are first written (:func:`untouched_zeros`)."""
 
+    paged = True  # the layout peagle's attention kernel reads (peagle.kernels.table)
+
     def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str):
         self.num_slots = num_slots
         self.k = untouched_zeros((num_slots + 1, kv_heads, head_dim), dtype, device)
@@ -337,12 +340,7 @@ class KVCache:
     def move(caches: list["KVCache"], src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy slots ``src`` to ``dst`` in every layer's pools, every source read before any is written (a
         token tree's accepted path, :func:`peagle.engine.tree.path_slots`)."""
-        if kernels.native(src.device):   # one call for every layer (0.18 ms of torch ops a step on the default model)
-            torch.ops.peagle.move_rows([c.k for c in caches] + [c.v for c in caches], src, dst)
-            return
-        for c in caches:
-            c.k.index_copy_(0, dst, c.k.index_select(0, src))
-            c.v.index_copy_(0, dst, c.v.index_select(0, src))
+        table.run("move_rows", caches, src, dst)  # natively one call for every layer (0.18 ms of torch ops a step)
 
     def keys_values(self, g: Group) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B, length, Hkv, d]`` keys and values of a group (a view where the blocks are contiguous)."""
@@ -648,8 +646,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x).view(T, self.heads + 2 * self.kv_heads, self.head_dim)
         nqk = self.heads + self.kv_heads
         # peagle's CPU kernel attends the short spans, each row over its own keys, batch-invariant
-        native = isinstance(cache, KVCache) and meta.kernel_ok and kernels.native(qkv, self.head_dim,
-                                                                                  self.heads // self.kv_heads)
+        native = table.pick("attention", qkv, cache, meta, self.head_dim, self.heads // self.kv_heads).native
         if self.q_norm is None and native:
             # peagle's CPU kernels: RoPE and the KV write in one op, attention for the short spans
             cos, sin = rope

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from peagle import kernels
+from peagle.kernels import table
 from peagle.memory import to_device
 from peagle.models.attention import Attention, AttnMeta, ChainMask, DenseKV, KVCache
 from peagle.models.checkpoint import (check_checkpoint, fuse_checkpoint, read_safetensors, replace_durably,
@@ -232,9 +232,8 @@ class Drafter(nn.Module):
         """Whether :meth:`native_stack` runs this pass (as the target's ``stacks``: peagle's CPU kernels, rows
         the attention kernel takes whole)."""
         c = self.cfg
-        return (isinstance(meta, AttnMeta) and meta.kernel_ok and not meta.long_groups
-                and isinstance(caches[0], KVCache) and hidden.dim() == 2
-                and kernels.native(hidden, c.head_dim, c.num_heads // c.num_kv_heads) and self._stack() is not None)
+        return table.pick("decoder_layers", hidden, caches, meta, c.head_dim, c.num_heads // c.num_kv_heads,
+                            lambda: self._stack() is not None).native
 
     def _stack(self) -> list | None:
         """The layers' weights as ``peagle::decoder_layers`` takes them, None where they do not stack (or
@@ -266,12 +265,16 @@ class Drafter(nn.Module):
         weights it reads as they are), and the pass is this class's own (a subclass's forward or logits runs
         the steps one by one)."""
         c = self.cfg
+        return table.pick("draft", taps, caches, longest, c.head_dim, c.num_heads // c.num_kv_heads,
+                            self._drafts_natively).native
+
+    def _drafts_natively(self) -> bool:
+        """:meth:`fuses`' conditions on the drafter itself: its own pass, stackable layers, an embedding and
+        weights peagle's kernels read as they are."""
+        e = self.embed_tokens.weight
         return (type(self).forward is Drafter.forward and type(self).logits is Drafter.logits
-                and kernels.native(taps, c.head_dim, c.num_heads // c.num_kv_heads) and isinstance(caches[0], KVCache)
-                and longest <= kernels.limits().span_rows and self._stack() is not None
-                and self.embed_tokens.weight.dtype == torch.float32 and self.embed_tokens.weight.is_contiguous()
-                and not isinstance(self.embed_tokens.weight, QuantTensor)
-                and read_as_is(self.fc.weight) and read_as_is(self.lm_head.weight))
+                and self._stack() is not None and e.dtype == torch.float32 and e.is_contiguous()
+                and not isinstance(e, QuantTensor) and read_as_is(self.fc.weight) and read_as_is(self.lm_head.weight))
 
     def draft(self, ids: torch.Tensor, positions: torch.Tensor, cu: list[int], num_valid: torch.Tensor,
               bonus: torch.Tensor, taps: torch.Tensor, num_masks: int, spans: list, caches: list[KVCache],

@@ -12,33 +12,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from peagle import kernels
+from peagle.kernels import table
 from peagle.cpu import cpu_has_native_bf16
 from peagle.models.quant import (GROUP, QBLOCK, QuantParts, QuantTensor, bf16_packable, blocks_of, onto_huge_pages,
                                  pack, pack_bf16, pack_bf16_rows, pack_owned, packable, quantized)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T (+ bias)``: on peagle's CPU kernel where :func:`peagle.kernels.native` takes ``x`` and
-    the weight is GGUF blocks or a plain ``[out, in]`` matrix (any weight dtype,
-    GGUF blocks included, float32 arithmetic, batch-invariant), else torch's, for either memory order of
-    ``weight`` (:func:`set_fast_layout`), a weight packed for oneDNN (:func:`pack_for_inference`), or a
-    GGUF-quantized one (:class:`~peagle.models.quant.QuantTensor`, or a fused one in parts of several formats,
-    :class:`~peagle.models.quant.QuantParts`; de-quantized per call off the kernels)."""
-    if isinstance(weight, QuantParts):
-        if kernels.native(x):
-            return torch.ops.peagle.linear_parts(x, [p.blocks for p in weight.parts], bias)
-        weight = weight.dequantize(x.dtype)
-    if isinstance(weight, QuantTensor):
-        if kernels.native(x):
-            return torch.ops.peagle.linear(x, weight.blocks, bias)
-        weight = weight.dequantize(x.dtype)
-    if kernels.native(x) and weight.is_contiguous() and not weight.is_mkldnn:
-        return torch.ops.peagle.linear(x, weight, bias)
-    if weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    out = x @ weight.t()
-    return out if bias is None else out + bias
+    """``x @ weight.T (+ bias)`` by the kernel :func:`peagle.table.pick` chooses for ``x`` and the weight's
+    format: peagle's CPU kernel (GGUF blocks, packed or not, several formats fused as
+    :class:`~peagle.models.quant.QuantParts`, or a plain contiguous ``[out, in]`` matrix of any float dtype;
+    float32 arithmetic, batch-invariant), else torch's, for either memory order of ``weight``
+    (:func:`set_fast_layout`), a weight packed for oneDNN (:func:`pack_for_inference`), or a GGUF-quantized one
+    (de-quantized per call)."""
+    return table.run("linear", x, weight, bias)
 
 
 def packs(w: torch.Tensor) -> bool:
@@ -46,7 +33,7 @@ def packs(w: torch.Tensor) -> bool:
     the few rows of decoding and verification 1.6-1.8x faster than torch's ``mm`` on the same weights,
     with identical results (measured, 1-512 rows). float32 keeps ``mm`` (packed results differ from it
     in the last bits)."""
-    return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and not w.is_mkldnn and not kernels.native(w.device)
+    return (w.device.type == "cpu" and w.dtype == torch.bfloat16 and not w.is_mkldnn and not table.on_device(w.device)
             and torch.backends.mkldnn.is_available() and cpu_has_native_bf16())
 
 
@@ -66,7 +53,7 @@ def pack_for_inference(model: nn.Module) -> None:
 def wants_in_out(w: torch.Tensor) -> bool:
     """float32 on a CPU without peagle's kernels multiplies the few rows of decoding faster with weights
     stored ``[in, out]``; bf16, CUDA and the kernels want ``[out, in]``."""
-    return w.dtype == torch.float32 and w.device.type == "cpu" and not kernels.native(w.device)
+    return w.dtype == torch.float32 and w.device.type == "cpu" and not table.on_device(w.device)
 
 
 def set_fast_layout(model: nn.Module) -> None:
@@ -120,18 +107,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if kernels.native(x):
-            if x.dim() == 2 and x.is_contiguous():  # decoding's rows as they come (three operators fewer)
-                return torch.ops.peagle.rms_norm(x, self.weight, self.eps)
-            return torch.ops.peagle.rms_norm(x.reshape(-1, x.shape[-1]).contiguous(), self.weight, self.eps).view(x.shape)
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return table.run("rms_norm", x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm of ``residual + x``, ``residual + x``): the residual add fused into the norm on the CPU kernels."""
-        if kernels.native(x) and x.dim() == 2:
-            return torch.ops.peagle.add_rms_norm(x.contiguous(), residual.contiguous(), self.weight, self.eps)
-        h = residual + x
-        return self(h), h
+        return table.run("add_rms_norm", x, residual, self.weight, self.eps)
 
 
 def parse_rope(cfg: dict) -> tuple[float, dict | None]:
@@ -251,8 +231,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.act == "silu" and kernels.native(gate_up) and gate_up.dim() == 2:
-            return self.down_proj(torch.ops.peagle.silu_mul(gate_up))
+        if self.act == "silu":
+            return self.down_proj(table.run("silu_mul", gate_up, self.inter))
         return self.down_proj(ACTIVATIONS[self.act](gate_up[..., :self.inter]) * gate_up[..., self.inter:])
 
 
@@ -263,7 +243,7 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, o
     where they lie, :func:`pack_owned`); every bfloat16 :class:`~peagle.models.layers.Linear` weight
     :func:`pack_bf16`-ed for the bf16 dot-product path, and with them ``tied``, an embedding that is also the
     LM head, when its values are bfloat16 ones (it keeps its nominal dtype: lookups give the same values)."""
-    blocks, bf16 = kernels.int_isa() != "none", kernels.bf16_isa() != "none"
+    blocks, bf16 = table.runs_packed("packed"), table.runs_packed("packed-bf16")
     packer = pack_owned if owned else pack
     for m in model.modules():
         for name, p in m.named_parameters(recurse=False):

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from peagle import kernels
+from peagle.kernels import table
 from peagle.models.attention import Attention, AttnMeta, KVCache
 from peagle.models.checkpoint import CheckpointError, check_checkpoint, fuse_checkpoint
 from peagle.models.layers import (MLP, Linear, RMSNorm, Rotary, embedding, linear, pack_for_inference,
@@ -457,9 +457,8 @@ class LlamaModel(nn.Module):
             self._stackable = self.local_rotary is None and all(
                 type(layer) is DecoderLayer for layer in self.model.layers) and stackable(self.model.layers)
         c = self.cfg
-        return (self._stackable and kernels.native(x, c.head_dim, c.num_heads // c.num_kv_heads) and x.dim() == 2
-                and meta.kernel_ok
-                and isinstance(caches[0], KVCache) and not meta.long_groups)
+        return table.pick("decoder_layers", x, caches, meta, c.head_dim, c.num_heads // c.num_kv_heads,
+                            lambda: self._stackable).native
 
     def native_stack(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], caches: list[KVCache],
                      meta: AttnMeta) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -25,7 +25,7 @@ from peagle.memory import trim_heap
 from peagle.models.checkpoint import read_safetensors, split_checkpoint
 from peagle.models.layers import Linear, pack_model, quantize_linears, set_precision
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
-from peagle import kernels
+from peagle.kernels import table
 from peagle.models.quant import FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, read_gguf, weight_bytes
 from peagle.models.drafter import Drafter, DrafterConfig, load_drafter, save_drafter
 from peagle.models.dummy import PRESETS, random_state_dict
@@ -251,7 +251,7 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
         model = build_target(cfg, aux_layers)
     try:
         if dummy:
-            fmt = quant if quant in FORMATS and kernels.native(dev) else None
+            fmt = quant if quant in FORMATS and table.on_device(dev) else None
             if quant in FORMATS and fmt is None:
                 print(f"peagle: {'no native CPU kernels' if dev.type == 'cpu' else dev.type}: random {dtype_name(dt)} "
                       f"weights, not {quant} blocks", file=sys.stderr)
@@ -259,13 +259,13 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
             sd = {n: t.to(dev) if fmt is None else t for n, t in random_state_dict(shapes, dt, fmt).items()}
             print(f"peagle: {path.name}: random weights ({fmt or dtype_name(dt)}), --load-format dummy", file=sys.stderr)
         elif from_gguf:
-            keep = kernels.native(dev)
+            keep = table.on_device(dev)
             if not keep:
                 print(f"peagle: {'no native CPU kernels' if dev.type == 'cpu' else dev.type}: the GGUF weights are "
                       f"de-quantized to {dtype_name(dt)}", file=sys.stderr)
             names = list(split_checkpoint(model.state_dict(), model))
             sd = read_gguf(gguf, names, cfg, keep, dt, compute_dtype(dt, dev), dev,
-                           packs=keep and compute == "fast" and kernels.int_isa() != "none", cache=packed_cache_dir())
+                           packs=keep and compute == "fast" and table.runs_packed("packed"), cache=packed_cache_dir())
         else:
             sd = read_safetensors(path, dt, dev)
         model.load_checkpoint(sd)  # empties sd: the file's tensors are the model's, none held beside them

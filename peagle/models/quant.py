@@ -29,11 +29,12 @@ import numpy as np
 import torch
 
 from peagle import kernels
+from peagle.kernels import table
+from peagle.kernels.blocks import BLOCK_SIZES
 from peagle.memory import HUGE_PAGE, anonymous_memory
 from peagle.models.fused import fused_groups
 from peagle.models.packed_cache import PackedCache
 
-QBLOCK = 32  # weights per block (a K-quant's super-block: 8 of them)
 DEQUANT_ROWS = 1024  # rows de-quantized at a time (QuantTensor.dequantize)
 
 
@@ -50,7 +51,7 @@ class BlockFormat:
     packed_bytes: int
     has_min: bool
     nibbles: bool
-    weights: int = QBLOCK
+    weights: int
     plain: bool = True
 
     @property
@@ -58,15 +59,22 @@ class BlockFormat:
         return 4 if self.has_min else 2
 
 
+def _format(name: str, has_min: bool, nibbles: bool, plain: bool = True) -> BlockFormat:
+    """Format ``name`` with its sizes as the kernels publish them (:data:`peagle.kernels.blocks.BLOCK_SIZES`)."""
+    block_bytes, packed_bytes, weights = BLOCK_SIZES.formats[name]
+    return BlockFormat(name, block_bytes, packed_bytes, has_min, nibbles, weights, plain)
+
+
 FORMATS = {f.name: f for f in (
-    BlockFormat("q8_0", 34, 544, False, False), BlockFormat("q4_0", 18, 288, False, True),
-    BlockFormat("q4_1", 20, 320, True, True), BlockFormat("q5_0", 22, 352, False, True, plain=False),
-    BlockFormat("q5_1", 24, 384, True, True, plain=False), BlockFormat("q4_k", 144, 2368, True, True, 256, False),
-    BlockFormat("q5_k", 176, 2880, True, True, 256, False), BlockFormat("q6_k", 210, 3392, False, False, 256, False))}
+    _format("q8_0", False, False), _format("q4_0", False, True), _format("q4_1", True, True),
+    _format("q5_0", False, True, plain=False), _format("q5_1", True, True, plain=False),
+    _format("q4_k", True, True, plain=False), _format("q5_k", True, True, plain=False),
+    _format("q6_k", False, False, plain=False))}
 BY_SIZE = {f.block_bytes: f for f in FORMATS.values()}  # the block size names the format
-GROUP = 16  # columns a packed block interleaves (kernels.h: QGROUP)
+QBLOCK = FORMATS["q8_0"].weights  # weights per block (a K-quant's super-block: 8 of them)
+GROUP = BLOCK_SIZES.group  # columns a packed block interleaves
 PACKED = {f.packed_bytes: f for f in FORMATS.values()}  # a packed group's size names it too
-BF16_PAIR = GROUP * 4  # bytes of a packed bf16 matrix's (group, k pair): 16 columns' weights k, k+1
+BF16_PAIR = BLOCK_SIZES.bf16_pair  # bytes of a packed bf16 matrix's (group, k pair): 16 columns' weights k, k+1
 
 
 def blocks_of(data: np.ndarray, fmt: str) -> torch.Tensor:
@@ -170,6 +178,16 @@ def bf16_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return pairs[rows // GROUP, :, rows % GROUP].contiguous().view(torch.bfloat16)
 
 
+@table.provides("dequantize_rows", "torch", "packed-bf16")
+def _bf16_rows_of(w: "QuantTensor", rows: torch.Tensor) -> torch.Tensor:
+    return bf16_rows(w.blocks, rows)
+
+
+@table.provides("dequantize_rows", "torch", "gguf", "packed")
+def _gguf_rows_of(w: "QuantTensor", rows: torch.Tensor) -> torch.Tensor:
+    return dequantize(w.blocks[rows])
+
+
 class QuantTensor(torch.Tensor):
     """A quantized ``[out, in]`` matrix standing for its de-quantized values in ``dtype`` (nominal: no
     such copy exists), its GGUF blocks in ``blocks``, as the file stores them or :func:`pack`-ed for the
@@ -224,13 +242,7 @@ class QuantTensor(torch.Tensor):
         """Rows ``ids`` (any shape) de-quantized: ``[*ids.shape, in]`` (one native call on the CPU, an
         embedding lookup a step; packed GGUF blocks exist only with the kernels)."""
         flat = ids.reshape(-1).to(self.blocks.device)
-        if kernels.native(self.blocks.device):
-            out = torch.ops.peagle.dequantize_rows(self.blocks, flat).to(dtype or self.dtype)
-        elif self.format == "bf16":
-            out = bf16_rows(self.blocks, flat).to(dtype or self.dtype)
-        else:
-            out = dequantize(self.blocks[flat], dtype or self.dtype)
-        return out.view(*ids.shape, self.shape[1])
+        return table.run("dequantize_rows", self, flat).to(dtype or self.dtype).view(*ids.shape, self.shape[1])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -574,7 +586,7 @@ def read_gguf(path: Path, names: list[str], cfg, keep: bool, dtype: torch.dtype,
     out: dict[str, torch.Tensor] = {}
     kept: Counter[str] = Counter()
     converted: Counter[str] = Counter()
-    bf16 = packs and dtype == torch.bfloat16 and kernels.bf16_isa() != "none"  # as pack_model would pack them
+    bf16 = packs and dtype == torch.bfloat16 and table.runs_packed("packed-bf16")  # as pack_model packs them
     places = packed_places(tensors, to_hf, keepable, bf16) if packs else {}
     layout = {"permute": permute, "formats": sorted(keepable.values()), "bf16": bf16}
     cache = PackedCache.of(cache, path, tensors, places, layout, kernels.STAMP.read_text(),

@@ -8,7 +8,7 @@ import os
 import torch
 from safetensors import safe_open
 
-from peagle import kernels
+from peagle.kernels import table
 from peagle.models.checkpoint import CheckpointError, split_checkpoint
 from peagle.models.llama import LlamaModel, ModelConfig, build_target
 from peagle.models.loader import read_config, resolve_quantization, resolve_target, target_gguf
@@ -46,7 +46,7 @@ def load_target_ends(name: str | os.PathLike | None, dtype: str | torch.dtype = 
     if cfg.tie_word_embeddings:
         wanted = [n for n in wanted if n != "lm_head.weight"]
     if from_gguf:
-        everything = read_gguf(gguf, list(split_checkpoint(model.state_dict(), model)), cfg, kernels.native(dev), dt,
+        everything = read_gguf(gguf, list(split_checkpoint(model.state_dict(), model)), cfg, table.on_device(dev), dt,
                                compute_dtype(dt, dev), dev)
         sd = {n: everything.pop(n) for n in wanted if n in everything}
         everything.clear()

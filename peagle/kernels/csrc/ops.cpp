@@ -105,6 +105,22 @@ static std::vector<std::string> int_isas() {
   return out;
 }
 
+// The GGUF block formats the kernels read, by GGUF's name (weight_view's lookup, formats()).
+static constexpr std::pair<const char*, WType> GGUF_TYPES[] = {
+    {"q8_0", WType::q8_0}, {"q4_0", WType::q4_0}, {"q4_1", WType::q4_1}, {"q5_0", WType::q5_0},
+    {"q5_1", WType::q5_1}, {"q4_k", WType::q4_k}, {"q5_k", WType::q5_k}, {"q6_k", WType::q6_k}};
+
+// kernels.h's block layouts, published for the Python side (peagle.kernels.published_block_sizes): a format's
+// [bytes a file block, bytes a packed group's block, weights a block]; "bf16" [0, a packed (group, k pair), 2]
+// and "group" [columns a packed group interleaves, 0, 0] beside them.
+static c10::Dict<std::string, std::vector<int64_t>> formats() {
+  c10::Dict<std::string, std::vector<int64_t>> out;
+  for (const auto& [name, t] : GGUF_TYPES) out.insert(std::string(name), std::vector<int64_t>{block_bytes(t), packed_bytes(t), block_weights(t)});
+  out.insert("bf16", std::vector<int64_t>{0, BF16_PAIR_BYTES, 2});
+  out.insert("group", std::vector<int64_t>{QGROUP, 0, 0});
+  return out;
+}
+
 // The limits above, published for the Python side (peagle.kernels.limits): one source for both.
 static c10::Dict<std::string, int64_t> limits() {
   c10::Dict<std::string, int64_t> out;
@@ -311,16 +327,16 @@ WeightView weight_view(const at::Tensor& w) {
   TORCH_CHECK(w.is_contiguous(), "peagle::linear: the weight must be contiguous");
   if (w.scalar_type() == at::kByte) {
     TORCH_CHECK(w.dim() == 3, "peagle::linear: GGUF blocks are uint8 [N, K / block weights, block bytes], got ", w.sizes());
-    for (WType t : {WType::q8_0, WType::q4_0, WType::q4_1, WType::q5_0, WType::q5_1, WType::q4_k, WType::q5_k, WType::q6_k}) {
+    for (const auto& [name, t] : GGUF_TYPES) {
       if (w.size(2) == block_bytes(t)) return {w.data_ptr(), t, w.size(0), w.size(1) * block_weights(t), false};
       if (w.size(2) == packed_bytes(t)) return {w.data_ptr(), t, w.size(0) * QGROUP, w.size(1) * block_weights(t), true};
     }
     if (w.size(2) == BF16_PAIR_BYTES) return {w.data_ptr(), WType::bf16, w.size(0) * QGROUP, w.size(1) * 2, true};
     std::string known;
-    for (WType t : {WType::q8_0, WType::q4_0, WType::q4_1, WType::q5_0, WType::q5_1, WType::q4_k, WType::q5_k, WType::q6_k})
-      known += std::to_string(block_bytes(t)) + " (packed " + std::to_string(packed_bytes(t)) + "), ";
-    TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know (q8_0, q4_0, q4_1, "
-                "q5_0, q5_1, q4_k, q5_k, q6_k: ", known, "bf16 pairs packed ", BF16_PAIR_BYTES, ")");
+    for (const auto& [name, t] : GGUF_TYPES)
+      known += std::string(name) + " " + std::to_string(block_bytes(t)) + " (packed " + std::to_string(packed_bytes(t)) + "), ";
+    TORCH_CHECK(false, "peagle::linear: ", w.size(2), "-byte blocks are no format the kernels know (", known,
+                "bf16 pairs packed ", BF16_PAIR_BYTES, ")");
   }
   TORCH_CHECK(w.dim() == 2, "peagle::linear: the weight must be an [N, K] matrix");
   switch (w.scalar_type()) {
@@ -780,6 +796,7 @@ TORCH_LIBRARY(peagle, m) {
   m.def("set_stream_bytes(int one_row, int taller) -> ()", set_stream_bytes);
   m.def("stream_bytes() -> int[]", [] { return std::vector<int64_t>{stream_bytes(true), stream_bytes(false)}; });
   m.def("limits() -> Dict(str, int)", limits);
+  m.def("formats() -> Dict(str, int[])", formats);
   m.impl("attention", c10::DispatchKey::CPU, TORCH_FN(attention));
   m.impl("attention_ref", c10::DispatchKey::CPU, TORCH_FN(attention_reference));
   m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(linear));
