@@ -163,8 +163,14 @@ def test_caches_off_or_unwritable_pack_in_memory(gguf_file, tmp_path, monkeypatc
     monkeypatch.setattr(os, "posix_fallocate", full)
     full_disk = packed_bytes(load(gguf_file))
     assert "No space left" in capsys.readouterr().err and not list((tmp_path / "cache").glob("*"))
+    monkeypatch.undo()
+    monkeypatch.setenv("PEAGLE_PACKED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(os, "pwrite", full)  # a write that fails halfway: nothing kept, packed in memory again
+    torn = packed_bytes(load(gguf_file))
+    assert "packed cache not kept" in capsys.readouterr().err and not list((tmp_path / "cache").glob("*"))
     for name in want:
         assert torch.equal(got[name], want[name]) and torch.equal(full_disk[name], want[name]), name
+        assert torch.equal(torn[name], want[name]), name
 
 
 def test_the_packed_layout_is_the_same_in_every_process():

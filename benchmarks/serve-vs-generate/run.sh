@@ -3,9 +3,9 @@
 #   bash benchmarks/serve-vs-generate/run.sh [PAIRS] [none]
 set -e
 cd "$(git rev-parse --show-toplevel)"
-OUT=docs/results/serve-vs-generate
+OUT=docs/results/serve-vs-generate; mkdir -p $OUT
 P="Explain speculative decoding to a new engineer in three sentences."
-if [ "${2:-}" = none ]; then SERVE=(); GEN=(--method none); else
+if [ "${2:-}" = none ]; then SERVE=(--speculative-config '{"method": "none"}'); GEN=(--method none); else
   SERVE=(--speculative-config '{"method": "eagle3", "parallel_drafting": true}'); GEN=(); fi
 .venv/bin/peagle serve --port 8791 "${SERVE[@]}" > $OUT/serve.log 2>&1 &
 SP=$!

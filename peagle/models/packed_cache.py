@@ -4,8 +4,10 @@ once to a file that later starts map instead of packing again.
 Why a file: packing itself is cheap (0.4-0.8 ns a weight), but the memory it is packed into is not. Fresh anonymous
 memory is faulted in page by page (2 MB pages need the kernel to compact memory first), which took most of an 8B
 file's start here (9 s for 4.2 GB of huge pages, 3.4 s of 4 KB pages, against 0.4 s to map the same bytes from the
-page cache). So a start that finds its cache maps it, as llama.cpp maps its GGUF file, and the first start packs
-straight into the new cache file's pages (no anonymous copy either).
+page cache). So a start that finds its cache maps it, as llama.cpp maps its GGUF file. The first start packs each
+matrix into one reused scratch buffer and writes it to the new cache file (``pwrite``: the page cache then holds the
+file in large folios, which map as 2 MB pages; packing through a shared mapping of the file faulted its pages in at
+4 KB, and an 8B decoding step ran 14% slower on them).
 
 A cache is used only when everything it was made from is unchanged: the GGUF file (path, size, modification time,
 inode and its tensor table), what was packed where, the packing library's build and the CPU's integer path. Its data's
@@ -50,7 +52,6 @@ class PackedCache:
     path: Path
     key: dict
     size: int
-    pending: tuple | None = None  # (the new file's temporary path, its mapping) between create and commit
 
     @classmethod
     def of(cls, where: Path, gguf: Path, tensors: list, places: dict, layout: dict, library: str,
@@ -97,9 +98,9 @@ class PackedCache:
             return self._reject("its data do not match their checksum (corrupt)")
         return data
 
-    def create(self) -> torch.Tensor | None:
-        """A new cache file's data pages, mapped shared (packing into them writes the file), its blocks reserved on
-        disk first (a full disk is an error here, not a SIGBUS later), or None where it cannot be made (said)."""
+    def create(self) -> CacheWriter | None:
+        """A writer of the new cache file, its blocks reserved on disk first (a full disk is said here, not met
+        halfway), or None where it cannot be made (said)."""
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,34 +108,15 @@ class PackedCache:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.posix_fallocate(fd, 0, DATA_START + self.size)
-                pages = mmap.mmap(fd, DATA_START + self.size, flags=mmap.MAP_SHARED)
-            finally:
+            except OSError:
                 os.close(fd)
+                raise
         except OSError as e:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
             print(f"peagle: no packed cache ({self.path.parent}: {e}); packing in memory", file=sys.stderr)
             return None
-        self.pending = (tmp, pages)
-        return torch.frombuffer(pages, dtype=torch.uint8)[DATA_START:DATA_START + self.size]
-
-    def commit(self, data: torch.Tensor) -> None:
-        """Seal the new cache: header and checksum written last, then renamed into place (atomic: a start sees the
-        old file, none, or this whole one; data a crash left unwritten fail the checksum)."""
-        tmp, pages = self.pending
-        self.pending = None
-        blob = json.dumps({"key": self.key, "checksum": checksum(data)}).encode()
-        if _HEAD.size + len(blob) > DATA_START:
-            print(f"peagle: packed cache not kept (its header is {len(blob)} bytes)", file=sys.stderr)
-            tmp.unlink(missing_ok=True)
-            return
-        pages[:_HEAD.size + len(blob)] = _HEAD.pack(MAGIC, VERSION, len(blob)) + blob
-        try:
-            os.replace(tmp, self.path)
-        except OSError as e:
-            print(f"peagle: packed cache not kept ({e})", file=sys.stderr)
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+        return CacheWriter(self, tmp, fd)
 
     def _sweep(self) -> None:
         """Delete the temporary files of this cache that a process which is gone left (killed while packing): each
@@ -154,3 +136,47 @@ class PackedCache:
         with contextlib.suppress(OSError):
             self.path.unlink(missing_ok=True)
         return None
+
+
+class CacheWriter:
+    """A cache file being written: each packed matrix at its place (``write``), then sealed (``commit``)."""
+
+    def __init__(self, cache: PackedCache, tmp: Path, fd: int):
+        self.cache, self.tmp, self.fd, self.error = cache, tmp, fd, None
+
+    def write(self, at: int, data: torch.Tensor) -> None:
+        """``data`` (contiguous uint8) at byte ``at`` of the data; a failure is kept for ``commit`` to say."""
+        if self.error is not None:
+            return
+        view, pos = memoryview(data.reshape(-1).numpy()), DATA_START + at
+        try:
+            while view:
+                n = os.pwrite(self.fd, view, pos)
+                view, pos = view[n:], pos + n
+        except OSError as e:
+            self.error = e
+
+    def commit(self) -> torch.Tensor | None:
+        """The cache sealed and mapped (copy-on-write: never written through): its checksum from the mapped
+        pages, the header written last, then renamed into place (atomic: a start sees the old file, none, or this
+        whole one; data a crash left unwritten fail the checksum). None where a write failed (said)."""
+        try:
+            if self.error is not None:
+                raise self.error
+            pages = mmap.mmap(self.fd, DATA_START + self.cache.size, access=mmap.ACCESS_COPY)
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                pages.madvise(mmap.MADV_HUGEPAGE)
+            data = torch.frombuffer(pages, dtype=torch.uint8)[DATA_START:]
+            blob = json.dumps({"key": self.cache.key, "checksum": checksum(data)}).encode()
+            if _HEAD.size + len(blob) > DATA_START:
+                raise OSError(f"its header is {len(blob)} bytes")
+            os.pwrite(self.fd, _HEAD.pack(MAGIC, VERSION, len(blob)) + blob, 0)
+            os.replace(self.tmp, self.cache.path)
+        except OSError as e:
+            print(f"peagle: packed cache not kept ({e}); packing in memory", file=sys.stderr)
+            with contextlib.suppress(OSError):
+                self.tmp.unlink(missing_ok=True)
+            return None
+        finally:
+            os.close(self.fd)
+        return data
