@@ -48,8 +48,8 @@ finally:
 
 
 def readme_commands(text: str = README) -> list[list[str]]:
-    """Every ``peagle`` command line in ``text``'s bash blocks, continuation lines joined and the shell
-    variables it sets (``P=``, ``T=``) substituted."""
+    """Every ``peagle`` command line in ``text``'s bash blocks (``torchrun ... -m peagle.cli`` ones too),
+    continuation lines joined and the shell variables it sets (``P=``, ``T=``) substituted."""
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         env: dict[str, str] = {}
@@ -59,6 +59,8 @@ def readme_commands(text: str = README) -> list[list[str]]:
                 env[name] = value
             line = re.sub(r"\$([A-Z]+)", lambda m: env.get(m.group(1), m.group(0)), line)
             words = shlex.split(line) if line else []
+            if words and words[0] == "torchrun" and "peagle.cli" in words:  # torchrun [its flags] -m peagle.cli ...
+                words = ["peagle", *words[words.index("peagle.cli") + 1:]]
             if words and words[0].endswith("peagle") and len(words) > 1:
                 commands.append(words[1:])
     return commands
@@ -127,6 +129,7 @@ def test_quick_start_runs_in_a_clean_clone(clone, tmp_path):
                "/proc", "/sys", "/dev", "/etc", "/usr/share/zoneinfo", str(Path.home() / ".cache" / "huggingface")]
     env = {**os.environ, "PEAGLE_CACHE": str(cache), "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1",
            "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PEAGLE_PACKED_CACHE", None)  # the suite's own folder for them (conftest): a user's go in PEAGLE_CACHE
     env.pop("PYTHONPATH", None)
     texts = []
     for argv in runs:
