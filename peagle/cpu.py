@@ -9,15 +9,20 @@ import torch
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags, as /proc/cpuinfo names them (empty where it cannot be read)."""
+def cpuinfo(field: str) -> str:
+    """The first ``field`` of /proc/cpuinfo (``flags``, ``model name``), or "" where it cannot be read."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return frozenset()
+    return ""
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags, as /proc/cpuinfo names them (empty where it cannot be read)."""
+    return frozenset(cpuinfo("flags").split())
 
 
 def cpu_has_native_bf16() -> bool:

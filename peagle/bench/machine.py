@@ -8,18 +8,14 @@ import time
 
 import torch
 
+from peagle.cpu import cpuinfo
+
 # torch's default pool size, read before anything (the engine) changes it: HF runs with this.
 DEFAULT_TORCH_THREADS = torch.get_num_threads()
 
 
 def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpuinfo("model name") or platform.processor() or "unknown"
 
 
 def _busy_cpu_s() -> float | None:

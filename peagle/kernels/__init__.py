@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from peagle.cpu import cpuinfo
 from peagle.kernels.blocks import BLOCK_SIZES, BlockSizes
 
 HERE = Path(__file__).parent
@@ -235,7 +236,7 @@ def tune_streaming(weights: list, rounds: int = 15, budget: int = 64 << 20,
     if _tuned:
         return before
     _tuned = True
-    key = json.dumps([STAMP.read_text(), int_isa(), bf16_isa(), torch.get_num_threads(), _cpu_model(),
+    key = json.dumps([STAMP.read_text(), int_isa(), bf16_isa(), torch.get_num_threads(), cpuinfo("model name"),
                       [[list(w.blocks.shape), str(w.blocks.dtype)] for w in weights]])
     known = _read_json(remember) if remember is not None else {}
     if isinstance(known.get(key), list) and len(known[key]) == 2 and all(isinstance(v, int) for v in known[key]):
@@ -263,15 +264,6 @@ def tune_streaming(weights: list, rounds: int = 15, budget: int = 64 << 20,
             tmp.write_text(json.dumps({**known, key: chosen}))
             os.replace(tmp, remember)
     return tuple(chosen)
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), which a timing verdict belongs to."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return ""
 
 
 def _read_json(path: Path) -> dict:

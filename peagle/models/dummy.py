@@ -20,23 +20,21 @@ from peagle.models.quant import FORMATS, QuantTensor
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
+# what Llama 3.1 and 3.2 share: tokenizer, KV heads, norm, RoPE base, context
+_LLAMA3 = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256, num_key_value_heads=8,
+               rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072, bos_token_id=128000,
+               eos_token_id=128001)
 # The published config.json fields (as the models' hub folders give them) that peagle's loader reads.
 PRESETS: dict[str, dict] = {
-    "llama-3.2-1b": dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=2048,
-                         intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                         head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
-                         rope_scaling={**_LLAMA3_ROPE, "factor": 32.0}, tie_word_embeddings=True,
-                         bos_token_id=128000, eos_token_id=128001),
-    "llama-3.2-3b": dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=3072,
-                         intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
-                         head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
-                         rope_scaling={**_LLAMA3_ROPE, "factor": 32.0}, tie_word_embeddings=True,
-                         bos_token_id=128000, eos_token_id=128001),
-    "llama-3.1-8b": dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=4096,
-                         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                         head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
-                         rope_scaling={**_LLAMA3_ROPE, "factor": 8.0}, tie_word_embeddings=False,
-                         bos_token_id=128000, eos_token_id=128001),
+    "llama-3.2-1b": dict(**_LLAMA3, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, head_dim=64, rope_scaling={**_LLAMA3_ROPE, "factor": 32.0},
+                         tie_word_embeddings=True),
+    "llama-3.2-3b": dict(**_LLAMA3, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                         num_attention_heads=24, head_dim=128, rope_scaling={**_LLAMA3_ROPE, "factor": 32.0},
+                         tie_word_embeddings=True),
+    "llama-3.1-8b": dict(**_LLAMA3, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, head_dim=128, rope_scaling={**_LLAMA3_ROPE, "factor": 8.0},
+                         tie_word_embeddings=False),
     "qwen3-8b": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096,
                      intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,

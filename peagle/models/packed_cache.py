@@ -45,6 +45,15 @@ def checksum(data: torch.Tensor) -> str:
     return hashlib.sha256(torch.cat(sums).numpy().tobytes()).hexdigest()
 
 
+def mapped(fd: int, size: int) -> torch.Tensor:
+    """A cache file's data, mapped copy-on-write (never written through) and asked for 2 MB pages; the tensor keeps
+    the mapping alive."""
+    pages = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        pages.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(pages, dtype=torch.uint8)[DATA_START:]
+
+
 @dataclass
 class PackedCache:
     """One GGUF file's cache: ``key`` is everything the packed bytes depend on (compared whole at every start),
@@ -90,10 +99,7 @@ class PackedCache:
                 return self._reject(f"made from something else ({', '.join(changed)} changed)")
             if os.fstat(fh.fileno()).st_size != DATA_START + self.size:
                 return self._reject("truncated or padded")
-            pages = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            pages.madvise(mmap.MADV_HUGEPAGE)
-        data = torch.frombuffer(pages, dtype=torch.uint8)[DATA_START:]
+            data = mapped(fh.fileno(), DATA_START + self.size)
         if checksum(data) != head["checksum"]:
             return self._reject("its data do not match their checksum (corrupt)")
         return data
@@ -163,10 +169,7 @@ class CacheWriter:
         try:
             if self.error is not None:
                 raise self.error
-            pages = mmap.mmap(self.fd, DATA_START + self.cache.size, access=mmap.ACCESS_COPY)
-            if hasattr(mmap, "MADV_HUGEPAGE"):
-                pages.madvise(mmap.MADV_HUGEPAGE)
-            data = torch.frombuffer(pages, dtype=torch.uint8)[DATA_START:]
+            data = mapped(self.fd, DATA_START + self.cache.size)
             blob = json.dumps({"key": self.cache.key, "checksum": checksum(data)}).encode()
             if _HEAD.size + len(blob) > DATA_START:
                 raise OSError(f"its header is {len(blob)} bytes")
