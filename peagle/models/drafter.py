@@ -348,13 +348,15 @@ def head_tensors(drafter: Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor
 
 
 def write_head(out_dir: str | os.PathLike, tensors: dict[str, torch.Tensor], cfg: dict) -> None:
-    """``model.safetensors`` and ``config.json`` in ``out_dir``, each through a temp file renamed durably."""
+    """``model.safetensors`` and ``config.json`` in ``out_dir``, each through a temp file of this process's own
+    renamed durably: processes writing the same cached head at once (two servers starting, the suite's workers)
+    each rename a whole file."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "model.safetensors.tmp"
+    tmp = out / f"model.safetensors.tmp{os.getpid()}"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     replace_durably(tmp, out / "model.safetensors")
-    tmp = out / "config.json.tmp"
+    tmp = out / f"config.json.tmp{os.getpid()}"
     tmp.write_text(json.dumps(cfg, indent=2) + "\n")
     replace_durably(tmp, out / "config.json")
 

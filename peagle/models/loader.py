@@ -191,7 +191,10 @@ def dummy_target(name: str | os.PathLike | None) -> Path:
                         ignore=shutil.ignore_patterns("config.json", "*.safetensors"))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process's copy got there first (the same config: the same folder)
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -91,7 +91,7 @@ def gguf_file(kind: str) -> Path:
         return out
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
     quantize = native_bin("llama-quantize")
     if quantize is not None:  # llama.cpp's own tool
 
