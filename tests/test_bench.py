@@ -232,10 +232,12 @@ def test_bench_serve_against_peagle_serve(server, tiny_chat_dir, prompts_file, t
 
 
 def test_bench_serve_mixed_long_prompts(server, tiny_chat_dir, prompts_file, tmp_path, monkeypatch, capsys):  # noqa: F811
-    """Long prompts mixed among the short ones, Poisson arrivals: TTFT and E2EL for each group."""
+    """Long prompts mixed among the short ones, Poisson arrivals: TTFT and E2EL for each group. At most 4 in
+    flight: the server takes 2 running and 2 queued, and refuses more (a busy machine would fail the count)."""
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     res, printed = bench_serve(server, tiny_chat_dir, prompts_file, tmp_path / "mixed.json", capsys, "--long-prompts",
-                               "2", "--long-prompt-len", "60", "--request-rate", "20", "--custom-output-len", "4")
+                               "2", "--long-prompt-len", "60", "--request-rate", "20", "--custom-output-len", "4",
+                               "--max-concurrency", "4")
     assert (res["completed"], res["short_completed"], res["long_completed"]) == (6, 4, 2)
     assert res["total_input_tokens"] > 2 * 60
     for group in ("short", "long"):
