@@ -110,7 +110,7 @@ class Tokenizer:
         return self.convert_tokens_to_ids(self.all_special_tokens)
 
     def apply_chat_template(self, conversation: list[dict], tools: list[dict] | None = None,
-                            documents: list[dict] | None = None, add_generation_prompt: bool = False,
+                            documents: list[dict] | None = None, *, add_generation_prompt: bool = False,
                             tokenize: bool = True, **kwargs):
         """The conversation (one, a list of message dicts) through the chat template as transformers renders it;
         its token ids (as ``{"input_ids": ...}``, transformers' dict) with ``tokenize``. Further keyword arguments are
