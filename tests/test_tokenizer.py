@@ -197,7 +197,7 @@ def test_attributes_as_transformers(pair):
                  "mask_token_id", "all_special_tokens", "all_special_ids", "special_tokens_map",
                  "extra_special_tokens", "added_tokens_decoder"):
         assert getattr(tok, name) == getattr(ref, name), name
-    assert tok.get_vocab() == ref.get_vocab() and len(tok) == len(ref)
+    assert tok.get_vocab() == ref.get_vocab() and len(tok) == len(ref) and tok.vocab_size == ref.vocab_size
     assert tok.convert_tokens_to_ids(["a", "no such token \u2603"]) == ref.convert_tokens_to_ids(["a", "no such token \u2603"])
     assert outcome(choose_mask_token, tok) == outcome(choose_mask_token, ref)
 

@@ -64,6 +64,11 @@ class Tokenizer:
             return token if token is None or base == name else self.convert_tokens_to_ids(token)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary without the added tokens (``len`` counts them)."""
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=False)
+
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
