@@ -243,11 +243,13 @@ REFUSED = {
     "a key not known here": dict(config={"legacy": False}),
     "a model-specific special token": dict(config={"image_token": "<filename>"}),
     "split special tokens": dict(config={"split_special_tokens": True}),
+    "a padding side transformers refuses": dict(config={"padding_side": "middle"}),
     "a special token that is no added token": dict(config={"eos_token": "hello"}),
     "a special token that is not special": dict(tokenizer=lambda t: t["added_tokens"][0].update(special=False)),
     "an added token listed otherwise": dict(config={"added_tokens_decoder": {"0": {
         "content": "<|endoftext|>", "single_word": False, "lstrip": True, "rstrip": False, "normalized": False,
         "special": True}}}),
+    "an added token not as a dict": dict(config={"added_tokens_decoder": {"0": "<|endoftext|>"}}),
     "a special token as an AddedToken": dict(config={"eos_token": {"content": "<|im_end|>", "__type": "AddedToken"}}),
     "truncation": dict(tokenizer=lambda t: t.update(truncation={"direction": "Right", "max_length": 8,
                                                                 "strategy": "LongestFirst", "stride": 0})),

@@ -168,6 +168,7 @@ def load(path: Path) -> Tokenizer | None:
         return None
     cfg = json.loads((path / "tokenizer_config.json").read_text())
     if (not cfg.keys() <= CONFIG_KEYS or cfg.get("split_special_tokens", False)
+            or not {cfg.get("padding_side", "right"), cfg.get("truncation_side", "right")} <= {"left", "right"}
             or any((path / f).exists() for f in ("special_tokens_map.json", "added_tokens.json",
                                                  "chat_template.json", "additional_chat_templates"))):
         return None
@@ -175,13 +176,15 @@ def load(path: Path) -> Tokenizer | None:
     extra = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens") or []
     template_file = path / "chat_template.jinja"
     template = template_file.read_text() if template_file.is_file() else cfg.get("chat_template")
+    listed = cfg.get("added_tokens_decoder", {})
     if (not all(isinstance(t, str) for t in [*special.values(), *extra]) or not isinstance(extra, list)
-            or not isinstance(template, (str, type(None)))):
-        return None
+            or not isinstance(template, (str, type(None))) or not isinstance(listed, dict)
+            or not all(i.isdigit() and isinstance(t, dict) for i, t in listed.items())):
+        return None  # transformers' to read (or to refuse)
+    listed = {int(i): {k: v for k, v in t.items() if k != "__type"} for i, t in listed.items()}
     backend = RustTokenizer.from_file(str(path / "tokenizer.json"))
     added = backend.get_added_tokens_decoder()
     specials = {t.content for t in added.values() if t.special}
-    listed = {int(i): {k: v for k, v in t.items() if k != "__type"} for i, t in cfg.get("added_tokens_decoder", {}).items()}
     if (backend.truncation is not None or backend.padding is not None or backend.post_processor is None
             or not {*special.values(), *extra} <= specials
             or any(i not in added or added[i].__getstate__() != t for i, t in listed.items())):
