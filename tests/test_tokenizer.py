@@ -276,7 +276,7 @@ def test_folders_left_to_transformers(case, tmp_path):
 
 def test_the_model_types_read_without_transformers_are_its_generic_ones():
     """GENERIC_MODEL_TYPES is exactly those of peagle's model types for which AutoTokenizer keeps a tokenizer_config's
-    generic class (transformers' tables, which cost ~2.5 s to import and are read here only for other types)."""
+    generic class (transformers' tables, which cost ~1 s to import and are read by the loader only for other types)."""
     from transformers.models.auto import tokenization_auto as auto
 
     kept = {t for t in SUPPORTED_ARCHITECTURES if t not in auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS

@@ -25,7 +25,8 @@ GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 # The model types of peagle's targets (models.llama.SUPPORTED_ARCHITECTURES) for which AutoTokenizer keeps the generic
 # class a tokenizer_config names: none is in transformers' MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS or mapped to a
 # Mistral tokenizer (tests/test_tokenizer.py checks it against the installed transformers). Reading those tables
-# imports transformers' auto modules (~2.5 s alone), so other model types are decided by them (loader.generic_tokenizer).
+# imports transformers and its auto modules (~1 s with torch already imported, 3 s alone), so only other model types
+# are decided by them (loader.generic_tokenizer).
 GENERIC_MODEL_TYPES = frozenset({"llama", "mistral", "qwen3", "qwen3_moe", "gpt_oss", "gemma3_text"})
 NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # tokenizer_config.json keys whose effect on transformers' TokenizersBackend this class reproduces (or that have none
