@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from peagle.models.tokenizer import Tokenizer
+
 if TYPE_CHECKING:
     import xgrammar
 
@@ -106,7 +108,11 @@ class Grammars:
         self._tokenizer = copy.deepcopy(tokenizer)
         self.vocab_size = vocab_size
         stop = sorted(stop_token_ids)
-        base = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
+        # xgrammar reads the vocabulary's type (byte-level, ...) from a transformers tokenizer: peagle's own builds
+        # one here, once an engine (~0.2 s; importing xgrammar imports transformers anyway), rather than calling
+        # xgrammar's private detectors itself
+        hf = tokenizer.transformers() if isinstance(tokenizer, Tokenizer) else tokenizer
+        base = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=stop)
         # xgrammar takes added special tokens (<|im_start|>, <repo_name>, ...) for text, so a JSON string
         # could hold one; an empty entry marks a token special: never allowed (as the ids past the table)
         special = ({i for i, t in tokenizer.added_tokens_decoder.items() if t.special}

@@ -13,6 +13,7 @@ from torch import nn
 from peagle.models.attention import Attention
 from peagle.models.fused import FUSED, fused_groups
 from peagle.models.layers import MLP
+from peagle.models.quant import cat_rows
 
 
 class CheckpointError(ValueError):
@@ -95,7 +96,7 @@ def fuse_checkpoint(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     itself (returned), each group's parts dropped as it is fused: a loader's peak holds one group twice, not
     every layer's."""
     for fused, names in fused_groups(sd).items():
-        sd[fused] = torch.cat([sd.pop(n) for n in names], dim=0)
+        sd[fused] = cat_rows([sd.pop(n) for n in names])
     return sd
 
 

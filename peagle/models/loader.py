@@ -28,6 +28,7 @@ from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_
 from peagle.kernels import table
 from peagle.models.quant import FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, read_gguf, weight_bytes
 from peagle.models.drafter import Drafter, DrafterConfig, load_drafter, save_drafter
+from peagle.models import tokenizer as own_tokenizer
 from peagle.models.dummy import PRESETS, random_state_dict
 from peagle.precision import (COMPUTE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES, compute_dtype, dtype_name,
                               resolve_device, resolve_dtype)
@@ -285,24 +286,28 @@ def generic_tokenizer(path: Path) -> bool:
     """Whether ``AutoTokenizer`` would give ``path`` transformers' generic ``TokenizersBackend`` (a
     ``tokenizer.json`` whose config names that class, no code of its own, a model type that keeps the class
     its files name), so it can be built directly: AutoTokenizer first reads the model's config through
-    ``AutoConfig``, which imports the model's modeling stack (~1 s of every start-up here)."""
+    ``AutoConfig``, which imports the model's modeling stack (~1 s of every start-up here). Decided from the files
+    alone for peagle's own model types (:func:`peagle.models.tokenizer.generic`), else from transformers' tables."""
+    decided = own_tokenizer.generic(path)
+    if decided is not None:
+        return decided
     from transformers.models.auto import tokenization_auto as auto
 
-    try:
-        tok_cfg = json.loads((path / "tokenizer_config.json").read_text())
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError):
-        return False
-    return (tok_cfg.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast")
-            and "auto_map" not in tok_cfg and (path / "tokenizer.json").is_file()
-            and model_type not in auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
-            and "Mistral" not in (auto.TOKENIZER_MAPPING_NAMES.get(model_type) or ""))
+    cfg = read_config(path)
+    names = (cfg.get("model_type"), cfg.get("model_name"))
+    return (not any(n in auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS for n in names)
+            and "Mistral" not in (auto.TOKENIZER_MAPPING_NAMES.get(cfg.get("model_type")) or ""))
 
 
 def load_tokenizer(path: Path):
-    """``path``'s tokenizer (transformers', the class ``AutoTokenizer`` would choose), without the Python copies
-    of its vocabulary and merges that transformers 5 keeps beside the Rust tokenizer it built from them (used
-    only to build it: 515k merges and 262k strings, about 200 MB on Gemma 3), the C heap trimmed after parsing."""
+    """``path``'s tokenizer: peagle's own on the ``tokenizers`` library (:mod:`peagle.models.tokenizer`) where it
+    gives what transformers' would, without importing transformers; else transformers' (the class ``AutoTokenizer``
+    would choose), without the Python copies of its vocabulary and merges that transformers 5 keeps beside the Rust
+    tokenizer it built from them (used only to build it: 515k merges and 262k strings, about 200 MB on Gemma 3), the
+    C heap trimmed after parsing."""
+    light = own_tokenizer.load(Path(path))
+    if light is not None:
+        return light
     if generic_tokenizer(Path(path)):
         from transformers import TokenizersBackend as Auto
     else:

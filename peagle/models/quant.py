@@ -238,6 +238,12 @@ class QuantTensor(torch.Tensor):
                                                              device=self.blocks.device), out.dtype)
         return out
 
+    def detach(self) -> QuantTensor:
+        # a method of its own, so that nn.Parameter's detach at load does not dispatch: torch's first
+        # __torch_dispatch__ on a tensor subclass imports torch.distributed.tensor and sympy (~0.5 s of a start) to
+        # test for a DTensor. Loading then dispatches nothing (cat_rows too), and running runs the kernels on blocks
+        return QuantTensor(self.blocks, self.dtype)
+
     def rows(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Rows ``ids`` (any shape) de-quantized: ``[*ids.shape, in]`` (one native call on the CPU, an
         embedding lookup a step; packed GGUF blocks exist only with the kernels)."""
@@ -253,15 +259,10 @@ class QuantTensor(torch.Tensor):
                 return a.blocks if isinstance(a, QuantTensor) else [unwrap(t) for t in a] if isinstance(a, list) else a
             return func(*[unwrap(a) for a in args], **kwargs)
         if func is aten.detach.default:
-            s = args[0]
-            return QuantTensor(s.blocks, s.dtype)
+            return args[0].detach()
         if func is aten.cat.default and (args[1] if len(args) > 1 else kwargs.get("dim", 0)) == 0:
-            ts = args[0]
-            if all(isinstance(t, QuantTensor) and t.blocks.shape[1:] == ts[0].blocks.shape[1:] for t in ts):
-                view = adjacent(ts)
-                return QuantTensor(torch.cat([t.blocks for t in ts]) if view is None else view, ts[0].dtype)
-            if all(isinstance(t, QuantTensor) and t.shape[1] == ts[0].shape[1] for t in ts):
-                return QuantParts(list(ts), ts[0].dtype)  # formats of their own: fused as parts
+            if all(isinstance(t, QuantTensor) and t.shape[1] == args[0][0].shape[1] for t in args[0]):
+                return cat_rows(args[0])
         if func is aten.embedding.default:
             return args[0].rows(args[1])
         if func is aten.index.Tensor and isinstance(args[0], QuantTensor) and len(args[1]) == 1:
@@ -271,6 +272,18 @@ class QuantTensor(torch.Tensor):
             return s.dequantize(kwargs.get("dtype") or s.dtype).to(kwargs.get("device") or s.device)
         raise NotImplementedError(f"{func} is not supported on a GGUF-quantized weight; load the target with "
                                   "--quantization none")
+
+
+def cat_rows(ts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(ts)`` along rows, without torch's dispatch where ``ts`` are GGUF matrices of one width (its first
+    dispatch to a tensor subclass costs a start ~0.5 s: :meth:`QuantTensor.detach`): one :class:`QuantTensor` where
+    they share a format, else their :class:`QuantParts`."""
+    if not all(isinstance(t, QuantTensor) and t.shape[1] == ts[0].shape[1] for t in ts):
+        return torch.cat(ts, dim=0)
+    if all(t.blocks.shape[1:] == ts[0].blocks.shape[1:] for t in ts):
+        view = adjacent(ts)
+        return QuantTensor(torch.cat([t.blocks for t in ts]) if view is None else view, ts[0].dtype)
+    return QuantParts(list(ts), ts[0].dtype)  # formats of their own: fused as parts
 
 
 def adjacent(ts: list[QuantTensor]) -> torch.Tensor | None:
@@ -317,11 +330,14 @@ class QuantParts(torch.Tensor):
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         return torch.cat([p.dequantize(dtype or self.dtype) for p in self.parts])
 
+    def detach(self) -> QuantParts:  # not dispatched: QuantTensor.detach
+        return QuantParts(self.parts, self.dtype)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.aten.detach.default:
-            return QuantParts(args[0].parts, args[0].dtype)
+            return args[0].detach()
         if func is torch.ops.aten._to_copy.default:
             s = args[0]
             return s.dequantize(kwargs.get("dtype") or s.dtype).to(kwargs.get("device") or s.device)
