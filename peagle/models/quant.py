@@ -261,7 +261,7 @@ class QuantTensor(torch.Tensor):
         if func is aten.detach.default:
             return args[0].detach()
         if func is aten.cat.default and (args[1] if len(args) > 1 else kwargs.get("dim", 0)) == 0:
-            if all(isinstance(t, QuantTensor) and t.shape[1] == args[0][0].shape[1] for t in args[0]):
+            if rows_of_one_width(args[0]):  # else cat_rows would hand the call back here
                 return cat_rows(args[0])
         if func is aten.embedding.default:
             return args[0].rows(args[1])
@@ -274,11 +274,16 @@ class QuantTensor(torch.Tensor):
                                   "--quantization none")
 
 
+def rows_of_one_width(ts: list[torch.Tensor]) -> bool:
+    """Whether ``ts`` are GGUF matrices of one width: what :func:`cat_rows` fuses itself."""
+    return all(isinstance(t, QuantTensor) and t.shape[1] == ts[0].shape[1] for t in ts)
+
+
 def cat_rows(ts: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat(ts)`` along rows, without torch's dispatch where ``ts`` are GGUF matrices of one width (its first
     dispatch to a tensor subclass costs a start ~0.5 s: :meth:`QuantTensor.detach`): one :class:`QuantTensor` where
     they share a format, else their :class:`QuantParts`."""
-    if not all(isinstance(t, QuantTensor) and t.shape[1] == ts[0].shape[1] for t in ts):
+    if not rows_of_one_width(ts):
         return torch.cat(ts, dim=0)
     if all(t.blocks.shape[1:] == ts[0].blocks.shape[1:] for t in ts):
         view = adjacent(ts)
