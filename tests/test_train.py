@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from test_public_heads import vllm_problems
 
+from peagle.files import temp_beside
 from peagle.engine.llm_engine import EngineConfig, LLMEngine
 from peagle.engine.sampling import SamplingParams
 from peagle.models.drafter import load_drafter
@@ -154,7 +155,7 @@ def test_checkpoints_are_fsynced_before_the_rename_and_load_strictly(tiny_chat_d
     trainer.save()
     monkeypatch.undo()
     for final in (tmp_path / "h" / STATE, tmp_path / "h" / "model.safetensors", tmp_path / "h" / "config.json"):
-        tmp = str(final) + (".tmp" if final.name == "state.pt" else f".tmp{os.getpid()}")  # a head's: its writer's
+        tmp = str(temp_beside(final))
         i = events.index(("replace", tmp, str(final)))
         assert ("fsync", tmp) in events[:i], (final, events)  # the data is on disk before the name is
         assert ("fsync", str(final.parent)) in events[i:], (final, events)  # and the rename after it

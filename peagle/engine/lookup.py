@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from peagle.files import written
+
 # the drafts the text's own proposal puts in a step without the head's (where auto skips it; K=auto with method
 # ngram): as many as the suffix it matched is long, at least LOOKUP_LEAST, at most LOOKUP_MOST. Verifying them
 # costs rows, not a drafter pass, and a long match is seldom cut short: over 72 ShareGPT and GSM8K-train
@@ -143,9 +145,8 @@ class ResponseLookup:
         arrays = {f"{name}{n + 1}": a[n] for name, a in (("keys", self.keys), ("tokens", self.tokens),
                                                          ("shares", self.shares)) for n in range(self.orders)}
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez_compressed(tmp, bits=np.asarray(self.bits), meta=np.asarray(json.dumps(self.meta)), **arrays)
-        os.replace(tmp, path)
+        with written(path) as tmp, open(tmp, "wb") as fh:  # (a file object: numpy adds no ".npz" to its name)
+            np.savez_compressed(fh, bits=np.asarray(self.bits), meta=np.asarray(json.dumps(self.meta)), **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike, vocab_size: int) -> "ResponseLookup":

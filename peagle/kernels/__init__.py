@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from peagle.files import written
 from peagle.cpu import cpuinfo
 from peagle.kernels.blocks import BLOCK_SIZES, BlockSizes
 
@@ -260,9 +261,8 @@ def tune_streaming(weights: list, rounds: int = 15, budget: int = 64 << 20,
     if remember is not None:
         with contextlib.suppress(OSError):  # a read-only home only costs the next start the timing again
             remember.parent.mkdir(parents=True, exist_ok=True)
-            tmp = remember.with_name(f"{remember.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({**known, key: chosen}))
-            os.replace(tmp, remember)
+            with written(remember) as tmp:
+                tmp.write_text(json.dumps({**known, key: chosen}))
     return tuple(chosen)
 
 

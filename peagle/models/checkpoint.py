@@ -3,7 +3,6 @@ model, and fusing HF's separate q/k/v and gate/up projections into ours (and bac
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -18,20 +17,6 @@ from peagle.models.quant import cat_rows
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded: unreadable, corrupt, or not matching its config."""
-
-
-def replace_durably(tmp: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Rename a finished temp file over ``dst`` so that a crash or power loss leaves the old file or the new
-    one, whole: the file's data is fsynced before the rename (else the rename can reach the disk first and
-    leave an empty or partial file under the final name), and the folder after it (the rename itself)."""
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, dst)
-    fd = os.open(Path(dst).parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def check_checkpoint(sd: dict[str, torch.Tensor], model: nn.Module, optional: tuple[str, ...] = ()) -> None:

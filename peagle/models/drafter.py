@@ -15,10 +15,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from peagle.files import written
 from peagle.kernels import table
 from peagle.memory import to_device
 from peagle.models.attention import Attention, AttnMeta, ChainMask, DenseKV, KVCache
-from peagle.models.checkpoint import (check_checkpoint, fuse_checkpoint, read_safetensors, replace_durably,
+from peagle.models.checkpoint import (check_checkpoint, fuse_checkpoint, read_safetensors,
                                       split_checkpoint)
 from peagle.models.layers import MLP, Linear, RMSNorm, Rotary, embedding, linear, parse_rope, set_precision
 from peagle.models.llama import (CheckpointError, DecoderLayer, ModelConfig, native_layers, stack_key, stack_weights,
@@ -353,12 +354,10 @@ def write_head(out_dir: str | os.PathLike, tensors: dict[str, torch.Tensor], cfg
     each rename a whole file."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f"model.safetensors.tmp{os.getpid()}"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    replace_durably(tmp, out / "model.safetensors")
-    tmp = out / f"config.json.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
-    replace_durably(tmp, out / "config.json")
+    with written(out / "model.safetensors", durable=True) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    with written(out / "config.json", durable=True) as tmp:
+        tmp.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def save_drafter(drafter: Drafter, out_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,

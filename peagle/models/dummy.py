@@ -10,12 +10,12 @@ directly as blocks of that format (random quants, small positive scales): what t
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from peagle.files import written
 from peagle.models.quant import FORMATS, QuantTensor
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -123,47 +123,46 @@ def write_gguf(cfg: dict, out: Path, tokenizer_gguf: Path, ftype: str = "f16", s
     if not cfg.get("tie_word_embeddings", False):
         tensors.append(("output.weight", (vocab, H)))
     out = Path(out)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    w = gguf.GGUFWriter(str(tmp), "llama")
-    w.add_name("random weights")
-    w.add_block_count(L)
-    w.add_context_length(cfg.get("max_position_embeddings", 4096))
-    w.add_embedding_length(H)
-    w.add_feed_forward_length(I)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
-    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
-    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
-    w.add_vocab_size(vocab)
-    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}[ftype])
-    for key, field in src.fields.items():  # the tokenizer, as the source file stores it
-        if key.startswith("tokenizer."):
-            kind = field.types[0]
-            if kind == gguf.GGUFValueType.ARRAY:
-                item = field.types[1]
-                vals = [field.contents(i) for i in range(len(field.data))] if item == gguf.GGUFValueType.STRING \
-                    else list(field.contents())
-                w.add_array(key, vals)
+    with written(out) as tmp:
+        w = gguf.GGUFWriter(str(tmp), "llama")
+        w.add_name("random weights")
+        w.add_block_count(L)
+        w.add_context_length(cfg.get("max_position_embeddings", 4096))
+        w.add_embedding_length(H)
+        w.add_feed_forward_length(I)
+        w.add_head_count(heads)
+        w.add_head_count_kv(kv)
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_rope_dimension_count(hd)
+        w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+        w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+        w.add_vocab_size(vocab)
+        w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}[ftype])
+        for key, field in src.fields.items():  # the tokenizer, as the source file stores it
+            if key.startswith("tokenizer."):
+                kind = field.types[0]
+                if kind == gguf.GGUFValueType.ARRAY:
+                    item = field.types[1]
+                    vals = [field.contents(i) for i in range(len(field.data))] if item == gguf.GGUFValueType.STRING \
+                        else list(field.contents())
+                    w.add_array(key, vals)
+                else:
+                    w.add_key_value(key, field.contents(), kind)
+        gen = torch.Generator().manual_seed(seed)
+        dt = GGUF_TYPES[ftype]
+        for name, shape in tensors:  # numpy's order: the writer stores ggml's (fastest dimension first)
+            norm = name.endswith("norm.weight")
+            w.add_tensor_info(name, list(shape), np.dtype(np.float32 if norm else dt),
+                              int(np.prod(shape)) * np.dtype(np.float32 if norm else dt).itemsize)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        bound = STD * 3 ** 0.5
+        for name, shape in tensors:
+            if name.endswith("norm.weight"):
+                w.write_tensor_data(np.ones(shape, np.float32))
             else:
-                w.add_key_value(key, field.contents(), kind)
-    gen = torch.Generator().manual_seed(seed)
-    dt = GGUF_TYPES[ftype]
-    for name, shape in tensors:  # numpy's order: the writer stores ggml's (fastest dimension first)
-        norm = name.endswith("norm.weight")
-        w.add_tensor_info(name, list(shape), np.dtype(np.float32 if norm else dt),
-                          int(np.prod(shape)) * np.dtype(np.float32 if norm else dt).itemsize)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    bound = STD * 3 ** 0.5
-    for name, shape in tensors:
-        if name.endswith("norm.weight"):
-            w.write_tensor_data(np.ones(shape, np.float32))
-        else:
-            w.write_tensor_data(torch.empty(shape).uniform_(-bound, bound, generator=gen).numpy().astype(dt))
-    w.close()
-    os.replace(tmp, out)
+                w.write_tensor_data(torch.empty(shape).uniform_(-bound, bound, generator=gen).numpy().astype(dt))
+        w.close()
     return out

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from peagle.files import temp_beside, written
 from peagle.memory import trim_heap
 from peagle.models.checkpoint import read_safetensors, split_checkpoint
 from peagle.models.layers import Linear, pack_model, quantize_linears, set_precision
@@ -81,7 +82,7 @@ def _gguf_meta(gguf: Path, out: Path) -> Path:
         return out
     from transformers import AutoConfig, AutoTokenizer
 
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    tmp = temp_beside(out)
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         cfg = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).to_dict()
@@ -113,9 +114,8 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     sd = {k: v.contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
-    tmp = out / f"model.safetensors.tmp{os.getpid()}"
-    save_file(sd, str(tmp))
-    os.replace(tmp, out / "model.safetensors")
+    with written(out / "model.safetensors") as tmp:
+        save_file(sd, str(tmp))
     return out
 
 
@@ -187,7 +187,7 @@ def dummy_target(name: str | os.PathLike | None) -> Path:
                                  f"config.json or a .gguf file; got {name!r}")
     out = cache_dir() / "models" / f"dummy-{label}"
     if not (out / "config.json").is_file() or json.loads((out / "config.json").read_text()) != cfg:
-        tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+        tmp = temp_beside(out)
         shutil.copytree(resolve_target(None, weights=False), tmp, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("config.json", "*.safetensors"))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from peagle.files import temp_beside
+
 MAGIC = b"PEAGLEPK"
 VERSION = 1
 DATA_START = 2 << 20  # the data starts on a 2 MB boundary of the file, so that the page cache can map it in 2 MB pages
@@ -107,7 +109,7 @@ class PackedCache:
     def create(self) -> CacheWriter | None:
         """A writer of the new cache file, its blocks reserved on disk first (a full disk is said here, not met
         halfway), or None where it cannot be made (said)."""
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp = temp_beside(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._sweep()

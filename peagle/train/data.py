@@ -17,8 +17,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from peagle.files import written
 from peagle.models.attention import AttnMeta, Span
-from peagle.models.checkpoint import CheckpointError, replace_durably
+from peagle.models.checkpoint import CheckpointError
 from peagle.models.llama import LlamaModel
 from peagle.precision import dtype_name
 from peagle.train.objective import Doc
@@ -143,9 +144,8 @@ def write_hidden(target: LlamaModel, records: list[Record], out_dir: str | os.Pa
         lens = torch.tensor([len(r.ids) for r in shards[i]], device="cpu")
         tensors = {"taps": torch.cat(taps), "final": torch.cat(final), "argmax": torch.cat(argmax),
                    "offsets": torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), lens.cumsum(0)])}
-        tmp = out / (HIDDEN_SHARD.format(i) + ".tmp")
-        save_file(tensors, str(tmp), metadata={**meta, "ids": json.dumps([r.id for r in shards[i]])})
-        replace_durably(tmp, out / HIDDEN_SHARD.format(i))
+        with written(out / HIDDEN_SHARD.format(i), durable=True) as tmp:
+            save_file(tensors, str(tmp), metadata={**meta, "ids": json.dumps([r.id for r in shards[i]])})
     if bar is not None:
         bar.close()
     return len(todo)

@@ -31,7 +31,7 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from peagle.models.checkpoint import replace_durably
+from peagle.files import written
 from peagle.precision import dtype_name
 from peagle.prompts import Prompt, read_prompts
 from peagle.engine.sampling import SamplingParams
@@ -84,10 +84,9 @@ def read_responses(out_dir: str | os.PathLike) -> Iterator[dict]:
 
 def close_shard(path: Path) -> None:
     """Gzip a full shard (temp file, rename, then remove the plain one: a kill loses nothing)."""
-    tmp = path.with_name(path.name + ".gz.tmp")
-    with open(path, "rb") as src, gzip.open(tmp, "wb") as dst:
-        dst.write(src.read())
-    replace_durably(tmp, path.with_name(path.name + ".gz"))
+    with written(path.with_name(path.name + ".gz"), durable=True) as tmp:
+        with open(path, "rb") as src, gzip.open(tmp, "wb") as dst:
+            dst.write(src.read())
     path.unlink()
 
 
@@ -105,11 +104,9 @@ def repair_shard(shard: Path) -> list[dict]:
             fh.writelines(line if line.endswith(b"\n") else line + b"\n" for line in bad)
             fh.flush()
             os.fsync(fh.fileno())
-        tmp = shard.with_name(shard.name + ".tmp")
-        with open(tmp, "wb") as fh:
+        with written(shard, durable=True) as tmp, open(tmp, "wb") as fh:
             fh.writelines(line if line.endswith(b"\n") else line + b"\n"
                           for line, r in zip(lines, recs) if r is not None)
-        replace_durably(tmp, shard)
         if bad:
             print(f"peagle: {shard}: {len(bad)} line(s) that are not response records (a write cut short) moved "
                   f"to {rejected.name}; its {sum(r is not None for r in recs)} records are kept", file=sys.stderr)

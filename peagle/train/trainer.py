@@ -37,8 +37,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from peagle.files import written
 from peagle.cpu import configure_cpu
-from peagle.models.checkpoint import CheckpointError, replace_durably
+from peagle.models.checkpoint import CheckpointError
 from peagle.models.drafter import load_drafter, save_drafter
 from peagle.models.layers import Linear
 from peagle.models.loader import choose_mask_token, load_target, load_tokenizer, resolve_target, target_gguf
@@ -392,9 +393,8 @@ class Trainer:
             }
             path = self.out / STATE
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            torch.save(state, tmp)
-            replace_durably(tmp, path)
+            with written(path, durable=True) as tmp:
+                torch.save(state, tmp)
         if self.world > 1:
             dist.barrier()
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from peagle.files import written
 from peagle.bench.peers import Decode, Peer
 from peagle.cpu import cpu_flags
 from peagle.models.loader import cache_dir, default_gguf
@@ -91,22 +92,21 @@ def gguf_file(kind: str) -> Path:
         return out
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".tmp{os.getpid()}")
-    quantize = native_bin("llama-quantize")
-    if quantize is not None:  # llama.cpp's own tool
+    with written(out) as tmp:
+        quantize = native_bin("llama-quantize")
+        if quantize is not None:  # llama.cpp's own tool
+            res = subprocess.run([str(quantize), "--allow-requantize", str(src), str(tmp), kind],
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(f"llama-quantize could not convert {src.name} to {kind}: {res.stderr[-400:]}")
+        else:
+            require()
+            import llama_cpp
 
-        res = subprocess.run([str(quantize), "--allow-requantize", str(src), str(tmp), kind], capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"llama-quantize could not convert {src.name} to {kind}: {res.stderr[-400:]}")
-    else:
-        require()
-        import llama_cpp
-
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.allow_requantize, params.nthread = FTYPES[kind], True, os.cpu_count() or 1
-        if llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
-            raise RuntimeError(f"llama.cpp could not convert {src.name} to {kind}")
-    tmp.rename(out)
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype, params.allow_requantize, params.nthread = FTYPES[kind], True, os.cpu_count() or 1
+            if llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
+                raise RuntimeError(f"llama.cpp could not convert {src.name} to {kind}")
     return out
 
 
