@@ -42,6 +42,25 @@ def test_the_kernels_are_built():
     assert kernels.isa() in LANES
 
 
+def test_a_killed_builds_lock_does_not_stop_the_next_build(tmp_path, monkeypatch):
+    """torch's build waits forever on a ``lock`` file a killed build left; peagle's own lock (released by the OS
+    with its process) tells a leftover from a build running now."""
+    import torch.utils.cpp_extension as ext
+
+    built = []
+
+    def load(name, build_directory, **kw):  # torch's FileBaton: wait while `lock` exists (here: fail at once)
+        assert not (Path(build_directory) / "lock").exists(), "would wait forever on a dead build's lock"
+        built.append(name)
+
+    monkeypatch.setattr(ext, "load", load)
+    monkeypatch.setattr(kernels, "BUILD_DIR", tmp_path)
+    monkeypatch.setattr(kernels, "STAMP", tmp_path / "stamp")
+    (tmp_path / "lock").write_text("")  # a build killed mid-way
+    kernels.build()
+    assert built == ["peagle_kernels"] and (tmp_path / "stamp").read_text() == kernels._fingerprint()
+
+
 def case(m: int, k: int, n: int, wtype: torch.dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g)

@@ -15,6 +15,7 @@ says so once and the models keep torch's own matmul.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -26,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from peagle.files import written
 from peagle.cpu import cpuinfo
+from peagle.files import written
 from peagle.kernels.blocks import BLOCK_SIZES, BlockSizes
 
 HERE = Path(__file__).parent
@@ -50,13 +51,18 @@ def _fingerprint() -> str:
 
 
 def build(verbose: bool = False) -> Path:
-    """Compile the kernels for this machine's torch into ``build/`` (needs a C++ compiler)."""
+    """Compile the kernels for this machine's torch into ``build/`` (needs a C++ compiler). One build at a time
+    holds ``build.flock`` (the OS lets go of it when its process dies); torch's own ``lock`` file found then was
+    left by a build that was killed, and torch would wait on it forever: it is deleted."""
     from torch.utils.cpp_extension import load
 
     BUILD_DIR.mkdir(exist_ok=True)
-    load(name="peagle_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
-         build_directory=str(BUILD_DIR), is_python_module=False, verbose=verbose)
-    STAMP.write_text(_fingerprint())
+    with open(BUILD_DIR / "build.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (BUILD_DIR / "lock").unlink(missing_ok=True)
+        load(name="peagle_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
+             extra_ldflags=["-fopenmp"], build_directory=str(BUILD_DIR), is_python_module=False, verbose=verbose)
+        STAMP.write_text(_fingerprint())
     return LIBRARY
 
 
