@@ -122,10 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from peagle.serve.limits import ServerLimits
 
     spec = speculative_config(args.speculative_config)
-    limits = ServerLimits(max_body_bytes=args.max_request_body_bytes, max_header_bytes=args.max_request_header_bytes,
-                          read_timeout=args.request_read_timeout, limit_concurrency=args.limit_concurrency,
-                          max_prompt_chars=args.max_prompt_chars, max_choices=args.max_choices_per_request,
-                          max_stop_strings=args.max_stop_strings, max_stop_chars=args.max_stop_string_chars)
+    limits = ServerLimits.from_args(args)
     # uvicorn shuts down gracefully on SIGTERM, then raises it again: exit cleanly then, through the
     # `finally` below that stops the engine process
     signal.signal(signal.SIGTERM, _exit_cleanly)
@@ -396,32 +393,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return args.bench_main(args)
 
 
-def _add_limit_args(v: argparse.ArgumentParser) -> None:
-    from peagle.serve.limits import CHARS_PER_TOKEN, ServerLimits
-
-    lim = ServerLimits()   # the limits on one client (peagle/serve/limits.py); each refusal an OpenAI error object
-    v.add_argument("--max-request-body-bytes", type=int, default=lim.max_body_bytes,
-                   help="a larger body gets a 413, by its Content-Length or once that many bytes have come "
-                        f"(default {lim.max_body_bytes})")
-    v.add_argument("--max-request-header-bytes", type=int, default=lim.max_header_bytes,
-                   help=f"a request line and headers larger get a 431 (default {lim.max_header_bytes})")
-    v.add_argument("--request-read-timeout", type=float, default=lim.read_timeout,
-                   help="seconds a client has to send a request's headers, and then its body; a slower one gets a "
-                        f"408 and its connection is closed (default {lim.read_timeout:g})")
-    v.add_argument("--limit-concurrency", type=int, default=lim.limit_concurrency,
-                   help="open connections and requests in flight beyond which the server answers 503 "
-                        f"(uvicorn's flag; default {lim.limit_concurrency})")
-    v.add_argument("--max-prompt-chars", type=int, default=lim.max_prompt_chars,
-                   help="a longer prompt (a chat's messages together) gets a 400 before it is tokenized "
-                        f"(default {CHARS_PER_TOKEN} x the maximum context length)")
-    v.add_argument("--max-choices-per-request", type=int, default=lim.max_choices,
-                   help=f"prompts x n a request may ask for (default {lim.max_choices})")
-    v.add_argument("--max-stop-strings", type=int, default=lim.max_stop_strings,
-                   help=f"stop strings a request may have (default {lim.max_stop_strings})")
-    v.add_argument("--max-stop-string-chars", type=int, default=lim.max_stop_chars,
-                   help=f"characters a stop string may have (default {lim.max_stop_chars})")
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``peagle`` parser. ``command``: the one about to run, when known; the server's and the benchmarks'
     arguments (whose modules import FastAPI and uvicorn: ~0.4 s) are then added only if it is theirs."""
@@ -502,7 +473,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_kv_args(v)
     v.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond which the server answers 503")
     if command in (None, "serve"):  # the server's modules (FastAPI, uvicorn) imported only for it
-        _add_limit_args(v)
+        from peagle.serve.limits import ServerLimits
+
+        ServerLimits.add_arguments(v)   # the limits on one client, each refusal an OpenAI error object
     v.set_defaults(func=cmd_serve)
 
     y = sub.add_parser("synth", help="the target writes responses to prompt files (training data); resumable")

@@ -239,3 +239,22 @@ def test_check_request_without_http():
     assert ServerLimits().most_prompt_chars(8192) == 16 * 8192
     with pytest.raises(ValueError, match="max_stop_strings must be positive, got 0"):
         ServerLimits(max_stop_strings=0)
+
+
+def test_each_limit_is_a_serve_flag_that_sets_it():
+    """``peagle serve``'s flags come from the limits' fields: every field has one, the defaults are the fields', and
+    each flag sets its own field (a flag wired to the wrong field, or a field without a flag, fails here)."""
+    from dataclasses import fields
+
+    from peagle.cli import build_parser
+
+    parse = lambda *a: ServerLimits.from_args(build_parser("serve").parse_args(["serve", *a]))  # noqa: E731
+    assert parse() == ServerLimits()
+    values = {"max_body_bytes": 5, "max_header_bytes": 6, "read_timeout": 2.5, "limit_concurrency": 7,
+              "max_prompt_chars": 8, "max_choices": 9, "max_stop_strings": 10, "max_stop_chars": 11}
+    assert set(values) == {f.name for f in fields(ServerLimits)}
+    flags = [a for f in fields(ServerLimits) for a in (f.metadata["flag"], str(values[f.name]))]
+    assert parse(*flags) == ServerLimits(**values)
+    assert parse("--request-read-timeout", "0.5").read_timeout == 0.5
+    with pytest.raises(ValueError, match="must be positive"):
+        parse("--max-stop-strings", "0")

@@ -18,7 +18,7 @@ import asyncio
 import functools
 import json
 from asyncio import TimerHandle
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from http import HTTPStatus
 from typing import Any
 
@@ -35,17 +35,45 @@ CHARS_PER_TOKEN = 16
 LINGER_S = 2.0   # how long a refused connection reads and drops what its client still sends, then closes
 
 
+def _limit(default: int | float | None, flag: str, doc: str):
+    """A limit's field: its default, its ``peagle serve`` flag and the flag's help ("{default}" in it: the default)."""
+    return field(default=default, metadata={"flag": flag, "help": doc})
+
+
 @dataclass(frozen=True)
 class ServerLimits:
-    """The limits on one client: none is unbounded, and the defaults leave room for what clients ask of this model."""
-    max_body_bytes: int = 8 * 2 ** 20      # --max-request-body-bytes: a request body (413)
-    max_header_bytes: int = 64 * 2 ** 10   # --max-request-header-bytes: a request's line and headers (431)
-    read_timeout: float = 30.0             # --request-read-timeout: s for a request's headers, then its body (408)
-    limit_concurrency: int = 512           # --limit-concurrency: connections and requests in flight (503)
-    max_prompt_chars: int | None = None    # --max-prompt-chars: per prompt; None: CHARS_PER_TOKEN x max_model_len
-    max_choices: int = 32                  # --max-choices-per-request: prompts x n (400)
-    max_stop_strings: int = 16             # --max-stop-strings (400)
-    max_stop_chars: int = 256              # --max-stop-string-chars: each stop string (400)
+    """The limits on one client: none is unbounded, and the defaults leave room for what clients ask of this model.
+    Each is a ``peagle serve`` flag (:meth:`add_arguments`, :meth:`from_args`); each refusal an OpenAI error object."""
+    max_body_bytes: int = _limit(8 * 2 ** 20, "--max-request-body-bytes", "a larger body gets a 413, by its "
+                                 "Content-Length or once that many bytes have come (default {default})")
+    max_header_bytes: int = _limit(64 * 2 ** 10, "--max-request-header-bytes",
+                                   "a request line and headers larger get a 431 (default {default})")
+    read_timeout: float = _limit(30.0, "--request-read-timeout", "seconds a client has to send a request's headers, "
+                                 "and then its body; a slower one gets a 408 and its connection is closed (default "
+                                 "{default})")
+    limit_concurrency: int = _limit(512, "--limit-concurrency", "open connections and requests in flight beyond which "
+                                    "the server answers 503 (uvicorn's flag; default {default})")
+    max_prompt_chars: int | None = _limit(None, "--max-prompt-chars", "a longer prompt (a chat's messages together) "
+                                          f"gets a 400 before it is tokenized (default {CHARS_PER_TOKEN} x the "
+                                          "maximum context length)")
+    max_choices: int = _limit(32, "--max-choices-per-request", "prompts x n a request may ask for (default {default})")
+    max_stop_strings: int = _limit(16, "--max-stop-strings", "stop strings a request may have (default {default})")
+    max_stop_chars: int = _limit(256, "--max-stop-string-chars", "characters a stop string may have (default {default})")
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        """Each limit's flag on ``parser`` (an argparse parser or group), its default the field's."""
+        for f in fields(cls):
+            kind = float if isinstance(f.default, float) else int
+            flag = f.metadata["flag"]
+            parser.add_argument(flag, dest=f.name, metavar=flag.lstrip("-").upper().replace("-", "_"), type=kind,
+                                default=f.default,
+                                help=f.metadata["help"].format(default=f"{f.default:g}" if kind is float else f.default))
+
+    @classmethod
+    def from_args(cls, args) -> ServerLimits:
+        """The limits the flags of :meth:`add_arguments` set."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
     def __post_init__(self):
         for f in fields(self):
