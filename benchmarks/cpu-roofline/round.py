@@ -9,10 +9,9 @@ in rounds of 10 steps.
 """
 import statistics
 import sys
-import time
 
+from peagle.bench.steps import begin, step_times
 from peagle.engine.llm_engine import LLMEngine
-from peagle.engine.sampling import SamplingParams
 from peagle.prompts import dataset_path, read_prompt_file
 
 KS = (1, 3, 7)
@@ -26,17 +25,8 @@ for fmt in (sys.argv[1].split(",") if len(sys.argv) > 1 else ["gguf", "gguf-exac
     kv = sys.argv[2] if len(sys.argv) > 2 else "auto"
     engines = {k: LLMEngine.from_pretrained(None, method="none" if k == 0 else "parallel", k=max(k, 1), max_num_seqs=1,
                                             kv_cache_dtype=kv, **how) for k in (0, *KS)}
-    seqs = {}
-    for k, e in engines.items():
-        seqs[k] = e.add_request(e.encode_prompt(text), SamplingParams(max_tokens=10 ** 6, ignore_eos=True))
-        e.step()  # prefill
-    times = {k: [] for k in engines}
-    for _ in range(12):
-        for k, e in engines.items():
-            for _ in range(10):
-                t = time.perf_counter()
-                e.step()
-                times[k].append(time.perf_counter() - t)
+    seqs = begin(engines, engines[0].encode_prompt(text))
+    times = step_times(engines, 12, 10)
     ms = {k: statistics.median(ts) * 1e3 for k, ts in times.items()}
     per_round = len(seqs[7].output_ids) / (len(times[7]) + 1)
     cells = " | ".join(f"{ms[k]:.2f} | {ms[k] / ms[0]:.2f}" for k in KS)

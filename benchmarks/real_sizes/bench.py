@@ -99,6 +99,7 @@ def inner(path: str, reps: int) -> dict:
     """In a child with its thread count set: peagle's engine on ``path``: step times, prefill rate, bytes a step."""
     import torch
 
+    from peagle.bench.steps import begin, step_times
     from peagle.engine.config import EngineConfig
     from peagle.engine.llm_engine import LLMEngine
     from peagle.engine.sampling import SamplingParams
@@ -117,17 +118,8 @@ def inner(path: str, reps: int) -> dict:
     for k in (1, 3, 7):
         engines[k] = LLMEngine(target, head, EngineConfig(method="parallel", num_speculative_tokens=k, **off), tok)
     prompt = tok("The quick brown fox jumps over the lazy dog. " * 4)["input_ids"]
-    for e in engines.values():
-        e.add_request(list(prompt), SamplingParams(max_tokens=10 ** 6, ignore_eos=True))
-        e.step()  # prefill
-    times: dict[int, list[float]] = {k: [] for k in engines}
-    for _ in range(reps):  # the engines interleaved: a burst of load lands on all of them
-        for k, e in engines.items():
-            for _ in range(8):
-                t = time.perf_counter()
-                e.step()
-                times[k].append(time.perf_counter() - t)
-    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    begin(engines, prompt)
+    ms = {k: statistics.median(v) * 1e3 for k, v in step_times(engines, reps, 8).items()}
     long = (prompt * 64)[:512]
     pp = []
     for _ in range(2):

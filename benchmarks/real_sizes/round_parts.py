@@ -10,10 +10,10 @@ import statistics
 import sys
 import time
 
+from peagle.bench.steps import begin, step_times
 from peagle.engine.config import EngineConfig
 from peagle.engine.llm_engine import LLMEngine
 from peagle.engine.model_runner import ModelRunner
-from peagle.engine.sampling import SamplingParams
 from peagle.models.loader import load_drafter_for, load_target, load_tokenizer, resolve_target
 
 path, reps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -41,22 +41,21 @@ off = dict(prompt_lookup_max=0, response_lookup="none", max_num_seqs=1, max_mode
 engines = {0: LLMEngine(target, None, EngineConfig(method="none", **off), tok)}
 for k in (1, 3, 7):
     engines[k] = LLMEngine(target, head, EngineConfig(method="parallel", num_speculative_tokens=k, **off), tok)
-prompt = tok("The quick brown fox jumps over the lazy dog. " * 4)["input_ids"]
-for e in engines.values():
-    e.add_request(list(prompt), SamplingParams(max_tokens=10 ** 6, ignore_eos=True))
-    e.step()
+begin(engines, tok("The quick brown fox jumps over the lazy dog. " * 4)["input_ids"])
 res = {k: {"step": [], "forward": [], "propose": []} for k in engines}
-for _ in range(reps):
-    for k, e in engines.items():
-        for _ in range(8):
-            for v in acc.values():
-                v.clear()
-            t = time.perf_counter()
-            e.step()
-            dt = time.perf_counter() - t
-            res[k]["step"].append(dt)
-            res[k]["forward"].append(sum(acc["forward"]))
-            res[k]["propose"].append(sum(acc["propose"]))
+
+
+def each(k: int, seconds: float) -> None:
+    """A step's time and its parts', the parts' clocks then reset for the next step."""
+    res[k]["step"].append(seconds)
+    for name, v in acc.items():
+        res[k][name].append(sum(v))
+        v.clear()
+
+
+for v in acc.values():  # the prefills'
+    v.clear()
+step_times(engines, reps, 8, each)
 med = {k: {n: statistics.median(v) * 1e3 for n, v in r.items()} for k, r in res.items()}
 base = med[0]["step"]
 for k, m in med.items():
