@@ -33,10 +33,10 @@ from peagle.engine.tree import Tree, TreeBatch, accept_paths, path_rows, path_sl
 from peagle.memory import to_device
 from peagle.models.attention import AttnMeta, KVCache, Span
 from peagle.models.drafter import Drafter
-from peagle.models.layers import Linear, pack_for_inference, weight_dtype
+from peagle.models.layers import pack_for_inference, weight_dtype
 from peagle.models.llama import LlamaModel
 from peagle.models.loader import cache_dir
-from peagle.models.quant import QuantTensor, bf16_dots, integer_path
+from peagle.models.quant import bf16_dots, integer_path, packed_matrices
 from peagle.precision import precision_name
 
 
@@ -66,9 +66,7 @@ class ModelRunner:
         if drafter is not None:
             pack_for_inference(drafter)
         if self.device.type == "cpu":  # the tiles' shape for this CPU, timed on the target's own matrices
-            kernels.tune_streaming([m.weight for m in target.modules()
-                                    if isinstance(m, Linear) and isinstance(m.weight, QuantTensor) and m.weight.packed],
-                                   remember=cache_dir() / "streaming.json")
+            kernels.tune_streaming(packed_matrices(target), remember=cache_dir() / "streaming.json")
         if config.uses_head:
             if drafter is None:
                 raise ValueError(f"method {config.method!r} needs a drafter")
@@ -333,3 +331,4 @@ class ModelRunner:
                 normed, h = d(out[-1], h, pos + step, self.drafter_caches, meta)
             out.append(d.to_target_ids(argmax(d.logits(normed))))
         return torch.stack(out, dim=1)[..., None]
+

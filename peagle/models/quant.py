@@ -385,6 +385,13 @@ def formats(model: torch.nn.Module, packed: bool | None = None) -> list[str]:
     return sorted({q.format for q in parts})
 
 
+def packed_matrices(model: torch.nn.Module) -> list[QuantTensor]:
+    """``model``'s packed matrices (GGUF blocks and bf16 pairs; a fused matrix's parts apart) in its order: what a
+    decoding step streams."""
+    return [q for p in model.parameters() if isinstance(p, (QuantTensor, QuantParts))
+            for q in (p.parts if isinstance(p, QuantParts) else [p]) if q.packed]
+
+
 def onto_huge_pages(weights: list[QuantTensor]) -> None:
     """``weights``' blocks (CPU ones; blocks shared by several weights once) moved into one mapping backed by 2 MB
     pages (:func:`~peagle.memory.anonymous_memory`). A decoding step streams every packed weight; on 4 KB pages it
