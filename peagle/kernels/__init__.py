@@ -210,24 +210,26 @@ def bf16_isa() -> str:
 
 _tuned = False
 WIDE = 1 << 62  # a stream limit no weight reaches: the wide tiles for every weight
+TUNE_BYTES = 1 << 30  # the most weights timed: twice the largest last-level cache seen, ~1 s of a first start
 TUNE_VERSION = 2  # in the remembered verdicts' key: version 1 timed a cache-sized subset, and chose from two settings
 
 
 @torch.inference_mode()
-def tune_streaming(weights: list, rounds: int = 3, remember: Path | None = None) -> tuple[int, int] | None:
+def tune_streaming(weights: list, rounds: int = 2, remember: Path | None = None) -> tuple[int, int] | None:
     """Where packed weights (GGUF blocks on the integer path, bf16 pairs on the bf16 one) stream in tiles one
     packed group wide (one read stream) rather than the wider tiles that hide the dot products' latency, for
     passes of one row and taller (``csrc/linear_tiles.h``, ``run_packed``): the CPU's answer, not a constant.
     Three settings are timed: every weight one group wide (0), the kernels' default (weights over 16 MiB: LM
     heads), and none (:data:`WIDE`). On a Zen 4 every matrix of the default model is faster one group wide; on a
     Zen 5 4-row passes are slower so; on a Sapphire Rapids Xeon decoding an 8B file is 1.24-1.28x faster with
-    wide tiles for every weight (3B 1.17x, 1B 1.07x). Timed at 1 and 4 rows on all of ``weights`` (a model's
-    packed weights) in their order, as decoding reads them: a subset sits in the last-level cache and answers for
-    the cache, not for memory (a 64 MiB subset, in that Xeon's 480 MiB L3, chose one group wide for the 8B files).
+    wide tiles for every weight (3B 1.17x, 1B 1.07x). Timed at 1 and 4 rows on ``weights`` (a model's packed
+    weights) in their order, as decoding reads them, up to :data:`TUNE_BYTES`: a subset that fits the last-level
+    cache answers for the cache, not for memory (a 64 MiB subset, in that Xeon's 480 MiB L3, chose one group wide
+    for the 8B files).
     The fastest of ``rounds`` each, after a warm-up round, the settings alternating (the host's other work only
     adds time); the default is kept unless another is 3% faster. Once a process: the shape never changes a
     result, only its speed. With ``remember`` (a JSON file), a verdict found there for the same library, CPU,
-    thread count and weights is taken instead of timing (about 1 s a GB of weights), and a new one is added to it.
+    thread count and weights is taken instead of timing (0.06 s for the default model, 0.95 s at 8B, here), and a new one is added to it.
     Returns the limits (one row, taller); None without weights."""
     global _tuned
     if not weights or not available():
@@ -243,15 +245,21 @@ def tune_streaming(weights: list, rounds: int = 3, remember: Path | None = None)
     if isinstance(known.get(key), list) and len(known[key]) == 2 and all(isinstance(v, int) for v in known[key]):
         torch.ops.peagle.set_stream_bytes(*known[key])
         return tuple(known[key])
+    timed, total = [], 0
+    for w in weights:  # the first TUNE_BYTES (a MoE model's experts are not all read by a step)
+        if total >= TUNE_BYTES:
+            break
+        timed.append(w)
+        total += w.blocks.numel() * w.blocks.element_size()
     chosen = []
     for i, rows in enumerate((1, 4)):
-        xs = [torch.randn(rows, w.shape[1]) for w in weights]
+        xs = [torch.randn(rows, w.shape[1]) for w in timed]
         times: dict[int, list[float]] = {before[i]: [], 0: [], WIDE: []}
         for r in range(rounds + 1):  # the first round warms the pages and the thread pool
             for limit, ts in times.items():
                 torch.ops.peagle.set_stream_bytes(limit, limit)
                 t = time.perf_counter()
-                for x, w in zip(xs, weights):
+                for x, w in zip(xs, timed):
                     torch.ops.peagle.linear(x, w.blocks)
                 if r > 0:
                     ts.append(time.perf_counter() - t)
