@@ -16,6 +16,13 @@ def temp_beside(path: str | os.PathLike) -> Path:
     return path.with_name(f"{path.name}.{os.getpid()}.tmp")
 
 
+def temps_of(path: str | os.PathLike) -> Iterator[tuple[Path, str]]:
+    """The temporary files :func:`temp_beside` named for ``path``, each with the text its writer's pid stands in."""
+    path = Path(path)
+    for f in path.parent.glob(f"{path.name}.*.tmp"):
+        yield f, f.name[len(path.name) + 1:-len(".tmp")]
+
+
 def fsync_folder(folder: str | os.PathLike) -> None:
     """Make a rename in ``folder`` durable."""
     fd = os.open(folder, os.O_RDONLY)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from peagle.files import temp_beside
+from peagle.files import temp_beside, temps_of
 
 MAGIC = b"PEAGLEPK"
 VERSION = 1
@@ -129,8 +129,7 @@ class PackedCache:
     def _sweep(self) -> None:
         """Delete the temporary files of this cache that a process which is gone left (killed while packing): each
         is the model's size."""
-        for f in self.path.parent.glob(f"{self.path.name}.*.tmp"):
-            pid = f.name[len(self.path.name) + 1:-len(".tmp")]
+        for f, pid in temps_of(self.path):
             try:
                 os.kill(int(pid), 0)
             except ProcessLookupError:
