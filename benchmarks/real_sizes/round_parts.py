@@ -1,9 +1,11 @@
 """Where a speculative round's time goes (bench.py's rounds, taken apart): the target's pass over 1 or K + 1 rows
-(``ModelRunner.forward``), the drafter's pass (``ModelRunner.propose``: a random 1-layer head, quantized and packed
-beside the target) and the rest of the step, at K = 0 (plain), 1, 3, 7; lookups off, one request, the engines'
-steps interleaved, medians of 8 x REPS steps each.
+(``ModelRunner.forward``), the drafter's pass (``ModelRunner.propose``: a random 1-layer head over the whole
+vocabulary, or HEAD, quantized and packed beside the target) and the rest of the step, at K = 0 (plain), 1, 3, 7;
+lookups off, one request, the engines' steps interleaved, medians of 8 x REPS steps each. A head with a draft
+vocabulary, as trained heads have (``peagle train``'s default 8,192; EAGLE-3's 32k of 128k), reads less:
 
-    PEAGLE_TORCH_THREADS=2 python benchmarks/real_sizes/round_parts.py FILE.gguf [REPS]
+    peagle init-drafter --target FILE.gguf --layers 1 --draft-vocab 8192 --out HEAD
+    PEAGLE_TORCH_THREADS=2 python benchmarks/real_sizes/round_parts.py FILE.gguf [REPS [HEAD]]
 """
 import json
 import statistics
@@ -17,6 +19,7 @@ from peagle.engine.model_runner import ModelRunner
 from peagle.models.loader import load_drafter_for, load_target, load_tokenizer, resolve_target
 
 path, reps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 3
+drafter = sys.argv[3] if len(sys.argv) > 3 else None
 acc = {"forward": [], "propose": []}
 
 
@@ -36,7 +39,7 @@ for name in acc:
     setattr(ModelRunner, name, timed(name))
 tok = load_tokenizer(resolve_target(path, weights=False))
 target, folder = load_target(path)
-head = load_drafter_for(target, folder, None, tok)
+head = load_drafter_for(target, folder, drafter, tok)
 off = dict(prompt_lookup_max=0, response_lookup="none", max_num_seqs=1, max_model_len=1024)
 engines = {0: LLMEngine(target, None, EngineConfig(method="none", **off), tok)}
 for k in (1, 3, 7):

@@ -1,0 +1,37 @@
+"""The integer path's products at 1-16 rows on two instruction sets, over more matrices than the caches hold:
+COUNT Q4_0 (or FORMAT) matrices of a 3B layer's 8,192 x 3,072, one sweep over all of them timed per ISA, the two
+alternating, medians of 5. How a pass's cost grows with its rows (a verify pass is K + 1 rows) where the weights
+stream from memory, and whether AMX tiles pay (docs/real-sizes.md).
+
+    PEAGLE_TORCH_THREADS=2 python benchmarks/real_sizes/isa_rows.py [FORMAT [COUNT [ISA ISA]]]
+"""
+import statistics
+import sys
+import time
+
+import torch
+
+from peagle import kernels
+from peagle.cpu import configure_cpu
+from peagle.models.amx_probe import random_blocks
+from peagle.models.quant import pack
+
+fmt = sys.argv[1] if len(sys.argv) > 1 else "q4_0"
+count = int(sys.argv[2]) if len(sys.argv) > 2 else 48
+isas = sys.argv[3:5] if len(sys.argv) > 4 else ["avx512vnni", "amx"]
+configure_cpu()
+assert kernels.available(), "the native kernels are not built (make setup)"
+g = torch.Generator().manual_seed(0)
+ws = [pack(random_blocks(fmt, 8192, 3072, g)) for _ in range(count)]
+print(f"{count} {fmt} matrices of 8192 x 3072, {torch.get_num_threads()} threads; ms a sweep, {isas[1]} / {isas[0]}")
+for rows in (1, 2, 4, 8, 16):
+    x = torch.randn(rows, 3072, generator=g)
+    ms: dict[str, list[float]] = {isa: [] for isa in isas}
+    for _ in range(5):
+        for isa in isas:
+            t = time.perf_counter()
+            for w in ws:
+                torch.ops.peagle.linear(x, w, None, isa)
+            ms[isa].append((time.perf_counter() - t) * 1e3)
+    a, b = (statistics.median(ms[isa]) for isa in isas)
+    print(f"rows {rows:2d}: {isas[0]} {a:6.1f}  {isas[1]} {b:6.1f}  {b / a:.2f}x", flush=True)
