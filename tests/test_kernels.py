@@ -310,6 +310,30 @@ def test_rope_write_rounds_into_half_pools_as_torch_does():
         torch.ops.peagle.rope_write(qkv.clone(), cos, sin, H, k16, v32, slots)
 
 
+@native
+def test_rope_write_leaves_the_last_rows_keys_in_a_slot_several_rows_name():
+    """The engine sends every row that keeps nothing to one scratch slot: the pools end as index_copy_ in row
+    order leaves them (the last row's keys), the rows split over the threads (written concurrently, that slot
+    was a data race under ThreadSanitizer). Planted fault: the first row's keys kept."""
+    from conftest import torch_threads
+
+    g = torch.Generator().manual_seed(6)
+    T, H, Hkv, d = 64, 4, 2, 16
+    qkv = torch.randn(T, H + 2 * Hkv, d, generator=g)
+    cos, sin = torch.randn(T, d, generator=g), torch.randn(T, d, generator=g)
+    slots = torch.randint(0, 6, (T,), generator=g)
+    slots[T // 2:] = torch.where(slots[T // 2:] < 3, 7, slots[T // 2:])  # slot 7 named in both threads' rows
+    each_k, each_v = torch.zeros(T, Hkv, d), torch.zeros(T, Hkv, d)  # every row's keys in a slot of its own
+    torch.ops.peagle.rope_write(qkv.clone(), cos, sin, H, each_k, each_v, torch.arange(T))
+    k, v = torch.zeros(8, Hkv, d), torch.zeros(8, Hkv, d)
+    with torch_threads(2):
+        torch.ops.peagle.rope_write(qkv.clone(), cos, sin, H, k, v, slots)
+    for s in range(8):
+        rows = (slots == s).nonzero().flatten()
+        want = (each_k[rows[-1]], each_v[rows[-1]]) if len(rows) else (torch.zeros(Hkv, d), torch.zeros(Hkv, d))
+        assert torch.equal(k[s], want[0]) and torch.equal(v[s], want[1]), s
+
+
 @each_isa()
 def test_norms_and_half_writes_give_the_scalar_bits_on_every_isa(isa):
     """rms_norm's rows (alone and after the residual add) and rope_write's float16 writes run a SIMD twin

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -106,7 +107,10 @@ static constexpr int64_t MAX_ROPE_DIM = 512;  // rope_write's row buffer
 
 // qkv [rows, H + 2 Hkv, d]: RoPE (HF's rotate-half: x * cos + rotate_half(x) * sin, as three rounded
 // operations like torch's eager ops) on the H query and Hkv key heads in place, then keys and values
-// into the pools [slots, Hkv, d] at ``slots[row]`` (float32, or float16 rounded to nearest even).
+// into the pools [slots, Hkv, d] at ``slots[row]`` (float32, or float16 rounded to nearest even). Rows naming one
+// slot (the engine sends every row that keeps nothing to the pools' scratch slot) leave the last one's keys
+// there, as index_copy_ in row order would, and no two threads write it: concurrent writes of one slot were a
+// data race (ThreadSanitizer, docs/exactness.md), harmless only because nothing reads the scratch slot.
 void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t H,
                        const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots) {
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && qkv.dim() == 3 && qkv.is_contiguous(), "peagle::rope_write: qkv must be contiguous float32 [rows, heads, d]");
@@ -129,6 +133,13 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
   for (int64_t t = 0; t < T; ++t)  // before anything is written: a bad slot leaves qkv and the pools as they were
     TORCH_CHECK(sl[t] >= 0 && sl[t] < nslots, "peagle::rope_write: slots[", t, "] = ", sl[t], " is no slot of the pools (",
                 nslots, " slots)");
+  // writes: whether a row's keys go to the pools; named: a slot a later row takes (all clear between calls)
+  static thread_local std::vector<uint8_t> named, writes;
+  named.resize(size_t(std::max<int64_t>(int64_t(named.size()), nslots)));
+  writes.resize(size_t(T));
+  for (int64_t t = T - 1; t >= 0; --t) writes[t] = !std::exchange(named[sl[t]], 1);
+  for (int64_t t = 0; t < T; ++t) named[sl[t]] = 0;
+  const uint8_t* keeps = writes.data();  // the caller's: a thread_local named in the lambda is each thread's own
   const HalfRow to_half = half_row();
   parallel_for(0, T, row_grain(), [&](int64_t t0, int64_t t1) {
     float tmp[MAX_ROPE_DIM];
@@ -142,6 +153,7 @@ void rope_write(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& 
         }
         std::copy(tmp, tmp + d, v);
       }
+      if (!keeps[t]) continue;
       const int64_t slot = sl[t];
       const float *kx = x + (t * heads + H) * d, *vx = kx + Hkv * d;
       if (half_pools) {  // rounded to nearest even, as torch's .to(float16)

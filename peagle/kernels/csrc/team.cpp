@@ -85,8 +85,11 @@ void run_team(const std::function<void()>& body) {
   if (threads <= 1 || led || at::in_parallel_region() || std::getenv("PEAGLE_NO_TEAM")) return body();
   const uint64_t seen = board.posted.load(std::memory_order_acquire);
   std::exception_ptr error;
+  char fork, join;
+  seen_before(&fork);
 #pragma omp parallel num_threads(threads)
   {
+    seen_after(&fork);
     const int64_t me = omp_get_thread_num();
     if (me == 0) {
       led = omp_get_num_threads();
@@ -101,7 +104,9 @@ void run_team(const std::function<void()>& body) {
     } else {
       member(me, seen);
     }
+    seen_before(&join);
   }
+  seen_after(&join);
   board.stop = false;
   if (error) std::rethrow_exception(error);
 }

@@ -10,8 +10,21 @@
 
 #include <algorithm>
 #include <functional>
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
 
 namespace peagle {
+
+// ThreadSanitizer sees the job board's atomics but not OpenMP's fork and join (libgomp is not instrumented); in a
+// -fsanitize=thread build they are told to it, so that what it reports is a race of the kernels' own.
+#if defined(__SANITIZE_THREAD__)
+inline void seen_before(void* token) { __tsan_release(token); }
+inline void seen_after(void* token) { __tsan_acquire(token); }
+#else
+inline void seen_before(void*) {}
+inline void seen_after(void*) {}
+#endif
 
 using RangeFn = c10::function_ref<void(int64_t, int64_t)>;
 
@@ -35,7 +48,14 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   const int64_t chunks = std::min<int64_t>(threads, grain > 0 ? (range + grain - 1) / grain : threads);
   if (chunks <= 1 || (!team && at::in_parallel_region())) return f(begin, end);
   if (team) return team_split(begin, end, chunks, f);
-  at::parallel_for(begin, end, grain, f);
+  char fork, join;
+  seen_before(&fork);
+  at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) {
+    seen_after(&fork);
+    f(b, e);
+    seen_before(&join);
+  });
+  seen_after(&join);
 }
 
 // ``body`` on the calling thread with torch's other threads as its team (on the calling thread alone where
