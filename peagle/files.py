@@ -4,9 +4,11 @@ own beside it, then one rename."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 
 def temp_beside(path: str | os.PathLike) -> Path:
@@ -59,3 +61,24 @@ def written(path: str | os.PathLike, durable: bool = False) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
+
+
+def remembered(path: Path | None, key: str, make: Callable[[], Any], valid: Callable[[Any], bool]) -> Any:
+    """``make()``'s value, kept under ``key`` in the JSON object at ``path`` (a measurement a later process
+    would repeat: the kernels' tile widths, the engine's pass costs): a value found there that ``valid`` accepts
+    is taken instead; a missing, torn or foreign file counts as empty. A new value is added in one rename; a
+    read-only home only costs the next process the measurement again. ``path`` None: always made."""
+    known: dict = {}
+    if path is not None:
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(Path(path).read_text())
+            known = data if isinstance(data, dict) else {}
+        if key in known and valid(known[key]):
+            return known[key]
+    value = make()
+    if path is not None:
+        with contextlib.suppress(OSError):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with written(path) as tmp:
+                tmp.write_text(json.dumps({**known, key: value}))
+    return value

@@ -3,6 +3,7 @@ maximum for a perfect one, smaller K as the batch grows. Costs are fixed curves 
 own are timed at start-up), so the choices do not depend on this machine's speed."""
 from __future__ import annotations
 
+import json
 import mmap
 
 import pytest
@@ -11,6 +12,7 @@ from conftest import native_from_hf, tiny_hf
 from speculation import DRAFTER, MASK, TARGET, OracleDrafter, Watch, fixed_costs, make_engine, prompts
 
 from peagle.engine.auto_k import AutoK, CostCurve
+from peagle.engine.costs import pass_costs
 from peagle.engine.llm_engine import EngineConfig
 from peagle.engine.sampling import SamplingParams
 from peagle.engine.tree import Tree
@@ -313,6 +315,31 @@ def test_costs_are_timed_round_robin_each_drafter_pass_after_a_target_pass(llama
     target, drafter = engine.runner.measure_costs(rounds=2)
     assert calls == [(who, n) for _ in range(3) for n in target.rows for who in ("target", "drafter")]
     assert drafter.rows == target.rows and all(s > 0 for s in target.seconds + drafter.seconds)
+
+
+def test_costs_are_measured_once_a_machine_and_remembered(llama, monkeypatch, tmp_path):
+    """The start-up passes (~60: 1.9 s of a 1B target's start) run once for a machine, thread count, library,
+    models and bounds: a later engine takes the curves from the file. A torn file, a value of the wrong shape, or
+    another thread count measures again. Planted faults: a remembered value taken whatever its shape (the torn or
+    short one), a key without the thread count."""
+    import peagle.engine.model_runner as mr
+    from conftest import torch_threads
+
+    engine = auto_engine(llama, OracleDrafter.of(llama, prompts(1, seed=2)[0], wrong_every=1), "parallel")
+    runner, memo, measured = engine.runner, tmp_path / "costs.json", []
+    measure = mr.ModelRunner.measure_costs
+    monkeypatch.setattr(mr.ModelRunner, "measure_costs", lambda self: (measured.append(1), measure(self, rounds=1))[1])
+    first = pass_costs(runner, memo)
+    again = pass_costs(runner, memo)
+    assert len(measured) == 1 and [c.seconds for c in again] == [c.seconds for c in first]
+    key = next(iter(json.loads(memo.read_text())))
+    for broken in ("{not json", json.dumps({key: [[0.1], [0.1]]}), json.dumps({key: "fast"})):
+        memo.write_text(broken)
+        pass_costs(runner, memo)
+    assert len(measured) == 4
+    with torch_threads(torch.get_num_threads() + 1):
+        pass_costs(runner, memo)
+    assert len(measured) == 5 and len(json.loads(memo.read_text())) == 2
 
 
 def test_a_curve_never_falls_with_more_rows():

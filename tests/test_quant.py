@@ -25,8 +25,8 @@ from peagle.models.checkpoint import CheckpointError
 from peagle.models.loader import default_gguf, load_target, load_tokenizer, resolve_target
 from peagle.models.checkpoint import split_checkpoint
 from peagle.models.llama import ModelConfig, build_target
-from peagle.models.quant import (DEQUANT_ROWS, FORMATS, QBLOCK, GGUFError, QuantTensor, blocks_of, dequantize, formats,
-                                 gguf_tensors, onto_huge_pages, pack, pack_owned, read_gguf)
+from peagle.models.quant import (DEQUANT_ROWS, FORMATS, QBLOCK, QUANT_ROWS, GGUFError, QuantTensor, blocks_of, dequantize,
+                                 formats, gguf_tensors, onto_huge_pages, pack, pack_owned, quantize, read_gguf)
 from peagle.models.layers import pack_model
 
 # the integer path runs here: kernels on and built, and an integer instruction set this CPU has
@@ -67,6 +67,26 @@ def test_dequantize_is_ggufs_bit_for_bit(fmt):
     if kernels.available():
         ids = torch.tensor([39, 0, 7, 7], device="cpu")
         assert torch.equal(torch.ops.peagle.dequantize_rows(blocks_of(blocks, fmt), ids), want[ids])
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1", "q5_0"])
+def test_quantize_writes_ggufs_bytes(fmt):
+    """``quantize`` (torch over slices of rows for the plain formats, gguf's code for the others) writes the
+    bytes gguf's quantizer writes, on blocks that test its rounding: an all-zero block (no scale to invert), a
+    constant one, halves after scaling (Q8_0 rounds them away from zero: planted fault, torch.round's to even),
+    ties for the largest magnitude (Q4_0 takes the first), and more rows than one slice."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(QUANT_ROWS + 5, 128, generator=g) * 0.05
+    w[0, :32] = 0
+    w[1, :32] = 0.25
+    w[2, :32] = 0.5
+    w[2, 0] = 127.0  # scale 1: every 0.5 a tie
+    w[3, 32:64] = torch.arange(32) - 16.0
+    w[4, :32] = torch.where(torch.arange(32) % 2 == 0, 3.0, -3.0)
+    want = blocks_of(gguf.quants.quantize(w.numpy(), GGML[fmt]), fmt)
+    assert torch.equal(quantize(w, fmt), want)
+    assert torch.equal(quantize(w.bfloat16(), fmt), blocks_of(gguf.quants.quantize(w.bfloat16().float().numpy(),
+                                                                                 GGML[fmt]), fmt))
 
 
 def test_the_default_models_tensors_dequantize_as_gguf_does():

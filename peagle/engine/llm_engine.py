@@ -23,6 +23,7 @@ from peagle.cpu import configure_cpu
 from peagle.engine.auto_k import AutoK
 from peagle.engine.block_manager import BlockManager
 from peagle.engine.config import Bounds, EngineConfig
+from peagle.engine.costs import pass_costs
 from peagle.engine.detokenizer import Detokenizer
 from peagle.engine.grammar import Grammars
 from peagle.engine.lookup import RESPONSES_FILE, ResponseLookup
@@ -34,7 +35,7 @@ from peagle.engine.sequence import RequestOutput, Sequence, SpecStats
 from peagle.engine.tree import Tree
 from peagle.models.drafter import Drafter
 from peagle.models.llama import LlamaModel
-from peagle.models.loader import (ModelNotFoundError, default_drafter_path, dummy_target, load_drafter_for,
+from peagle.models.loader import (ModelNotFoundError, cache_dir, default_drafter_path, dummy_target, load_drafter_for,
                                   load_target, load_tokenizer, resolve_target)
 from peagle.models.quant import formats
 from peagle.prompts import encode
@@ -56,7 +57,8 @@ class LLMEngine:
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.runner = ModelRunner(target, drafter, config, b, blocks.num_blocks, eos)
-        auto = AutoK(b.k_max, config.method == "parallel", *self.runner.measure_costs(), ranks=b.ranks, warmup=6,
+        auto = AutoK(b.k_max, config.method == "parallel", *pass_costs(self.runner, cache_dir() / "costs.json"),
+                     ranks=b.ranks, warmup=6,
                      budget=config.speculative_tree_budget if b.token_tree == "auto" else None) if config.priced else None
         self.scheduler = Scheduler(config, b, blocks, eos, auto, responses)
         self._grammars: Grammars | None = None   # made for the first structured output

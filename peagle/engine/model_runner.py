@@ -91,10 +91,21 @@ class ModelRunner:
         return StepGraphs(self.target, self.drafter, self.target_caches,
                           self.drafter_caches, self.cfg.block_size, capture)
 
+    def cost_rows(self) -> list[int]:
+        """The row counts the passes are timed at: 1, 2, 4, ... up to twice the tallest verify pass."""
+        b, slots = self.bounds, self.num_blocks * self.cfg.block_size
+        most = min(self.cfg.max_num_seqs * (max(b.k_max, b.max_nodes) + 1) * 2, 512, slots // 2)
+        return sorted({r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if r < most} | {max(most, 2)})
+
+    def cost_context(self) -> int:
+        """The context the passes are timed at: 128 tokens where the pool holds them."""
+        return min(128, self.num_blocks * self.cfg.block_size - self.cost_rows()[-1])
+
     @torch.inference_mode()
     def measure_costs(self, rounds: int = 5) -> tuple[CostCurve, CostCurve]:
         """The target's pass (logits of every row) and the drafter's pass (its LM head too) over
-        1, 2, 4, ... rows at a 128-token context, timed on the empty KV pool's first blocks: what
+        1, 2, 4, ... rows at a 128-token context, timed on the empty KV pool's first blocks (written by
+        :func:`~peagle.engine.costs.pass_costs` first): what
         :class:`~peagle.engine.auto_k.AutoK` weighs K by. P-EAGLE's pass is timed as a step drafts
         (:meth:`propose`: n rows are a chain's verified rows and its mask slots, about half each; the native
         drafting call where it runs), EAGLE-3's as one bare pass. Round-robin, medians of ``rounds`` after a
@@ -102,13 +113,8 @@ class ModelRunner:
         then cold: on a Zen 4 0.29 ms a row warm, about twice that after the target), and a burst of the host's
         other work touches every size alike, not one. Without a drafter (ngram) its curve is
         zero."""
-        bs, dev, b = self.cfg.block_size, self.device, self.bounds
-        most = min(self.cfg.max_num_seqs * (max(b.k_max, b.max_nodes) + 1) * 2, 512, self.num_blocks * bs // 2)
-        rows = sorted({r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if r < most} | {max(most, 2)})
-        ctx = min(128, self.num_blocks * bs - rows[-1])
+        bs, dev, rows, ctx = self.cfg.block_size, self.device, self.cost_rows(), self.cost_context()
         d = self.drafter
-        for c in self.target_caches + self.drafter_caches:  # the passes read the context unwritten
-            c.materialize(ctx)
 
         def one_pass(n: int, drafter: bool) -> float:
             ids, pos = torch.zeros(n, dtype=torch.long, device=dev), torch.arange(ctx, ctx + n, device=dev)

@@ -14,8 +14,8 @@ from torch import nn
 
 from peagle.kernels import table
 from peagle.cpu import cpu_has_native_bf16
-from peagle.models.quant import (GROUP, QBLOCK, QuantParts, QuantTensor, bf16_packable, blocks_of, onto_huge_pages,
-                                 pack, pack_bf16, pack_bf16_rows, pack_owned, packable, quantized)
+from peagle.models.quant import (GROUP, QBLOCK, QuantParts, QuantTensor, bf16_packable, onto_huge_pages, pack,
+                                 pack_bf16, pack_bf16_rows, pack_owned, packable, quantize, quantized)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -269,14 +269,11 @@ def pack_model(model: torch.nn.Module, tied: torch.nn.Embedding | None = None, o
 
 
 def quantize_linears(model: torch.nn.Module, fmt: str) -> None:
-    """Every linear layer's float weight of ``model`` quantized to GGUF ``fmt`` blocks by gguf's own
-    quantizer, in place (:func:`pack_model` then packs them): a drafter beside a target on the integer path
-    reads a quarter of the bytes of its bf16 weights (Q4_1), and its drafts barely move."""
-    import gguf
-
-    kind = getattr(gguf.GGMLQuantizationType, fmt.upper())
+    """Every linear layer's float weight of ``model`` quantized to GGUF ``fmt`` blocks (gguf's quantizer's
+    bytes: :func:`peagle.models.quant.quantize`), in place (:func:`pack_model` then packs them): a drafter beside
+    a target on the integer path reads a quarter of the bytes of its bf16 weights (Q4_1), and its drafts barely
+    move."""
     for m in model.modules():
         w = m.weight if isinstance(m, Linear) else None
         if w is not None and not quantized(w) and not w.is_mkldnn and w.shape[1] % QBLOCK == 0:
-            data = gguf.quants.quantize(w.detach().float().cpu().numpy(), kind)
-            m.weight = torch.nn.Parameter(QuantTensor(blocks_of(data, fmt).to(w.device), w.dtype), requires_grad=False)
+            m.weight = torch.nn.Parameter(QuantTensor(quantize(w, fmt).to(w.device), w.dtype), requires_grad=False)

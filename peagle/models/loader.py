@@ -372,12 +372,14 @@ def head_format(target: LlamaModel, head) -> str:
 def random_head_dir(target: LlamaModel, target_path: Path) -> Path:
     """Where the random 1-layer head for ``target`` is cached: keyed by the target's content (its config and
     a fingerprint of its weights: 16 embedding rows spread over the vocabulary and the final norm, as float32),
-    not by its folder's name alone, so two targets in same-named folders never share a head."""
+    not by its folder's name alone, so two targets in same-named folders never share a head. The rows come
+    through ``target.embed``: indexing a GGUF table would be torch's first dispatch to a tensor subclass (0.4 s
+    of a start: it imports torch.distributed.tensor)."""
     h = hashlib.sha256(repr(target.cfg).encode())
     with torch.no_grad():
         embed = target.model.embed_tokens.weight
         rows = torch.linspace(0, embed.shape[0] - 1, 16, device=embed.device).long()
-        for w in (embed[rows], target.model.norm.weight):
+        for w in (target.embed(rows), target.model.norm.weight):
             h.update(w.detach().float().cpu().contiguous().numpy().tobytes())
     return cache_dir() / "heads" / f"{target_path.name}-random-1L-{h.hexdigest()[:16]}"
 
@@ -397,7 +399,8 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
         if not (path / "config.json").is_file():
             if tokenizer is None:
                 raise ValueError("no drafter given and no tokenizer to choose a mask token for a random head")
-            save_drafter(init_drafter(target, 1, choose_mask_token(tokenizer)), path)
+            # bfloat16 on disk: half the bytes a start reads (a random head's values need no more)
+            save_drafter(init_drafter(target, 1, choose_mask_token(tokenizer)), path, dtype=torch.bfloat16)
         print(f"peagle: no head ships for {target_path.name}: drafting with a random 1-layer head (output unchanged, "
               "little speed-up); pass --drafter, use --method ngram, or train one (docs/training.md)", file=sys.stderr)
     elif not path.exists():
