@@ -394,8 +394,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The ``peagle`` parser. ``command``: the one about to run, when known; the server's and the benchmarks'
-    arguments (whose modules import FastAPI and uvicorn: ~0.4 s) are then added only if it is theirs."""
+    """The ``peagle`` parser. ``command``: the one about to run, when known; the server's, the trainer's and the
+    benchmarks' arguments (whose modules import FastAPI and uvicorn, ~0.4 s, or the trainer's, ~0.07 s) are then
+    added only if it is theirs."""
     from peagle.engine.auto_k import parse_k
     from peagle.engine.lookup import RESPONSES_FILE
     from peagle.engine.args import add_kv_args, add_lookup_args, add_runtime_args, add_tree_args
@@ -549,7 +550,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     h.set_defaults(func=cmd_hidden)
 
     t = sub.add_parser("train", help="train a P-EAGLE (or EAGLE-3) head; resumable; torchrun for many processes")
-    _add_train_args(t)
+    if command in (None, "train"):  # its arguments are TrainConfig's fields: the trainer imported only for it
+        _add_train_args(t)
     t.set_defaults(func=cmd_train)
 
     from peagle.models.dummy import GGUF_TYPES, PRESETS
