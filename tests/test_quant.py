@@ -87,6 +87,8 @@ def test_quantize_writes_ggufs_bytes(fmt):
     assert torch.equal(quantize(w, fmt), want)
     assert torch.equal(quantize(w.bfloat16(), fmt), blocks_of(gguf.quants.quantize(w.bfloat16().float().numpy(),
                                                                                  GGML[fmt]), fmt))
+    with pytest.raises(ValueError, match="whole"):
+        quantize(w[:, :100], fmt)
 
 
 def test_the_default_models_tensors_dequantize_as_gguf_does():

@@ -119,6 +119,8 @@ def quantize(w: torch.Tensor, fmt: str) -> torch.Tensor:
     slices of rows in torch: gguf's loops over 16 rows at a time took 1.8 s of a random 1B-sized head's 3.0 s
     load. The other formats through gguf's code."""
     f = FORMATS[fmt]
+    if w.dim() != 2 or w.shape[1] % f.weights:
+        raise ValueError(f"quantize: a matrix of whole {fmt} blocks ({f.weights} weights a row), got {tuple(w.shape)}")
     w = w.detach().float().cpu()
     if not f.plain:
         import gguf
