@@ -26,13 +26,13 @@ def pass_costs(runner: ModelRunner, remember: Path | None = None) -> tuple[CostC
         return sorted({(tuple(p.shape), str(p.dtype), type(p).__name__, getattr(p, "format", ""))
                        for p in m.parameters()}) if m is not None else []
 
-    dev, rows = torch.device(runner.device), runner.cost_rows()
+    dev, rows, ctx = torch.device(runner.device), runner.cost_rows(), runner.cost_context()
     for c in runner.target_caches + runner.drafter_caches:  # the passes read the context: written, as a
-        c.materialize(runner.cost_context())               # request's first write would copy the zero page
+        c.materialize(ctx)                                  # request's first write would copy the zero page
     key = json.dumps([COSTS_VERSION, kernels.STAMP.read_text() if kernels.available() else "", kernels.int_isa(),
                       kernels.bf16_isa(), torch.get_num_threads(), cpuinfo("model name"), str(dev),
                       torch.cuda.get_device_name(dev) if dev.type == "cuda" else "", str(runner.dtype),
-                      runner.cfg.method, rows, runner.cost_context(), shapes(runner.target), shapes(runner.drafter)])
+                      runner.cfg.method, rows, ctx, shapes(runner.target), shapes(runner.drafter)])
     curves = remembered(remember, key, lambda: [c.seconds for c in runner.measure_costs()],
                         lambda v: isinstance(v, list) and len(v) == 2 and all(
                             isinstance(c, list) and len(c) == len(rows) and
