@@ -1,4 +1,5 @@
-"""The CPU peagle runs on: its feature flags, and the one torch thread pool sized to the cores this process has."""
+"""The CPU peagle runs on: its feature flags, the one torch thread pool sized to the cores this process has, and
+oneMKL's math functions settled before threads share them."""
 from __future__ import annotations
 
 import functools
@@ -45,8 +46,29 @@ def cpu_threads() -> int:
         return os.cpu_count() or 1
 
 
+# The float operators ATen hands to oneMKL's VML (ATen/cpu/vml.h, IMPLEMENT_VML_MKL), each thread its chunk of a
+# tensor. oneMKL resolves a VML function's kernel on its first call; in oneMKL 2024.2 (torch 2.13's wheels) a first
+# call that several threads make at once can run one thread's chunk in a low-accuracy kernel, VML_HA asked for
+# (pytorch/pytorch#188792; fixed from oneMKL 2025.0). Here that was the default model's RoPE table: its cos,
+# split at 2,048 elements, wrong by up to 2,534 ulps in rows 128-255 in about one fresh process in 80, and that
+# process's greedy tokens were not plain decoding's (docs/exactness.md).
+VML_OPS = ("acos", "asin", "atan", "cos", "erf", "erfc", "erfinv", "exp", "log", "log10", "log2", "sin", "sqrt",
+           "tan", "tanh", "trunc")
+
+
+@functools.cache
+def settle_vml() -> None:
+    """Each of :data:`VML_OPS` called once on one element (one thread) in float32 and float64, so that oneMKL has
+    chosen its kernels before threads share a call (the fix proposed upstream, pytorch/pytorch#188791)."""
+    for dtype in (torch.float32, torch.float64):
+        x = torch.full((1,), 0.5, dtype=dtype)
+        for op in VML_OPS:
+            getattr(torch, op)(x)
+
+
 def configure_cpu() -> None:
     """CPU inference and training: one torch thread pool over the cores this process has (see
-    :func:`cpu_threads`). One pool only: a second one (numpy's OpenBLAS, say) spinning on the same cores
-    slows decoding several-fold."""
+    :func:`cpu_threads`), oneMKL's math functions settled (:func:`settle_vml`). One pool only: a second one
+    (numpy's OpenBLAS, say) spinning on the same cores slows decoding several-fold."""
+    settle_vml()
     torch.set_num_threads(cpu_threads())

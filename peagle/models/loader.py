@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from peagle.cpu import settle_vml
 from peagle.files import temp_beside, written
 from peagle.memory import trim_heap
 from peagle.models.checkpoint import read_safetensors, split_checkpoint
@@ -244,6 +245,8 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load format {load_format!r}; choose one of {', '.join(LOAD_FORMATS)}")
     dev = resolve_device(device)
+    if dev.type == "cpu":  # before loading's threaded operators (a head's quantizer, a GGUF's de-quantizing)
+        settle_vml()
     dt = resolve_dtype(dtype, dev)
     dummy = load_format == "dummy"
     gguf = None if dummy else target_gguf(name)
