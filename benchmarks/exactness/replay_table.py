@@ -8,6 +8,7 @@ raced, or none: the table as computed). Prints, for each prompt, whether its tok
 import glob
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -30,7 +31,7 @@ def main() -> int:
         return cos, sin
 
     Rotary.compute = replaced
-    runs = [json.load(open(f)) for f in glob.glob(f"{KEPT}/fail-*.json")]
+    runs = [json.loads(Path(f).read_text()) for f in glob.glob(f"{KEPT}/fail-*.json")]
     prompts = read_prompt_file(dataset_path("mt-bench", None), "mt-bench")
     engine = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1)
     out = {}

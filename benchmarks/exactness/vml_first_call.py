@@ -27,8 +27,8 @@ torch.save((cos, sin), sys.argv[2])
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     from peagle.cpu import cpuinfo
-    from peagle.models.layers import Rotary   # the default model's head_dim and rope_theta
-    torch.set_num_threads(1)
+    from peagle.models.layers import Rotary
+    torch.set_num_threads(1)   # the reference: the default model's head_dim and rope_theta, on one thread
     ref = Rotary(64, 100000.0, None).compute(torch.arange(256), torch.float32)
     out = f"/tmp/vml-table-{os.getpid()}.pt"
     wrong, first = {"cold": 0, "settled": 0}, {}
