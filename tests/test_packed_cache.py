@@ -68,6 +68,45 @@ def test_a_cached_load_maps_the_bytes_packing_gave(gguf_file, monkeypatch, capsy
     assert "not used" not in capsys.readouterr().err
 
 
+def test_a_cache_in_small_pages_is_read_again_once_a_boot(gguf_file, monkeypatch, capsys):
+    """A cache the page cache holds mostly in 4 KB pages is unmapped, dropped from the page cache
+    (``POSIX_FADV_DONTNEED``), mapped again and checked again, once per file and boot (a marker beside it); one in
+    2 MB pages, or on a kernel without huge page-cache pages, is kept as it is. Never dropping it, or dropping it at
+    every start, fails this."""
+    first = packed_bytes(load(gguf_file))
+    dropped, shares = [], iter([0.4, 0.4, 0.4, 0.95])
+    monkeypatch.setattr(packed_cache, "REFAULT_BYTES", 0)
+    monkeypatch.setattr(packed_cache, "huge_share", lambda data: next(shares))
+    monkeypatch.setattr(packed_cache, "file_huge_pages", lambda: True)
+    monkeypatch.setattr(packed_cache, "boot_id", lambda: "boot-1")
+    monkeypatch.setattr(packed_cache.os, "posix_fadvise", lambda fd, at, n, advice: dropped.append(advice))
+    again = packed_bytes(load(gguf_file, monkeypatch, packing=False))
+    assert dropped == [os.POSIX_FADV_DONTNEED] and "2 MB pages" in capsys.readouterr().err
+    assert again.keys() == first.keys() and all(torch.equal(again[k], first[k]) for k in first)
+    marker = cache_file(gguf_file).with_name(cache_file(gguf_file).name + ".refaulted")
+    assert marker.read_text() == "boot-1"
+    load(gguf_file, monkeypatch, packing=False)   # small pages still, the same boot: kept
+    assert dropped == [os.POSIX_FADV_DONTNEED]
+    monkeypatch.setattr(packed_cache, "boot_id", lambda: "boot-2")
+    load(gguf_file, monkeypatch, packing=False)   # a new boot: tried again
+    assert len(dropped) == 2
+    load(gguf_file, monkeypatch, packing=False)   # in 2 MB pages: kept
+    monkeypatch.setattr(packed_cache, "file_huge_pages", lambda: False)
+    monkeypatch.setattr(packed_cache, "huge_share", lambda data: 0.1)
+    monkeypatch.setattr(packed_cache, "boot_id", lambda: "boot-3")
+    load(gguf_file, monkeypatch, packing=False)   # no huge page-cache pages on this kernel: nothing to gain
+    assert len(dropped) == 2
+
+
+def test_the_share_in_huge_pages_is_read_from_the_mapping(gguf_file):
+    """``huge_share`` finds the cache's own mapping in /proc/self/smaps (a share, not None)."""
+    load(gguf_file)
+    path = cache_file(gguf_file)
+    with open(path, "rb") as f:
+        share = packed_cache.huge_share(packed_cache.mapped(f.fileno(), path.stat().st_size))
+    assert share is not None and 0.0 <= share <= 1.0
+
+
 def spoil_data(f):
     with open(f, "r+b") as fh:
         fh.seek(packed_cache.DATA_START + 1000)

@@ -35,6 +35,7 @@ MAGIC = b"PEAGLEPK"
 VERSION = 1
 DATA_START = 2 << 20  # the data starts on a 2 MB boundary of the file, so that the page cache can map it in 2 MB pages
 CHUNK = 2 << 20       # the checksum's granule
+REFAULT_BYTES = 64 << 20  # a cache smaller than this stays as the page cache holds it (too little to gain)
 _HEAD = struct.Struct("<8sII")  # magic, version, JSON length
 
 
@@ -54,6 +55,44 @@ def mapped(fd: int, size: int) -> torch.Tensor:
     if hasattr(mmap, "MADV_HUGEPAGE"):
         pages.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(pages, dtype=torch.uint8)[DATA_START:]
+
+
+def huge_share(data: torch.Tensor) -> float | None:
+    """The share of the cache mapping that holds ``data`` which is mapped in 2 MB pages (``/proc/self/smaps``:
+    ``FilePmdMapped`` over ``Size``), or None where that cannot be read."""
+    start = f"{data.data_ptr() - DATA_START:x}-"
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = iter(f)
+            for line in lines:
+                if line.startswith(start):
+                    fields = {}
+                    for line in lines:
+                        name, _, value = line.partition(":")
+                        if name == "VmFlags":
+                            break
+                        fields[name] = value.split()[0] if value.split() else ""
+                    return int(fields["FilePmdMapped"]) / max(1, int(fields["Size"]))
+    except (OSError, KeyError, ValueError):
+        pass
+    return None
+
+
+def file_huge_pages() -> bool:
+    """Whether this kernel holds files in the page cache in huge pages at all (``FileHugePages`` in use)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return any(line.startswith("FileHugePages:") and int(line.split()[1]) > 0 for line in f)
+    except (OSError, ValueError):
+        return False
+
+
+def boot_id() -> str:
+    """This boot's id (a refault is tried once a boot)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -80,7 +119,8 @@ class PackedCache:
 
     def load(self) -> torch.Tensor | None:
         """The cached bytes, mapped (copy-on-write: the file is never written through them), or None where there is
-        no cache or it fails a check (said on stderr; the bad file is deleted)."""
+        no cache or it fails a check (said on stderr; the bad file is deleted). Where the page cache holds the file
+        in small pages, it is dropped from it once this boot and read back in 2 MB pages (:meth:`_in_huge_pages`)."""
         try:
             fh = open(self.path, "rb")
         except (FileNotFoundError, NotADirectoryError):
@@ -102,9 +142,39 @@ class PackedCache:
             if os.fstat(fh.fileno()).st_size != DATA_START + self.size:
                 return self._reject("truncated or padded")
             data = mapped(fh.fileno(), DATA_START + self.size)
-        if checksum(data) != head["checksum"]:
+            if checksum(data) != head["checksum"]:
+                return self._reject("its data do not match their checksum (corrupt)")
+            if self._in_huge_pages(data):
+                return data
+            del data   # unmapped: the page cache's pages of the file are no longer in use here
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            data = mapped(fh.fileno(), DATA_START + self.size)
+        if checksum(data) != head["checksum"]:  # (read back from the disk: checked again)
             return self._reject("its data do not match their checksum (corrupt)")
         return data
+
+    def _in_huge_pages(self, data: torch.Tensor) -> bool:
+        """Whether to keep ``data``'s mapping as it is: at least 90% of it in 2 MB pages, or no better to be had.
+        A file the page cache holds in small pages (written while memory was fragmented: half of a 3B file here)
+        decoded at 0.57x the speed of the same bytes in 2 MB pages (195 against 111 ms a step; a virtual machine's
+        two-level page walks). Faulted in again through the ``MADV_HUGEPAGE`` mapping after ``POSIX_FADV_DONTNEED``,
+        the page cache reads it back in 2 MB pages (1,766 of 1,769 MB; 100-107 ms a step): one read of the file
+        from the disk, tried once per cache file and boot (a marker beside it), and only where the kernel puts
+        files in huge pages at all (``FileHugePages``)."""
+        share = huge_share(data) if data.numel() >= REFAULT_BYTES else None
+        if share is None or share >= 0.9 or not file_huge_pages():
+            return True
+        marker, boot = self.path.with_name(self.path.name + ".refaulted"), boot_id()
+        try:
+            if marker.read_text() == boot:
+                return True
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            marker.write_text(boot)
+        print(f"peagle: packed cache {self.path.name}: {share:.0%} in 2 MB pages; read again into 2 MB pages",
+              file=sys.stderr)
+        return False
 
     def create(self) -> CacheWriter | None:
         """A writer of the new cache file, its blocks reserved on disk first (a full disk is said here, not met
