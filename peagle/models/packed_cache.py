@@ -7,7 +7,8 @@ file's start here (9 s for 4.2 GB of huge pages, 3.4 s of 4 KB pages, against 0.
 page cache). So a start that finds its cache maps it, as llama.cpp maps its GGUF file. The first start packs each
 matrix into one reused scratch buffer and writes it to the new cache file (``pwrite``: the page cache then holds the
 file in large folios, which map as 2 MB pages; packing through a shared mapping of the file faulted its pages in at
-4 KB, and an 8B decoding step ran 14% slower on them).
+4 KB, and an 8B decoding step ran 14% slower on them). A later start that finds its cache mostly in small pages
+(memory was fragmented when the file was written) has the page cache read it again in 2 MB pages, once a boot.
 
 A cache is used only when everything it was made from is unchanged: the GGUF file (path, size, modification time,
 inode and its tensor table), what was packed where, the packing library's build and the CPU's integer path. Its data's
