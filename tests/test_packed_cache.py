@@ -73,7 +73,7 @@ def test_a_cache_in_small_pages_is_read_again_once_a_boot(gguf_file, monkeypatch
     (``POSIX_FADV_DONTNEED``), mapped again and checked again, once per file and boot (a marker beside it); one in
     2 MB pages, or on a kernel without huge page-cache pages, is kept as it is. Never dropping it, or dropping it at
     every start, fails this."""
-    first = packed_bytes(load(gguf_file))
+    pack, first = quant.pack, packed_bytes(load(gguf_file))
     dropped, shares = [], iter([0.4, 0.4, 0.4, 0.95])
     monkeypatch.setattr(packed_cache, "REFAULT_BYTES", 0)
     monkeypatch.setattr(packed_cache, "huge_share", lambda data: next(shares))
@@ -96,6 +96,10 @@ def test_a_cache_in_small_pages_is_read_again_once_a_boot(gguf_file, monkeypatch
     monkeypatch.setattr(packed_cache, "boot_id", lambda: "boot-3")
     load(gguf_file, monkeypatch, packing=False)   # no huge page-cache pages on this kernel: nothing to gain
     assert len(dropped) == 2
+    spoil_data(cache_file(gguf_file))
+    monkeypatch.setattr(quant, "pack", pack)
+    load(gguf_file)   # a bad cache goes with its marker
+    assert not marker.exists()
 
 
 def test_the_share_in_huge_pages_is_read_from_the_mapping(gguf_file):

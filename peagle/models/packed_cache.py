@@ -154,6 +154,11 @@ class PackedCache:
             return self._reject("its data do not match their checksum (corrupt)")
         return data
 
+    @property
+    def marker(self) -> Path:
+        """Where :meth:`_in_huge_pages` notes the boot it had this file read again in (gone with the file)."""
+        return self.path.with_name(self.path.name + ".refaulted")
+
     def _in_huge_pages(self, data: torch.Tensor) -> bool:
         """Whether to keep ``data``'s mapping as it is: at least 90% of it in 2 MB pages, or no better to be had.
         A file the page cache holds in small pages (written while memory was fragmented: half of a 3B file here)
@@ -165,7 +170,7 @@ class PackedCache:
         share = huge_share(data) if data.numel() >= REFAULT_BYTES else None
         if share is None or share >= 0.9 or not file_huge_pages():
             return True
-        marker, boot = self.path.with_name(self.path.name + ".refaulted"), boot_id()
+        marker, boot = self.marker, boot_id()
         try:
             if marker.read_text() == boot:
                 return True
@@ -213,6 +218,7 @@ class PackedCache:
         print(f"peagle: packed cache {self.path} not used: {why}; packing again", file=sys.stderr)
         with contextlib.suppress(OSError):
             self.path.unlink(missing_ok=True)
+            self.marker.unlink(missing_ok=True)
         return None
 
 
@@ -247,6 +253,7 @@ class CacheWriter:
                 raise OSError(f"its header is {len(blob)} bytes")
             os.pwrite(self.fd, _HEAD.pack(MAGIC, VERSION, len(blob)) + blob, 0)
             os.replace(self.tmp, self.cache.path)
+            self.cache.marker.unlink(missing_ok=True)   # a new file: its own pages
         except OSError as e:
             print(f"peagle: packed cache not kept ({e}); packing in memory", file=sys.stderr)
             with contextlib.suppress(OSError):
