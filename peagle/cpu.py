@@ -50,8 +50,8 @@ def cpu_threads() -> int:
 # tensor. oneMKL resolves a VML function's kernel on its first call; in oneMKL 2024.2 (torch 2.13's wheels) a first
 # call that several threads make at once can run one thread's chunk in a low-accuracy kernel, VML_HA asked for
 # (pytorch/pytorch#188792; fixed from oneMKL 2025.0). Here that was the default model's RoPE table: its cos,
-# split at 2,048 elements, wrong by up to 2,534 ulps in rows 128-255 in about one fresh process in 80, and that
-# process's greedy tokens were not plain decoding's (docs/exactness.md).
+# split at 2,048 elements, wrong by up to 2,534 ulps in rows 128-255 in three fresh processes of some 500, and those
+# processes' greedy tokens were not plain decoding's (docs/exactness.md).
 VML_OPS = ("acos", "asin", "atan", "cos", "erf", "erfc", "erfinv", "exp", "log", "log10", "log2", "sin", "sqrt",
            "tan", "tanh", "trunc")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import mmap
 import os
@@ -65,15 +66,9 @@ def huge_share(data: torch.Tensor) -> float | None:
     try:
         with open("/proc/self/smaps") as f:
             lines = iter(f)
-            for line in lines:
-                if line.startswith(start):
-                    fields = {}
-                    for line in lines:
-                        name, _, value = line.partition(":")
-                        if name == "VmFlags":
-                            break
-                        fields[name] = value.split()[0] if value.split() else ""
-                    return int(fields["FilePmdMapped"]) / max(1, int(fields["Size"]))
+            if any(line.startswith(start) for line in lines):   # the mapping's own block, up to its VmFlags
+                fields = dict(line.split(":", 1) for line in itertools.takewhile(lambda x: not x.startswith("VmFlags"), lines))
+                return int(fields["FilePmdMapped"].split()[0]) / max(1, int(fields["Size"].split()[0]))
     except (OSError, KeyError, ValueError):
         pass
     return None
@@ -143,16 +138,13 @@ class PackedCache:
             if os.fstat(fh.fileno()).st_size != DATA_START + self.size:
                 return self._reject("truncated or padded")
             data = mapped(fh.fileno(), DATA_START + self.size)
-            if checksum(data) != head["checksum"]:
-                return self._reject("its data do not match their checksum (corrupt)")
-            if self._in_huge_pages(data):
-                return data
-            del data   # unmapped: the page cache's pages of the file are no longer in use here
-            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            data = mapped(fh.fileno(), DATA_START + self.size)
-        if checksum(data) != head["checksum"]:  # (read back from the disk: checked again)
-            return self._reject("its data do not match their checksum (corrupt)")
-        return data
+            intact = checksum(data) == head["checksum"]
+            if intact and not self._in_huge_pages(data):
+                del data   # unmapped: the page cache's pages of the file are no longer in use here
+                os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                data = mapped(fh.fileno(), DATA_START + self.size)
+                intact = checksum(data) == head["checksum"]  # read back from the disk: checked again
+        return data if intact else self._reject("its data do not match their checksum (corrupt)")
 
     @property
     def marker(self) -> Path:
