@@ -208,6 +208,14 @@ class LimitedHttpTools(HttpToolsProtocol):
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                              b"connection: close\r\n\r\n%s" % (status, HTTPStatus(status).phrase.encode(),
                                                                 len(body), body))
+        self._linger()
+
+    def _linger(self) -> None:
+        """The close of :meth:`_refuse` and of every answer that ends its connection (``Connection: close``: a
+        408 or 413 to a body still arriving): the write side shut now, the rest of the client's bytes dropped,
+        the socket closed after ``LINGER_S`` or when the client closes first."""
+        if self.transport.is_closing() or self._closing is not None:
+            return
         self.transport.write_eof()
         self._closing = self.loop.call_later(LINGER_S, self.transport.close)
 
@@ -245,4 +253,19 @@ class LimitedHttpTools(HttpToolsProtocol):
         if app is service_unavailable:   # uvicorn's answer past limit_concurrency
             app = _closing(503, "the server has too many connections open", "ServiceUnavailableError",
                            {"Retry-After": "1"})
+        cycle.transport = _Lingering(self)   # the cycle closes a Connection: close answer's connection: lingering
         super()._start_asgi_task(cycle, app)
+
+
+class _Lingering:
+    """A connection's transport as a request's cycle sees it: ``close`` lingers (:meth:`LimitedHttpTools._linger`);
+    the rest is the transport's own."""
+
+    def __init__(self, protocol: LimitedHttpTools):
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol._linger()
+
+    def __getattr__(self, name: str):
+        return getattr(self._protocol.transport, name)
