@@ -111,6 +111,22 @@ def test_the_share_in_huge_pages_is_read_from_the_mapping(gguf_file):
     assert share is not None and 0.0 <= share <= 1.0
 
 
+def test_the_share_in_huge_pages_is_the_mappings_own(tmp_path):
+    """``huge_share`` reads the block of the mapping that holds the data, up to its VmFlags: not a neighbour's
+    fields, not the first mapping's."""
+    data = torch.zeros(1 << 20, dtype=torch.uint8)
+    start = data.data_ptr() - packed_cache.DATA_START
+    def block(at, size_kb, pmd_kb):
+        return (f"{at:x}-{at + size_kb * 1024:x} r--s 00000000 fd:00 12 /cache/x.packed\n"
+                f"Size:            {size_kb} kB\nRss:             {size_kb} kB\n"
+                f"FilePmdMapped:   {pmd_kb} kB\nVmFlags: rd sh mr mw me ms sd hg\n")
+    smaps = tmp_path / "smaps"
+    smaps.write_text(block(start - (1 << 30), 8192, 8192) + block(start, 4096, 1024) + block(start + (1 << 30), 2048, 2048))
+    assert packed_cache.huge_share(data, str(smaps)) == 0.25
+    smaps.write_text(block(start - (1 << 30), 8192, 8192))
+    assert packed_cache.huge_share(data, str(smaps)) is None
+
+
 def spoil_data(f):
     with open(f, "r+b") as fh:
         fh.seek(packed_cache.DATA_START + 1000)

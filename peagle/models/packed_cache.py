@@ -59,12 +59,12 @@ def mapped(fd: int, size: int) -> torch.Tensor:
     return torch.frombuffer(pages, dtype=torch.uint8)[DATA_START:]
 
 
-def huge_share(data: torch.Tensor) -> float | None:
-    """The share of the cache mapping that holds ``data`` which is mapped in 2 MB pages (``/proc/self/smaps``:
+def huge_share(data: torch.Tensor, smaps: str = "/proc/self/smaps") -> float | None:
+    """The share of the cache mapping that holds ``data`` which is mapped in 2 MB pages (``smaps``:
     ``FilePmdMapped`` over ``Size``), or None where that cannot be read."""
     start = f"{data.data_ptr() - DATA_START:x}-"
     try:
-        with open("/proc/self/smaps") as f:
+        with open(smaps) as f:
             lines = iter(f)
             if any(line.startswith(start) for line in lines):   # the mapping's own block, up to its VmFlags
                 fields = dict(line.split(":", 1) for line in itertools.takewhile(lambda x: not x.startswith("VmFlags"), lines))
