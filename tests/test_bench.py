@@ -336,10 +336,29 @@ def test_llamacpp_peer_configuration(monkeypatch):
     cmd = llamacpp.server_command("Q4_1", 8000, parallel=4)
     assert cmd[0] == "/opt/llama/llama-server" and cmd[cmd.index("-np") + 1] == "4" and str(default_gguf()) in cmd
     assert llamacpp.server_note(4) == "llama-server, 4 slots (--parallel 4)"
+    own = Path("/models/llama-3.2-3b-Q4_K_M.gguf")   # a user's own file, served as it is
+    cmd = llamacpp.server_command(own, 8000, parallel=2)
+    assert cmd[cmd.index("-m") + 1] == str(own) and cmd[cmd.index("-np") + 1] == "2" and "--no-repack" not in cmd
 
-def test_bench_serving_refuses_llamacpp_on_another_target(capsys):
+def test_bench_serving_refuses_llamacpp_on_another_target(capsys, tmp_path):
     rc = main(["bench", "serving", "--target", "x", "--systems", "llamacpp-F32", "--dataset-name", "mt-bench"])
     assert rc == 1 and "default model only" in capsys.readouterr().err
+    for target in ([], ["--target", str(tmp_path)], ["--target", str(tmp_path / "absent.gguf")]):
+        rc = main(["bench", "serving", *target, "--systems", "llamacpp", "--dataset-name", "mt-bench"])
+        assert rc == 1 and "must name one" in capsys.readouterr().err
+
+
+def test_bench_serving_runs_llamacpp_on_the_targets_own_file(monkeypatch, tmp_path):
+    """``llamacpp`` starts llama-server on --target's GGUF file itself: the file peagle's systems run."""
+    from peagle.bench import serving
+    from peagle.bench.peers import llamacpp
+
+    own = tmp_path / "llama-3.2-1b-Q4_0.gguf"
+    own.write_bytes(b"GGUF")
+    monkeypatch.setattr(llamacpp, "native_bin", lambda name: Path("/opt/llama") / name)
+    args = serving.argparse.Namespace(target=str(own), port=8123, llamacpp_parallel=4)
+    cmd = serving.server_command("llamacpp", args, 4)
+    assert cmd[0] == "/opt/llama/llama-server" and cmd[cmd.index("-m") + 1] == str(own)
 
 
 def test_bench_offline_sampled_outputs_equal_plain_decoding(tiny_chat_dir, head_dir, prompts_file, capsys):

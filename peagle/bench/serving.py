@@ -1,14 +1,16 @@
 """``peagle bench serving``: the serving table. Each system's OpenAI server is started on a loopback
 port, the ``bench serve`` client streams the same prompts to it at each concurrency (greedy, the chat
 template applied client-side, ``ignore_eos`` and ``min_tokens`` so every system writes the same
-number of tokens), and the server is stopped; peagle's own engine then runs the same prompts in this
+number of tokens), and the server is stopped; each concurrency gets a fresh server, so that none finds the
+prompts of the one before in a prefix cache (llama-server keeps idle slots' prompts, ``--cache-ram``); peagle's own engine then runs the same prompts in this
 process, without HTTP (what ``peagle generate`` and ``bench offline`` run), so the table shows what
 the server costs. Repeats go round every system in turn; the table gives medians.
 
 Systems: ``peagle-none``, ``peagle-parallel`` (P-EAGLE), ``peagle-eagle3`` (K chosen by the engine,
-the default model and its shipped heads), and ``llamacpp-F32|F16|BF16|Q8_0|Q4_1``: llama.cpp's own
+the default model and its shipped heads), ``llamacpp-F32|F16|BF16|Q8_0|Q4_1``: llama.cpp's own
 ``llama-server`` with ``--llamacpp-parallel`` slots (else the binding's ``llama_cpp.server``, one request at a
-time) on the default model's GGUF in that precision (:mod:`peagle.bench.peers.llamacpp`).
+time) on the default model's GGUF in that precision (:mod:`peagle.bench.peers.llamacpp`), and ``llamacpp``: the
+same server on ``--target``'s own GGUF file, the file peagle's systems run (a 1B-8B model as users download it).
 """
 from __future__ import annotations
 
@@ -29,17 +31,18 @@ from peagle.bench.workload import add_dataset_args, load_workload
 from peagle.engine.args import add_quantization_arg
 from peagle.precision import DTYPE_CHOICES
 
-SYSTEMS = ("peagle-none", "peagle-parallel", "peagle-eagle3", *(f"llamacpp-{k}" for k in llamacpp.FTYPES))
+SYSTEMS = ("peagle-none", "peagle-parallel", "peagle-eagle3", "llamacpp", *(f"llamacpp-{k}" for k in llamacpp.FTYPES))
 KEYS = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "acceptance_length", "completed", "failed")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_dataset_args(p, num_prompts=8, output_len=128)
-    p.add_argument("--target", default=None, help="peagle's target (default: SmolLM2-135M-Instruct; llama.cpp "
-                                                  "systems run only the default model)")
+    p.add_argument("--target", default=None, help="peagle's target (default: SmolLM2-135M-Instruct; llamacpp-KIND "
+                                                  "systems run only the default model, llamacpp the target's GGUF)")
     p.add_argument("--drafter", default=None, help="head for peagle-parallel and peagle-eagle3 (default: the shipped ones)")
     p.add_argument("--systems", default="peagle-none,peagle-parallel,llamacpp-F32,llamacpp-BF16",
-                   help="comma-separated: peagle-none|parallel|eagle3, llamacpp-F32|F16|BF16|Q8_0|Q4_1")
+                   help="comma-separated: peagle-none|parallel|eagle3, llamacpp-F32|F16|BF16|Q8_0|Q4_1, llamacpp "
+                        "(--target's own GGUF file)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated requests in flight")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="peagle's dtype (servers and offline engine)")
     add_quantization_arg(p)
@@ -59,9 +62,12 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown system {bad[0]!r}; choose from {', '.join(SYSTEMS)}")
     if min(concurrencies) < 1 or args.repeats < 1:
         raise ValueError("--concurrency and --repeats must be >= 1")
-    if any(s.startswith("llamacpp-") for s in systems):
-        if args.target is not None:
-            raise ValueError("llama.cpp systems run the default model only: leave out --target")
+    if any(s.startswith("llamacpp-") for s in systems) and args.target is not None:
+        raise ValueError("llamacpp-KIND systems run the default model only: leave out --target, or use llamacpp "
+                         "with a GGUF --target")
+    if "llamacpp" in systems and not (args.target and args.target.endswith(".gguf") and Path(args.target).is_file()):
+        raise ValueError(f"llamacpp serves --target's own GGUF file: --target must name one (got {args.target!r})")
+    if any(s.startswith("llamacpp") for s in systems):
         if llamacpp.native_bin("llama-server") is None:
             llamacpp.require()
     work = load_workload(args, args.dataset_name, args.dataset_path)
@@ -71,8 +77,8 @@ def main(args: argparse.Namespace) -> int:
     runs: list[dict] = []
     for rep in range(args.repeats):
         for system in systems:
-            with running(server_command(system, args, max(concurrencies)), args.port) as (log, _):
-                for c in concurrencies:
+            for c in concurrencies:  # a fresh server each: no level finds an earlier one's prompts in a prefix cache
+                with running(server_command(system, args, max(concurrencies)), args.port) as (log, _):
                     res = client(args, c)
                     runs.append({"system": system, "via": "server", "concurrency": c, "repeat": rep,
                                  **{k: res.get(k) for k in KEYS}})
@@ -93,8 +99,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def server_command(system: str, args: argparse.Namespace, max_seqs: int) -> list[str]:
-    if system.startswith("llamacpp-"):
-        return llamacpp.server_command(system.removeprefix("llamacpp-"), args.port, args.llamacpp_parallel)
+    if system.startswith("llamacpp"):
+        model = Path(args.target) if system == "llamacpp" else system.removeprefix("llamacpp-")
+        return llamacpp.server_command(model, args.port, args.llamacpp_parallel)
     method = system.removeprefix("peagle-")
     spec = {"method": "none"} if method == "none" else {
         "method": "eagle3", "num_speculative_tokens": "auto", "parallel_drafting": method == "parallel",
@@ -178,5 +185,5 @@ def table(runs: list[dict], systems: list[str], concurrencies: list[int], parall
                        f"{f(off_tpot and 1000 / off_tpot)} | {f(med(s, 'server', c, 'mean_ttft_ms'), 0)} | "
                        f"{f(al, 2)} |")
     note = ", ".join(f"{s}: {llamacpp.config_note(s.removeprefix('llamacpp-'))}" for s in systems
-                     if s.startswith("llamacpp-"))
+                     if s.startswith("llamacpp"))
     return "\n".join(out) + (f"\n\nllama.cpp: {note}; {llamacpp.server_note(parallel)}." if note else "")

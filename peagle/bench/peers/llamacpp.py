@@ -110,12 +110,12 @@ def gguf_file(kind: str) -> Path:
     return out
 
 
-def safe_batch(kind: str) -> int | None:
+def safe_batch(kind: str | Path) -> int | None:
     """``n_batch`` that keeps llama.cpp alive on this CPU: 1 for Q4_1 with AMX, else its default."""
     return 1 if kind == SHIPPED and "amx_tile" in cpu_flags() else None
 
 
-def config_note(kind: str) -> str:
+def config_note(kind: str | Path) -> str:
     return "n_batch=1 (AMX: its repacked Q4_1 path crashes on batches)" if safe_batch(kind) else "defaults"
 
 
@@ -126,18 +126,20 @@ def server_note(parallel: int) -> str:
     return "llama_cpp.server (the Python binding): one request at a time, its only mode"
 
 
-def server_command(kind: str, port: int, parallel: int = 4, n_ctx: int = 4096) -> list[str]:
-    """llama.cpp's ``llama-server`` on the default model in ``kind`` precision, every core, ``parallel`` slots
-    (continuous batching, as its users serve; ``n_ctx`` tokens a slot). Without the binary, the binding's
-    ``python -m llama_cpp.server``, which answers one request at a time (:func:`server_note`)."""
+def server_command(kind: str | Path, port: int, parallel: int = 4, n_ctx: int = 4096) -> list[str]:
+    """llama.cpp's ``llama-server`` on the default model in ``kind`` precision (or on ``kind``, a GGUF file's
+    path: a user's own model), every core, ``parallel`` slots (continuous batching, as its users serve; ``n_ctx``
+    tokens a slot). Without the binary, the binding's ``python -m llama_cpp.server``, which answers one request
+    at a time (:func:`server_note`)."""
+    model = str(kind) if isinstance(kind, Path) else str(gguf_file(kind))
     threads = str(os.cpu_count() or 1)
     native = native_bin("llama-server")
     if native is not None:
-        cmd = [str(native), "-m", str(gguf_file(kind)), "-t", threads, "-tb", threads, "-c", str(n_ctx * parallel),
+        cmd = [str(native), "-m", model, "-t", threads, "-tb", threads, "-c", str(n_ctx * parallel),
                "-np", str(parallel), "--host", "127.0.0.1", "--port", str(port)]
         return cmd + (["--no-repack"] if safe_batch(kind) else [])
     require()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_file(kind)), "--n_threads", threads,
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--n_threads", threads,
            "--n_threads_batch", threads, "--n_ctx", str(n_ctx), "--interrupt_requests", "False",
            "--host", "127.0.0.1", "--port", str(port)]
     if safe_batch(kind):
