@@ -348,6 +348,20 @@ def test_bench_serving_refuses_llamacpp_on_another_target(capsys, tmp_path):
         assert rc == 1 and "must name one" in capsys.readouterr().err
 
 
+def test_a_gguf_files_tokenizer_converts_none_of_its_weights(monkeypatch, tmp_path):
+    """``bench serve --tokenizer FILE.gguf`` reads the tokenizer from the file's metadata: converting the weights
+    to a float32 folder wrote 12 GB for a 3B file and ran out of memory at 8B."""
+    from peagle.bench.workload import load_tokenizer_for
+    from peagle.models import loader
+
+    own = tmp_path / "llama-3.2-3b-Q4_K_M.gguf"
+    own.write_bytes(b"GGUF")
+    meta = loader.resolve_target(None, weights=False)   # the default model's config and tokenizer stand in
+    monkeypatch.setattr(loader, "convert_gguf", lambda *a: pytest.fail("converted the weights for a tokenizer"))
+    monkeypatch.setattr(loader, "_gguf_meta", lambda gguf, out: meta)
+    assert load_tokenizer_for(str(own))("Hello")["input_ids"]
+
+
 def test_bench_serving_runs_llamacpp_on_the_targets_own_file(monkeypatch, tmp_path):
     """``llamacpp`` starts llama-server on --target's GGUF file itself: the file peagle's systems run."""
     from peagle.bench import serving

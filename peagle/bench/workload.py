@@ -96,11 +96,12 @@ def messages(turns: list[str], answers: list[str]) -> list[dict]:
 
 def load_tokenizer_for(name: str | None):
     """The tokenizer that renders prompts: a local folder, GGUF or the default model (``None`` or its
-    name) through the loader; anything else is a hub id (tokenizer files only)."""
+    name) through the loader, a GGUF's from its metadata alone (its weights are not converted); anything
+    else is a hub id (tokenizer files only)."""
     from peagle.models.loader import DEFAULT_NAME, load_tokenizer, resolve_target
 
     if name is None or Path(name).expanduser().exists() or Path(name).name == DEFAULT_NAME:
-        return load_tokenizer(resolve_target(name))
+        return load_tokenizer(resolve_target(name, weights=False))
     if name.count("/") != 1:
         raise ValueError(f"{name!r} is neither a local folder nor a hub id (org/name); pass --tokenizer PATH")
     from transformers import AutoTokenizer
