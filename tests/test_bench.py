@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -346,6 +347,22 @@ def test_bench_serving_refuses_llamacpp_on_another_target(capsys, tmp_path):
     for target in ([], ["--target", str(tmp_path)], ["--target", str(tmp_path / "absent.gguf")]):
         rc = main(["bench", "serving", *target, "--systems", "llamacpp", "--dataset-name", "mt-bench"])
         assert rc == 1 and "must name one" in capsys.readouterr().err
+
+
+def test_bench_serving_refuses_a_port_another_server_answers_on():
+    """A server left on the port would answer the readiness check and every request in place of the one
+    started (which fails to bind): refused before anything starts."""
+    import socket
+
+    from peagle.bench import serving
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"port {port} is in use"):
+            with serving.running([sys.executable, "-c", "import time; time.sleep(30)"], port):
+                pytest.fail("ran beside the other server")
 
 
 def test_a_gguf_files_tokenizer_converts_none_of_its_weights(monkeypatch, tmp_path):

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import io
 import json
+import socket
 import statistics
 import subprocess
 import sys
@@ -115,9 +116,13 @@ def server_command(system: str, args: argparse.Namespace, max_seqs: int) -> list
 @contextlib.contextmanager
 def running(cmd: list[str], port: int, timeout: float = 600):
     """A server started with ``cmd``, ready to answer (it lists its models); stopped on exit. Yields its
-    log's path and its process."""
+    log's path and its process. A port something already answers on is refused: the server started there
+    would fail to bind while the other answered the readiness check and every request (a server left behind
+    by a killed run served a whole table so)."""
     import httpx
 
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        raise RuntimeError(f"port {port} is in use: another server answers there (stop it, or pass --port)")
     log = Path(tempfile.mkstemp(prefix="peagle-bench-server-", suffix=".log")[1])
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -134,6 +139,8 @@ def running(cmd: list[str], port: int, timeout: float = 600):
             if time.time() > deadline:
                 raise RuntimeError(f"the server did not answer within {timeout:.0f} s: {log.read_text()[-600:]}")
             time.sleep(0.5)
+        if proc.poll() is not None:  # it answered, then died: not the server measured
+            raise RuntimeError(f"the server exited ({proc.returncode}): {log.read_text()[-600:]}")
         # a warm-up request, as the offline engine gets one: a serving process is measured warm
         httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hello", "max_tokens": 16},
                    timeout=120).raise_for_status()
