@@ -102,6 +102,25 @@ def test_a_cache_in_small_pages_is_read_again_once_a_boot(gguf_file, monkeypatch
     assert not marker.exists()
 
 
+def test_a_cache_written_in_small_pages_is_read_again_by_its_writer(gguf_file, monkeypatch):
+    """The process that writes a cache decodes from it too: written while memory is fragmented (its pages
+    small), it is synced to the disk (the page cache keeps dirty pages), dropped and read back at once, and the
+    marker spares later starts of this boot. Dropping it unsynced, or leaving it to later starts, fails this."""
+    dropped, synced, sync = [], [], os.fdatasync
+    monkeypatch.setattr(packed_cache, "REFAULT_BYTES", 0)
+    monkeypatch.setattr(packed_cache, "huge_share", lambda data: 0.4)
+    monkeypatch.setattr(packed_cache, "file_huge_pages", lambda: True)
+    monkeypatch.setattr(packed_cache, "boot_id", lambda: "boot-1")
+    monkeypatch.setattr(packed_cache.os, "fdatasync", lambda fd: (synced.append(fd), sync(fd)))
+    monkeypatch.setattr(packed_cache.os, "posix_fadvise", lambda fd, at, n, advice: dropped.append((len(synced), advice)))
+    first = packed_bytes(load(gguf_file))   # packed, written, read back
+    assert dropped == [(1, os.POSIX_FADV_DONTNEED)]
+    marker = cache_file(gguf_file).with_name(cache_file(gguf_file).name + ".refaulted")
+    assert marker.read_text() == "boot-1"
+    again = packed_bytes(load(gguf_file, monkeypatch, packing=False))   # the same boot: kept as it is
+    assert len(dropped) == 1 and all(torch.equal(again[k], first[k]) for k in first)
+
+
 def test_the_share_in_huge_pages_is_read_from_the_mapping(gguf_file):
     """``huge_share`` finds the cache's own mapping in /proc/self/smaps (a share, not None)."""
     load(gguf_file)
