@@ -1,10 +1,10 @@
 """``peagle bench serving``: the serving table. Each system's OpenAI server is started on a loopback
 port, the ``bench serve`` client streams the same prompts to it at each concurrency (greedy, the chat
 template applied client-side, ``ignore_eos`` and ``min_tokens`` so every system writes the same
-number of tokens), and the server is stopped; each concurrency gets a fresh server, so that none finds the
-prompts of the one before in a prefix cache (llama-server keeps idle slots' prompts, ``--cache-ram``); peagle's own engine then runs the same prompts in this
-process, without HTTP (what ``peagle generate`` and ``bench offline`` run), so the table shows what
-the server costs. Repeats go round every system in turn; the table gives medians.
+number of tokens), and the server is stopped; each concurrency gets a fresh server, so that none finds
+the prompts of the one before in a prefix cache (llama-server keeps idle slots' prompts, ``--cache-ram``).
+peagle's own engine then runs the same prompts in this process, without HTTP (what ``peagle generate`` and
+``bench offline`` run), so the table shows what the server costs. Repeats go round every system in turn; the table gives medians.
 
 Systems: ``peagle-none``, ``peagle-parallel`` (P-EAGLE), ``peagle-eagle3`` (K chosen by the engine,
 the default model and its shipped heads), ``llamacpp-F32|F16|BF16|Q8_0|Q4_1``: llama.cpp's own
