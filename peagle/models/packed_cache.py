@@ -142,20 +142,21 @@ class PackedCache:
             if os.fstat(fh.fileno()).st_size != DATA_START + self.size:
                 return self._reject("truncated or padded")
             data = mapped(fh.fileno(), DATA_START + self.size)
-            intact = checksum(data) == head["checksum"]
-            if intact and not self._in_huge_pages(data):
+            if checksum(data) != head["checksum"]:
+                return self._reject("its data do not match their checksum (corrupt)")
+            if not self._in_huge_pages(data):
                 del data   # unmapped: the page cache's pages of the file are no longer in use here
-                data = self._read_again(fh.fileno())
-                intact = checksum(data) == head["checksum"]  # read back from the disk: checked again
-        return data if intact else self._reject("its data do not match their checksum (corrupt)")
+                data = self._read_again(fh.fileno(), head["checksum"])
+        return data if data is not None else self._reject("its data do not match their checksum (corrupt)")
 
-    def _read_again(self, fd: int) -> torch.Tensor:
+    def _read_again(self, fd: int, sums: str) -> torch.Tensor | None:
         """The file dropped from the page cache (on the disk first: dirty pages are not dropped; the caller's
         mapping of it gone, or its pages stay) and mapped again, so that its pages come back through the
-        ``MADV_HUGEPAGE`` mapping, in 2 MB pages."""
+        ``MADV_HUGEPAGE`` mapping, in 2 MB pages; checked again against ``sums`` (None where they differ)."""
         os.fdatasync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return mapped(fd, DATA_START + self.size)
+        data = mapped(fd, DATA_START + self.size)
+        return data if checksum(data) == sums else None
 
     @property
     def marker(self) -> Path:
@@ -252,7 +253,8 @@ class CacheWriter:
             if self.error is not None:
                 raise self.error
             data = mapped(self.fd, DATA_START + self.cache.size)
-            blob = json.dumps({"key": self.cache.key, "checksum": checksum(data)}).encode()
+            sums = checksum(data)
+            blob = json.dumps({"key": self.cache.key, "checksum": sums}).encode()
             if _HEAD.size + len(blob) > DATA_START:
                 raise OSError(f"its header is {len(blob)} bytes")
             os.pwrite(self.fd, _HEAD.pack(MAGIC, VERSION, len(blob)) + blob, 0)
@@ -260,8 +262,8 @@ class CacheWriter:
             self.cache.marker.unlink(missing_ok=True)   # a new file: its own pages
             if not self.cache._in_huge_pages(data):   # written while memory was fragmented: this process decodes
                 del data                               # from these pages too, not only later starts
-                data = self.cache._read_again(self.fd)
-                if checksum(data) != json.loads(blob)["checksum"]:
+                data = self.cache._read_again(self.fd, sums)
+                if data is None:
                     self.cache.path.unlink(missing_ok=True)
                     raise OSError("its data, read back from the disk, do not match their checksum")
         except OSError as e:
