@@ -1,8 +1,8 @@
 """Tiny random models of every supported family, and helpers to run them without the engine."""
 from __future__ import annotations
 
+import atexit
 import contextlib
-
 import os
 import shutil
 import tempfile
@@ -23,8 +23,11 @@ from peagle.models.attention import AttnMeta
 from peagle.models.llama import LlamaModel, ModelConfig, build_target
 from peagle.models.loader import resolve_target
 
-# packed-weights caches of the suite's files in a folder of its own, not the user's ~/.cache
-os.environ.setdefault("PEAGLE_PACKED_CACHE", tempfile.mkdtemp(prefix="peagle-packed-"))
+# packed-weights caches of the suite's files in a folder of its own, not the user's ~/.cache, removed when this
+# process ends (each xdist worker has its own): left behind, every run kept ~100 MB per worker in /tmp.
+if "PEAGLE_PACKED_CACHE" not in os.environ:
+    os.environ["PEAGLE_PACKED_CACHE"] = tempfile.mkdtemp(prefix="peagle-packed-")
+    atexit.register(shutil.rmtree, os.environ["PEAGLE_PACKED_CACHE"], ignore_errors=True)
 # Tiny models run as fast on one thread, and the other core stays free (the engine reads this).
 os.environ.setdefault("PEAGLE_TORCH_THREADS", "1")
 configure_cpu()
