@@ -37,6 +37,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                        load_format=args.load_format, max_num_seqs=1,
                                        max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
                                        kv_cache_dtype=args.kv_cache_dtype,
+                                       enable_prefix_caching=args.enable_prefix_caching,
                                        speculative_token_tree=args.speculative_token_tree if args.method == "parallel"
                                        else "chain", speculative_tree_budget=args.speculative_tree_budget,
                                        prompt_lookup_max=args.prompt_lookup_max, prompt_lookup_min=args.prompt_lookup_min,
@@ -131,7 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        long_prefill_token_threshold=args.long_prefill_token_threshold,
                        max_num_partial_prefills=args.max_num_partial_prefills,
                        max_long_partial_prefills=args.max_long_partial_prefills, enforce_eager=args.enforce_eager,
-                       kv_cache_dtype=args.kv_cache_dtype,
+                       kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=args.enable_prefix_caching,
                        long_prefill_step_ms=args.long_prefill_step_ms or None,
                        speculative_token_tree=spec["speculative_token_tree"],
                        speculative_tree_budget=spec["speculative_tree_budget"],
@@ -182,7 +183,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
                                        load_format=args.load_format, max_num_seqs=args.batch_size,
                                        max_model_len=args.max_model_len,
                                        kv_cache_tokens=kv_tokens, enforce_eager=args.enforce_eager,
-                                       kv_cache_dtype=args.kv_cache_dtype)
+                                       kv_cache_dtype=args.kv_cache_dtype,
+                                       enable_prefix_caching=args.enable_prefix_caching)
     run = synthesize(engine, args.prompts, args.out, args.num_prompts, args.max_new_tokens, args.temperature,
                      args.seed, args.batch_size, args.shard_size, turns=args.turns, samples=args.samples,
                      sample_temperature=args.sample_temperature, chat=args.chat)

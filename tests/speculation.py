@@ -88,10 +88,11 @@ class OracleDrafter(Drafter):
         return engine
 
     def _sequence_tags(self, meta, rows: int) -> torch.Tensor:
-        """Each row's reference (-1: none), from its span's sequence (spans are told apart by their first block)."""
+        """Each row's reference (-1: none), from its span's sequence (spans are told apart by their block tables:
+        sequences may share their first blocks, a kept prefix, but each writes its own last one)."""
         running = self.engine.running if self.engine is not None else []   # (none: the engine's start-up timing)
-        by_block = {s.block_table[0]: self.index.get(tuple(s.prompt_ids), -1) for s in running}
-        tags = [by_block.get(span.block_table[0], -1) for span in meta.spans for _ in range(span.num_rows)]
+        by_table = {tuple(s.block_table): self.index.get(tuple(s.prompt_ids), -1) for s in running}
+        tags = [by_table.get(tuple(span.block_table), -1) for span in meta.spans for _ in range(span.num_rows)]
         return torch.tensor(tags + [-1] * (rows - len(tags)), dtype=torch.float32)[:, None]
 
     def forward(self, ids, hidden, positions, caches, meta, keep=None):

@@ -587,10 +587,16 @@ def test_every_command_that_loads_a_target_takes_quantization():
         assert parser.parse_args([*argv, "--kv-cache-dtype", "float32"]).kv_cache_dtype == "float32", argv
     with pytest.raises(SystemExit):
         parser.parse_args(["generate", "hi", "--kv-cache-dtype", "fp8"])
+    for argv in (["generate", "hi"], ["serve"], ["synth", "--prompts", "p", "--out", "o"]):  # vLLM's prefix caching
+        assert parser.parse_args(argv).enable_prefix_caching is True, argv
+        assert parser.parse_args([*argv, "--no-enable-prefix-caching"]).enable_prefix_caching is False, argv
     args = parser.parse_args(["bench", "serving", "--dataset-name", "mt-bench", "--quantization", "none",
                               "--compute", "exact"])
     cmd = server_command("peagle-none", args, 4)
     assert cmd[cmd.index("--quantization") + 1] == "none" and cmd[cmd.index("--compute") + 1] == "exact"
+    assert "--no-enable-prefix-caching" not in cmd
+    uncached = server_command("peagle-none-no-prefix-cache", args, 4)
+    assert uncached == cmd + ["--no-enable-prefix-caching"]
 
 
 def test_a_quantized_engine_meets_the_llama_cpp_file_of_its_format():

@@ -116,6 +116,25 @@ def test_completion_is_the_targets_greedy_output(server, tiny_chat_dir):
     assert nodes == metric(server, "peagle:spec_decode_num_draft_tokens_total") > 0
 
 
+def test_a_next_turn_reads_the_kept_prefix(server, tiny_chat_dir):
+    """A completion, then one whose prompt is the first prompt, its answer and more (a chat's next turn): the
+    second finds the first's full blocks kept (the prefix-cache counters say so) and answers as plain decoding."""
+    plain = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32",
+                                      enable_prefix_caching=False)
+    first = "The history of the lighthouse keepers on the northern coast is long, and " * 4   # 58 tokens
+    body = {"model": "tiny", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    status, one, _ = request(server, "POST", "/v1/completions", {**body, "prompt": first})
+    assert status == 200, one
+    second = first + one["choices"][0]["text"] + " And then"
+    hits = metric(server, "peagle:prefix_cache_hits_total")
+    status, two, _ = request(server, "POST", "/v1/completions", {**body, "prompt": second})
+    assert status == 200, two
+    # its first 48 tokens at least (the text after them is tokenized anew in the second prompt)
+    assert metric(server, "peagle:prefix_cache_hits_total") - hits >= 48
+    ref = plain.generate([plain.encode_prompt(second, chat=False)], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert two["choices"][0]["text"] == ref[0].text
+
+
 def test_fair_prefill_flags_are_checked_before_loading():
     for flags, msg in ((["--max-num-partial-prefills", "2", "--max-long-partial-prefills", "3"], "must not exceed"),
                        (["--long-prefill-token-threshold", "9999"], "long_prefill_token_threshold")):

@@ -58,12 +58,14 @@ class Models:
         head = self.heads.get("parallel")
         return head.cfg.trained_k if head is not None else None
 
-    def engine(self, method: str, k: int, concurrency: int, tree: str = "chain", budget: int = 16) -> LLMEngine:
+    def engine(self, method: str, k: int, concurrency: int, tree: str = "chain", budget: int = 16,
+               prefix_caching: bool = True) -> LLMEngine:
         from peagle.engine.llm_engine import EngineConfig, LLMEngine
 
         cfg = EngineConfig(method=method, num_speculative_tokens=k or 1, max_num_seqs=concurrency,
                            max_model_len=self.max_model_len, enforce_eager=self.enforce_eager,
-                           speculative_token_tree=tree, speculative_tree_budget=budget, **self.lookup)
+                           speculative_token_tree=tree, speculative_tree_budget=budget,
+                           enable_prefix_caching=prefix_caching, **self.lookup)
         return LLMEngine(self.target, self.heads.get(method), cfg, self.tokenizer)
 
 
@@ -120,14 +122,16 @@ def run_closed_loop(engine: LLMEngine, work: Workload, temperature: float = 0.0,
 
 
 def run_cell(models: Models, work: Workload, method: str, k: int, concurrency: int, temperature: float = 0.0,
-             seed: int = 0, bar=None, tree: str = "chain", budget: int = 16) -> dict:
-    """One (method, K, token tree, concurrency) measurement on a fresh engine, after a short warm-up request."""
+             seed: int = 0, bar=None, tree: str = "chain", budget: int = 16, prefix_caching: bool = True) -> dict:
+    """One (method, K, token tree, concurrency) measurement on a fresh engine, after a short warm-up request (whose
+    kept blocks are forgotten: the first prompt is prefilled as the others, whole)."""
     from peagle.bench.metrics import spec_summary, summarize
     from peagle.engine.sampling import SamplingParams
 
-    engine = models.engine(method, k, concurrency, tree, budget)
+    engine = models.engine(method, k, concurrency, tree, budget, prefix_caching)
     warm = encode(models.tokenizer, messages(work.prompts[0].turns[:1], []), work.chat)
     engine.generate([warm[:engine.max_model_len - 8]], SamplingParams(max_tokens=4))
+    engine.blocks.reset_prefix_cache()
     records, stats, duration = run_closed_loop(engine, work, temperature, seed, bar)
     cell = {"dataset": work.name, "method": method, "k": 0 if method == "none" else k, "concurrency": concurrency,
             "tree": tree, "tree_budget": budget if tree == "auto" else None}

@@ -7,7 +7,8 @@ peagle's own engine then runs the same prompts in this process, without HTTP (wh
 ``bench offline`` run), so the table shows what the server costs. Repeats go round every system in turn; the table gives medians.
 
 Systems: ``peagle-none``, ``peagle-parallel`` (P-EAGLE), ``peagle-eagle3`` (K chosen by the engine,
-the default model and its shipped heads), ``llamacpp-F32|F16|BF16|Q8_0|Q4_1``: llama.cpp's own
+the default model and its shipped heads), each also ``-no-prefix-cache`` (``--no-enable-prefix-caching``: a
+conversation's second turn prefills its first again), ``llamacpp-F32|F16|BF16|Q8_0|Q4_1``: llama.cpp's own
 ``llama-server`` with ``--llamacpp-parallel`` slots (else the binding's ``llama_cpp.server``, one request at a
 time) on the default model's GGUF in that precision (:mod:`peagle.bench.peers.llamacpp`), and ``llamacpp``: the
 same server on ``--target``'s own GGUF file, the file peagle's systems run (a 1B-8B model as users download it).
@@ -32,7 +33,9 @@ from peagle.bench.workload import add_dataset_args, load_workload
 from peagle.engine.args import add_quantization_arg
 from peagle.precision import DTYPE_CHOICES
 
-SYSTEMS = ("peagle-none", "peagle-parallel", "peagle-eagle3", "llamacpp", *(f"llamacpp-{k}" for k in llamacpp.FTYPES))
+PEAGLE = ("peagle-none", "peagle-parallel", "peagle-eagle3")
+UNCACHED = "-no-prefix-cache"
+SYSTEMS = (*PEAGLE, *(s + UNCACHED for s in PEAGLE), "llamacpp", *(f"llamacpp-{k}" for k in llamacpp.FTYPES))
 KEYS = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "acceptance_length", "completed", "failed")
 
 
@@ -42,8 +45,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                                   "systems run only the default model, llamacpp the target's GGUF)")
     p.add_argument("--drafter", default=None, help="head for peagle-parallel and peagle-eagle3 (default: the shipped ones)")
     p.add_argument("--systems", default="peagle-none,peagle-parallel,llamacpp-F32,llamacpp-BF16",
-                   help="comma-separated: peagle-none|parallel|eagle3, llamacpp-F32|F16|BF16|Q8_0|Q4_1, llamacpp "
-                        "(--target's own GGUF file)")
+                   help="comma-separated: peagle-none|parallel|eagle3 (each also with -no-prefix-cache), "
+                        "llamacpp-F32|F16|BF16|Q8_0|Q4_1, llamacpp (--target's own GGUF file)")
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated requests in flight")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="peagle's dtype (servers and offline engine)")
     add_quantization_arg(p)
@@ -72,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
         if llamacpp.native_bin("llama-server") is None:
             llamacpp.require()
     work = load_workload(args, args.dataset_name, args.dataset_path)
-    methods = [s.removeprefix("peagle-") for s in systems if s.startswith("peagle-")]
+    methods = [method_of(s) for s in systems if s.startswith("peagle-")]
     models = Models.load(args.target, args.drafter, None, methods, dtype=args.dtype,
                          quantization=args.quantization, compute=args.compute) if methods else None
     runs: list[dict] = []
@@ -88,7 +91,8 @@ def main(args: argparse.Namespace) -> int:
                           file=sys.stderr)
             if system.startswith("peagle-"):
                 for c in concurrencies:
-                    cell = run_cell(models, work, system.removeprefix("peagle-"), "auto", c)
+                    cell = run_cell(models, work, method_of(system), "auto", c,
+                                    prefix_caching=not system.endswith(UNCACHED))
                     runs.append({"system": system, "via": "offline", "concurrency": c, "repeat": rep,
                                  **{k: cell.get(k) for k in KEYS}})
                     print(f"peagle: {system} offline C={c}: {cell['output_throughput']:.1f} tok/s", file=sys.stderr)
@@ -99,18 +103,24 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def method_of(system: str) -> str:
+    """A peagle system's method (``peagle-none-no-prefix-cache``: none)."""
+    return system.removeprefix("peagle-").removesuffix(UNCACHED)
+
+
 def server_command(system: str, args: argparse.Namespace, max_seqs: int) -> list[str]:
     if system.startswith("llamacpp"):
         model = Path(args.target) if system == "llamacpp" else system.removeprefix("llamacpp-")
         return llamacpp.server_command(model, args.port, args.llamacpp_parallel)
-    method = system.removeprefix("peagle-")
+    method = method_of(system)
     spec = {"method": "none"} if method == "none" else {
         "method": "eagle3", "num_speculative_tokens": "auto", "parallel_drafting": method == "parallel",
         **({"model": args.drafter} if args.drafter else {})}
     return [sys.executable, "-m", "peagle.cli", "serve", "--port", str(args.port), "--dtype", args.dtype,
             "--max-num-seqs", str(max_seqs), "--speculative-config", json.dumps(spec),
             *(["--target", args.target] if args.target else []),
-            *(["--quantization", args.quantization] if args.quantization else []), "--compute", args.compute]
+            *(["--quantization", args.quantization] if args.quantization else []), "--compute", args.compute,
+            *(["--no-enable-prefix-caching"] if system.endswith(UNCACHED) else [])]
 
 
 @contextlib.contextmanager

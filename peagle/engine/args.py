@@ -2,6 +2,8 @@
 that loads a target or runs the engine adds to its parser (``peagle`` and the benchmarks)."""
 from __future__ import annotations
 
+import argparse
+
 from peagle.engine.config import KV_CACHE_DTYPES, EngineConfig
 from peagle.models.quant import FORMATS
 from peagle.precision import COMPUTE_CHOICES, DEVICE_HELP, DTYPE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES
@@ -36,7 +38,11 @@ def add_runtime_args(p, engine: bool = False) -> None:
 
 
 def add_kv_args(p) -> None:
-    """``--kv-cache-dtype`` (vLLM's name) for the commands that run the engine."""
+    """``--kv-cache-dtype`` and ``--enable-prefix-caching`` (vLLM's names) for the commands that run the engine."""
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=EngineConfig.enable_prefix_caching,
+                   help="keep a request's KV blocks for the next prompt that starts with the same tokens: a chat's "
+                        "next turn prefills only what is new (default: on, as vLLM's)")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="what the KV cache stores: auto = float16 where peagle's CPU kernels run their fast paths "
                         "(as llama.cpp's F16 cache: half the bytes attention reads), else the model's dtype "

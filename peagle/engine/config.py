@@ -52,6 +52,9 @@ class EngineConfig:
     max_num_partial_prefills: int = 8
     max_long_partial_prefills: int = 1
     block_size: int = 16
+    # KV blocks kept after a request for the next prompt that starts with the same tokens (vLLM's automatic
+    # prefix caching, on by default as there; llama-server's prompt cache): a chat's next turn prefills what is new
+    enable_prefix_caching: bool = True
     kv_cache_tokens: int | None = None      # default: max_num_seqs full sequences, capped at 16384
     # what the KV cache stores (vLLM's --kv-cache-dtype; llama.cpp's -ctk/-ctv): "auto" is float16 where the
     # target runs peagle's CPU kernels on their fast paths (half the bytes a step reads, as llama.cpp's F16

@@ -52,7 +52,7 @@ class LLMEngine:
         self.bounds = b = Bounds.of(config, drafter.cfg.trained_k if drafter is not None else None,
                                     target.cfg.max_position_embeddings)
         slots = config.kv_cache_tokens or max(min(config.max_num_seqs * b.max_positions, 16384), b.max_positions)
-        blocks = BlockManager(-(-slots // config.block_size), config.block_size)
+        blocks = BlockManager(-(-slots // config.block_size), config.block_size, config.enable_prefix_caching)
         eos = set(eos_token_ids or []) | set(target.cfg.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)

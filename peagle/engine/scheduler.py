@@ -75,7 +75,8 @@ class Scheduler:
     def schedule(self) -> Work:
         """This step's work: ``(sequence, new tokens to feed)`` for each sequence, within
         ``max_num_batched_tokens``: decode and verify rows of running sequences first, then prompts.
-        A sequence is prefilled until all its tokens but the last emitted have KV.
+        A sequence is prefilled until all its tokens but the last emitted have KV, from the end of the prefix
+        the block manager kept of an earlier sequence's (prefix caching).
 
         With chunked prefill, prompts share the rest of the budget (:meth:`_schedule_prefills`);
         without it, a prompt is fed whole, one after another (a longer one than the budget alone)."""
@@ -97,13 +98,15 @@ class Scheduler:
                 budget -= left
         while self.waiting and len(self.running) < self.cfg.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            if seq.num_tokens > budget and work:
+            hit = self.blocks.lookup(seq.tokens)
+            left = seq.num_tokens - len(hit) * self.blocks.block_size
+            if left > budget and work:
                 break
-            if not self.blocks.ensure(seq, self.positions_needed(seq)):
+            if not self.blocks.admit(seq, self.positions_needed(seq), hit):
                 break
             self._admit(seq)
-            work.append((seq, seq.num_tokens))
-            budget -= seq.num_tokens
+            work.append((seq, left))
+            budget -= left
         return work
 
     def _schedule_prefills(self, budget: int, decoding: bool) -> Work:
@@ -119,10 +122,11 @@ class Scheduler:
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= cfg.max_num_seqs or len(partial) >= cfg.max_num_partial_prefills:
                 break
-            long = seq.num_tokens - seq.num_cached > limit
+            hit = self.blocks.lookup(seq.tokens)   # (a prompt's kept prefix is not prefilled again)
+            long = seq.num_tokens - len(hit) * self.blocks.block_size > limit
             if long and num_long >= cfg.max_long_partial_prefills:
                 continue
-            if not self.blocks.ensure(seq, self.positions_needed(seq)):
+            if not self.blocks.admit(seq, self.positions_needed(seq), hit):
                 break
             self._admit(seq)
             partial.append(seq)
@@ -191,6 +195,7 @@ class Scheduler:
         result = StepResult()
         for (seq, n), v in zip(work, verified):
             seq.num_cached += n + v.accepted      # the new tokens and the accepted drafts have KV now
+            self.blocks.keep(seq)                 # its blocks now complete, for prompts that start with them
             if not v.tokens:                      # a prompt chunk before the last: nothing emitted
                 continue
             per_depth = seq.tree.nodes_per_depth

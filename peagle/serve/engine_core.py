@@ -113,11 +113,14 @@ class Snapshot:
     running: int
     waiting: int
     kv_cache_usage: float   # share of KV blocks held by requests (vLLM's kv_cache_usage_perc, 0..1)
+    prefix_cache_queries: int = 0   # prompt tokens looked up in the kept blocks, and found there (cumulative)
+    prefix_cache_hits: int = 0
 
     @classmethod
     def of(cls, engine: LLMEngine) -> "Snapshot":
         b = engine.blocks
-        return cls(engine.stats, len(engine.running), len(engine.waiting), 1 - b.num_free / b.num_blocks)
+        return cls(engine.stats, len(engine.running), len(engine.waiting), 1 - b.num_free / b.num_blocks,
+                   b.queries, b.hits)
 
 
 def run_engine_core(inbox, outbox, spec: EngineSpec) -> None:

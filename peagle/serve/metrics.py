@@ -30,12 +30,17 @@ class Metrics:
         self.drafted_per_pos = Counter("peagle:spec_decode_num_draft_tokens_per_pos",
                                        "Draft tokens (tree nodes) verified at each position (depth)", ["position"],
                                        registry=r)
-        self._seen = (0, 0, 0, [], [])
+        self.prefix_queries = Counter("peagle:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      registry=r)
+        self.prefix_hits = Counter("peagle:prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
+        self._seen = (0, 0, 0, [], [], 0, 0)
 
     def observe_step(self, snap: Snapshot) -> None:
-        """Move the engine's cumulative speculation counters and its gauges into Prometheus."""
+        """Move the engine's cumulative counters (speculation, the prefix cache) and its gauges into Prometheus."""
         s = snap.spec
-        d0, t0, a0, p0, q0 = self._seen
+        d0, t0, a0, p0, q0, pq0, ph0 = self._seen
+        self.prefix_queries.inc(snap.prefix_cache_queries - pq0)
+        self.prefix_hits.inc(snap.prefix_cache_hits - ph0)
         self.num_drafts.inc(s.num_drafts - d0)
         self.num_draft_tokens.inc(s.num_draft_tokens - t0)
         self.num_accepted.inc(s.num_accepted_tokens - a0)
@@ -46,7 +51,7 @@ class Metrics:
                 if n > before or i >= len(seen):
                     counter.labels(position=str(i)).inc(n - before)
         self._seen = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_pos),
-                      list(s.drafted_per_pos))
+                      list(s.drafted_per_pos), snap.prefix_cache_queries, snap.prefix_cache_hits)
         self.running.set(snap.running)
         self.waiting.set(snap.waiting)
         self.kv_usage.set(snap.kv_cache_usage)
