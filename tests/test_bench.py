@@ -392,6 +392,21 @@ def test_bench_serving_runs_llamacpp_on_the_targets_own_file(monkeypatch, tmp_pa
     assert cmd[0] == "/opt/llama/llama-server" and cmd[cmd.index("-m") + 1] == str(own)
 
 
+def test_bench_serving_sends_the_servers_the_offline_engines_workload():
+    """The ``bench serve`` client gets the workload the offline engine runs: every turn of a conversation with
+    --multi-turn (a server's prefix cache is measured by them), no chat template with --skip-chat-template."""
+    from peagle.bench import serve, serving
+
+    parser = build_parser()
+    for flags in ([], ["--multi-turn"], ["--multi-turn", "--skip-chat-template"]):
+        args = parser.parse_args(["bench", "serving", "--dataset-name", "mt-bench", "--target", "m.gguf", *flags])
+        p = serving.argparse.ArgumentParser()
+        serve.add_args(p)
+        got = p.parse_args(serving.client_argv(args, 4))
+        assert (got.multi_turn, got.skip_chat_template) == (args.multi_turn, args.skip_chat_template), flags
+        assert (got.max_concurrency, got.tokenizer, got.num_prompts) == (4, "m.gguf", args.num_prompts)
+
+
 def test_bench_offline_sampled_outputs_equal_plain_decoding(tiny_chat_dir, head_dir, prompts_file, capsys):
     """Sampled (request n seeded with --seed + n), float32: every speculative cell writes what `none` writes."""
     rc = main(["bench", "offline", "--target", str(tiny_chat_dir), "--drafter", str(head_dir), "-k", "2,auto",

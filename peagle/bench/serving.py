@@ -164,19 +164,26 @@ def running(cmd: list[str], port: int, timeout: float = 600):
             proc.wait()
 
 
+def client_argv(args: argparse.Namespace, concurrency: int) -> list[str]:
+    """``bench serve``'s arguments for one run: the workload the offline engine runs too (its conversations'
+    every turn with ``--multi-turn``, the chat template unless ``--skip-chat-template``)."""
+    argv = ["--port", str(args.port), "--dataset-name", args.dataset_name, "--num-prompts", str(args.num_prompts),
+            "--output-len", str(args.output_len), "--max-concurrency", str(concurrency), "--temperature", "0",
+            "--ignore-eos", "--disable-tqdm", "--seed", str(args.seed)]
+    argv += ["--dataset-path", args.dataset_path] if args.dataset_path else []
+    argv += ["--tokenizer", args.target] if args.target else []
+    argv += ["--multi-turn"] if args.multi_turn else []
+    return argv + (["--skip-chat-template"] if args.skip_chat_template else [])
+
+
 def client(args: argparse.Namespace, concurrency: int) -> dict:
     """One ``bench serve`` run at ``concurrency`` (its report kept out of the way)."""
     from peagle.bench import serve
 
     p = argparse.ArgumentParser()
     serve.add_args(p)
-    argv = ["--port", str(args.port), "--dataset-name", args.dataset_name, "--num-prompts", str(args.num_prompts),
-            "--output-len", str(args.output_len), "--max-concurrency", str(concurrency), "--temperature", "0",
-            "--ignore-eos", "--disable-tqdm", "--seed", str(args.seed)]
-    argv += ["--dataset-path", args.dataset_path] if args.dataset_path else []
-    argv += ["--tokenizer", args.target] if args.target else []
     with contextlib.redirect_stdout(io.StringIO()):
-        return asyncio.run(serve.run(p.parse_args(argv)))
+        return asyncio.run(serve.run(p.parse_args(client_argv(args, concurrency))))
 
 
 def table(runs: list[dict], systems: list[str], concurrencies: list[int], parallel: int = 4) -> str:
