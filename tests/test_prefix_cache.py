@@ -71,6 +71,7 @@ def test_shared_blocks_idle_eviction_and_a_refused_admission():
     assert not b.block_table and not b.num_cached and bm.users[table[0]] == 1   # refused: nothing taken
     assert bm.num_free == 2
     assert bm.admit(b, 8)                             # the kept prefix alone: both read it
+    assert a.cached_prompt_tokens == b.cached_prompt_tokens == 8   # (OpenAI's usage.prompt_tokens_details)
     assert bm.users[table[0]] == 2 and bm.hits == 16 and bm.queries == len(tokens) + len(a.tokens) + len(b.tokens)
     bm.release(b)
     assert table[0] not in bm.idle                    # a still reads it

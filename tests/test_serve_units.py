@@ -2,6 +2,7 @@
 request may ask, the error each refusal gets, and the JSON and SSE bytes a client reads."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -123,7 +124,10 @@ def test_a_whole_completion_and_chat_completion():
     assert first["logprobs"] == {"tokens": ["a", "b", "c"], "token_logprobs": [-0.5, -9999.0, -0.5],
                                  "top_logprobs": [{"a": -0.5, "i": -3.0}, {"b": -0.5, "i": -3.0},
                                                   {"c": -0.5, "i": -3.0}], "text_offset": [0, 1, 2]}
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
+    kept = dataclasses.replace(delta([4], "stop"), num_cached_tokens=16)   # one choice found its prompt kept
+    assert fmt.usage([delta([3], "stop"), kept])["prompt_tokens_details"] == {"cached_tokens": 16}
     chat = Formatter("chatcmpl-1", "tiny", chat=True, logprobs=False, num_prompt_tokens=3, num_choices=1, created=7)
     body = chat.completion([[delta([1]), delta([2], "stop")]])
     assert body["object"] == "chat.completion"

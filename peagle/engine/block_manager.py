@@ -63,6 +63,8 @@ class BlockManager:
             self.idle.pop(b, None)
         seq.block_table, seq.block_keys = hit, [self.key_of[b] for b in hit]
         seq.num_cached = len(hit) * self.block_size
+        if seq.cached_prompt_tokens is None:   # (a preempted sequence finds its own blocks again: not the prompt's)
+            seq.cached_prompt_tokens = seq.num_cached
         self.queries += len(seq.tokens)
         self.hits += seq.num_cached
         return self.ensure(seq, num_positions)

@@ -85,6 +85,7 @@ class Sequence:
         self.status = Status.WAITING
         self.block_table: list[int] = []
         self.block_keys: list[bytes] = []   # its complete leading blocks' keys (the block manager's prefix cache)
+        self.cached_prompt_tokens: int | None = None   # its prompt's tokens found kept when first admitted
         self.num_cached = 0           # tokens whose target (and drafter) KV is valid
         self.drafts: list[int] = []   # proposed tokens, verified by the next target pass: the nodes of
         self.tree = Tree(())          # this tree, in its order (a chain: K nodes, one a depth)

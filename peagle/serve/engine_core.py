@@ -77,6 +77,7 @@ class Delta:
     # (text, origin) of each token whose text is settled, when asked for (``token_origins``): origin k >= 1 the
     # k-th draft of its round, accepted; 0 the target's token after a rejection; -1 the bonus; -2 no drafts
     tokens: list[tuple[str, int]] | None = None
+    num_cached_tokens: int = 0     # prompt tokens read from the prefix cache (OpenAI's usage.prompt_tokens_details)
 
 
 @dataclass
@@ -238,7 +239,7 @@ class EngineCore:
         texts = {i: tok.decode([i]) for i in ids} if tok is not None else {}
         tokens = token_texts(seq, told, text) if seq.params.token_origins and seq.detok is not None else None
         delta = Delta(seq.output_ids[sent:], text[chars:], seq.finish_reason, len(seq.prompt_ids), n, logprobs, texts,
-                      seq.stats if seq.finished else None, tokens)
+                      seq.stats if seq.finished else None, tokens, num_cached_tokens=seq.cached_prompt_tokens or 0)
         if seq.finished:
             del self._sent[seq.request_id], self._streamed[seq.request_id]
             self._out.append((seq.request_id, delta, Finished.of(seq)))

@@ -76,10 +76,12 @@ class Formatter:
         return "chat.completion" if self.chat else "text_completion"
 
     def usage(self, done: list[Delta]) -> dict:
-        """Usage from each choice's last delta."""
+        """Usage from each choice's last delta, with OpenAI's ``prompt_tokens_details.cached_tokens``: the prompt
+        tokens read from the prefix cache (the choices of one prompt: the most any of them found)."""
         n = sum(d.num_output_tokens for d in done)
         return {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": n,
-                "total_tokens": self.num_prompt_tokens + n}
+                "total_tokens": self.num_prompt_tokens + n,
+                "prompt_tokens_details": {"cached_tokens": max((d.num_cached_tokens for d in done), default=0)}}
 
     def metrics(self, done: list[Delta]) -> dict:
         """vLLM's per-request ``metrics.speculative_decoding`` over the choices ``done`` (their last deltas),
