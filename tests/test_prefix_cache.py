@@ -164,15 +164,16 @@ def test_a_kept_prefix_gives_a_fresh_prefills_kv_tokens_and_drafts(llama, method
     assert assert_same_second_turn(llama, head, method, first, second, finish_first=False) == 2 * B
 
 
+@pytest.mark.parametrize("seeded", [False, True])
 @pytest.mark.parametrize("method", ["none", "parallel", "eagle3"])
-def test_next_turns_of_many_chats_are_plain_decodings(llama, method):
+def test_next_turns_of_many_chats_are_plain_decodings(llama, method, seeded):
     """Four chats' first turns, then two next turns of each (the two of a chat read its kept blocks at once), four
     at a time, in a pool that holds them all and in one of 40 blocks of 4 (kept blocks are reused for new KV,
     sequences preempted): every output plain decoding's without prefix caching, every kept block found (where none
-    was reused), an oracle head's drafts accepted."""
+    was reused), an oracle head's drafts accepted; greedy and seeded."""
     g = torch.Generator().manual_seed(8)
     firsts = [torch.randint(3, 150, (n,), generator=g).tolist() for n in (21, 30, 38, 25)]
-    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    params = SamplingParams(max_tokens=10, ignore_eos=True, **(dict(temperature=0.9, seed=5) if seeded else {}))
     plain = make_engine(llama, None, "none", enable_prefix_caching=False)
     outs = [o.token_ids for o in plain.generate(firsts, params)]
     nexts = [f + o + torch.randint(3, 150, (5,), generator=g).tolist() for f, o in zip(firsts, outs) for _ in (0, 1)]
