@@ -38,7 +38,7 @@ def test_metrics_on_recorded_streams():
     assert a.ttft == pytest.approx(0.1) and a.itl == pytest.approx([0.05, 0.05])
     assert a.latency == pytest.approx(0.2)   # the usage chunk is not output
     # a chat stream: 2 chunks
-    b = RequestRecord(start_time=20.0)
+    b = RequestRecord(start_time=20.0, turn=1)   # a conversation's second turn
     b.event({"choices": [{"delta": {"role": "assistant", "content": "Hi"}}]}, 20.3)
     b.event({"choices": [{"delta": {"content": " there"}, "finish_reason": "stop"}]}, 20.4)
     b.event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}, 20.41)
@@ -56,8 +56,9 @@ def test_metrics_on_recorded_streams():
     }
     for key, value in expect.items():
         assert r[key] == pytest.approx(value), key
+    assert r["mean_ttft_ms_later_turns"] == pytest.approx(300)   # b's alone
     empty = summarize([failed], duration=1.0)
-    assert empty["completed"] == 0 and empty["mean_ttft_ms"] == 0.0
+    assert empty["completed"] == 0 and empty["mean_ttft_ms"] == 0.0 and empty["mean_ttft_ms_later_turns"] is None
 
 
 PEAGLE_METRICS = """\
@@ -290,16 +291,18 @@ def test_bench_offline_json(tiny_chat_dir, head_dir, prompts_file, capsys):
     assert cells["none"]["acceptance_length"] is None and cells["none"]["k"] == 0
 
 
-def test_bench_serving_tiny(tiny_chat_dir, head_dir, prompts_file, tmp_path, capsys, monkeypatch):
+def test_bench_serving_tiny(tiny_chat_dir, head_dir, tmp_path, capsys, monkeypatch):
     """The serving table on the tiny model: each server started, measured at each concurrency and
-    stopped, the offline engine beside it, every request answered in full."""
+    stopped, the offline engine beside it, every turn of two conversations answered in full (the servers' as the
+    offline engine's: --multi-turn reaches the client), the later turns' TTFT apart."""
     from test_serve import free_port
 
     monkeypatch.setenv("PEAGLE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "serving.json"
+    chats = write_jsonl(tmp_path / "chats.jsonl", [{"turns": [f"Name {i} colours.", "And two more."]} for i in range(2)])
     rc = main(["bench", "serving", "--target", str(tiny_chat_dir), "--drafter", str(head_dir),
-               "--systems", "peagle-none,peagle-parallel", "--concurrency", "1,2", "--dataset-name", "custom",
-               "--dataset-path", str(prompts_file), "--num-prompts", "2", "--output-len", "6",
+               "--systems", "peagle-none,peagle-parallel", "--concurrency", "1,2", "--dataset-name", "sharegpt",
+               "--dataset-path", str(chats), "--multi-turn", "--num-prompts", "2", "--output-len", "6",
                "--port", str(free_port()), "--json", str(out)])
     printed = capsys.readouterr()
     assert rc == 0, printed.err
@@ -307,11 +310,12 @@ def test_bench_serving_tiny(tiny_chat_dir, head_dir, prompts_file, tmp_path, cap
     cells = {(r["system"], r["via"], r["concurrency"]) for r in runs}
     assert cells == {(s, via, c) for s in ("peagle-none", "peagle-parallel") for via in ("server", "offline")
                      for c in (1, 2)}
-    assert all(r["completed"] == 2 and r["failed"] == 0 and r["output_throughput"] > 0 for r in runs)
+    assert all(r["completed"] == 4 and r["failed"] == 0 and r["output_throughput"] > 0 for r in runs)
+    assert all(r["mean_ttft_ms_later_turns"] > 0 for r in runs)
     # auto K may not draft at all with a random head; when it drafts, AL is at least 1
     assert all(r["acceptance_length"] is None or r["acceptance_length"] >= 1 for r in runs)
     rows = [line for line in printed.out.splitlines() if line.startswith("| peagle-")]
-    assert len(rows) == 4 and all(line.count("|") == 10 for line in rows)
+    assert len(rows) == 4 and all(line.count("|") == 11 for line in rows)
 
 
 def test_llamacpp_peer_configuration(monkeypatch):

@@ -36,6 +36,7 @@ class RequestRecord:
     token_ids: list[int] = field(default_factory=list)   # offline runs only
     error: str = ""
     source: str = ""                   # the prompt's dataset (bench serve --long-prompts: "long")
+    turn: int = 0                      # its conversation's turn (0: the first; --multi-turn sends the later ones)
 
     @property
     def success(self) -> bool:
@@ -85,6 +86,8 @@ def summarize(records: list[RequestRecord], duration: float, percentiles: tuple[
         res[f"std_{key}_ms"] = float(ms.std())
         for p in percentiles:
             res[f"p{p:g}_{key}_ms"] = float(np.percentile(ms, p))
+    later = [r.ttft for r in ok if r.turn]   # a conversation's later turns resend its history: a prefix cache's share
+    res["mean_ttft_ms_later_turns"] = float(np.mean(later)) * 1000 if later else None
     return res
 
 

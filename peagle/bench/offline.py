@@ -95,7 +95,7 @@ def run_closed_loop(engine: LLMEngine, work: Workload, temperature: float = 0.0,
         while todo and len(live) < engine.cfg.max_num_seqs:
             conv = todo.popleft()
             ids = encode(tok, messages(conv.turns, conv.answers), work.chat)
-            rec = RequestRecord(start_time=time.perf_counter(), prompt_len=len(ids))
+            rec = RequestRecord(start_time=time.perf_counter(), prompt_len=len(ids), turn=len(conv.answers))
             records.append(rec)
             params = SamplingParams(temperature=temperature, max_tokens=work.output_len,
                                     seed=None if temperature == 0 else seed + n)

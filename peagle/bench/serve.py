@@ -235,7 +235,7 @@ async def send_all(client, args: argparse.Namespace, work: Workload, tokenizer, 
             else:
                 body["prompt"] = render(tokenizer, msgs, work.chat)
                 prompt_len = len(tokenizer(body["prompt"])["input_ids"])
-            rec = RequestRecord(prompt_len=prompt_len, source=source)
+            rec = RequestRecord(prompt_len=prompt_len, source=source, turn=len(answers))
             records.append(rec)
             if limit is None:
                 await stream(client, args.endpoint, body, rec)

@@ -36,7 +36,8 @@ from peagle.precision import DTYPE_CHOICES
 PEAGLE = ("peagle-none", "peagle-parallel", "peagle-eagle3")
 UNCACHED = "-no-prefix-cache"
 SYSTEMS = (*PEAGLE, *(s + UNCACHED for s in PEAGLE), "llamacpp", *(f"llamacpp-{k}" for k in llamacpp.FTYPES))
-KEYS = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "acceptance_length", "completed", "failed")
+KEYS = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "mean_ttft_ms_later_turns", "acceptance_length",
+        "completed", "failed")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -197,8 +198,8 @@ def table(runs: list[dict], systems: list[str], concurrencies: list[int], parall
         return "-" if x is None else f"{x:.{nd}f}"
 
     out = ["| system | C | server tok/s | offline tok/s | server / offline | server decode tok/s per request "
-           "| offline decode tok/s per request | server TTFT ms | AL |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| offline decode tok/s per request | server TTFT ms | its later turns' | AL |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for s in systems:
         for c in concurrencies:
             tput, off = med(s, "server", c, "output_throughput"), med(s, "offline", c, "output_throughput")
@@ -207,6 +208,7 @@ def table(runs: list[dict], systems: list[str], concurrencies: list[int], parall
             al = med(s, "server", c, "acceptance_length")
             out.append(f"| {s} | {c} | {f(tput)} | {f(off)} | {f(ratio, 2)} | {f(tpot and 1000 / tpot)} | "
                        f"{f(off_tpot and 1000 / off_tpot)} | {f(med(s, 'server', c, 'mean_ttft_ms'), 0)} | "
+                       f"{f(med(s, 'server', c, 'mean_ttft_ms_later_turns'), 0)} | "
                        f"{f(al, 2)} |")
     note = ", ".join(f"{s}: {llamacpp.config_note(s.removeprefix('llamacpp-'))}" for s in systems
                      if s.startswith("llamacpp"))
