@@ -110,8 +110,10 @@ class BlockManager:
 
     def _take(self) -> int:
         """A block for new KV: a free one, else the idle kept block first in line, forgotten."""
-        if self.free:
-            return self.free.pop()
+        return self.free.pop() if self.free else self._forget()
+
+    def _forget(self) -> int:
+        """The idle kept block first in line, its key forgotten."""
         b, _ = self.idle.popitem(last=False)
         del self.kept[self.key_of.pop(b)]
         return b
@@ -119,9 +121,7 @@ class BlockManager:
     def reset_prefix_cache(self) -> None:
         """Forget every kept block no sequence reads (vLLM's ``reset_prefix_cache``)."""
         while self.idle:
-            b, _ = self.idle.popitem(last=False)
-            del self.kept[self.key_of.pop(b)]
-            self.free.append(b)
+            self.free.append(self._forget())
 
     @property
     def num_free(self) -> int:
