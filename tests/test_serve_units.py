@@ -246,3 +246,20 @@ def test_large_bodies_are_validated_off_the_event_loop(monkeypatch):
         r = client.post("/v1/completions", json={"model": "m", "prompt": big, "max_tokens": "many"})
         assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
     assert len(json.dumps({"model": "m", "prompt": big})) >= api.OFF_LOOP_VALIDATION_BYTES
+
+
+def test_metrics_move_by_what_each_step_added():
+    """The speculation counters grow by each step's drafts, also where a caller hands the engine's own (live)
+    counters every step, as an in-process engine would: what was moved is a copy, not the live object."""
+    from peagle.engine.sequence import SpecStats
+    from peagle.serve.engine_core import Snapshot
+    from peagle.serve.metrics import Metrics
+
+    m, live = Metrics(), SpecStats()
+    for _ in range(3):
+        live.record([1, 1], 1)   # a round of 2 drafts, the first accepted
+        m.observe_step(Snapshot(live, 0, 0, 0.0))
+    assert m.num_drafts._value.get() == 3 and m.num_draft_tokens._value.get() == 6
+    assert m.num_accepted._value.get() == 3
+    assert [m.accepted_per_pos.labels(position=p)._value.get() for p in "01"] == [3, 0]
+    assert [m.drafted_per_pos.labels(position=p)._value.get() for p in "01"] == [3, 3]

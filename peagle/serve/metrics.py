@@ -2,8 +2,11 @@
 and ``bench serve`` arithmetic apply: acceptance rate = accepted / draft tokens, AL = 1 + accepted / drafts."""
 from __future__ import annotations
 
+import copy
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from peagle.engine.sequence import SpecStats
 from peagle.serve.engine_core import Finished, Snapshot
 
 
@@ -33,25 +36,23 @@ class Metrics:
         self.prefix_queries = Counter("peagle:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                                       registry=r)
         self.prefix_hits = Counter("peagle:prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r)
-        self._seen = (0, 0, 0, [], [], 0, 0)
+        self._last = Snapshot(SpecStats(), 0, 0, 0.0)  # the counters already moved (a copy: not the engine's own)
 
     def observe_step(self, snap: Snapshot) -> None:
         """Move the engine's cumulative counters (speculation, the prefix cache) and its gauges into Prometheus."""
-        s = snap.spec
-        d0, t0, a0, p0, q0, pq0, ph0 = self._seen
-        self.prefix_queries.inc(snap.prefix_cache_queries - pq0)
-        self.prefix_hits.inc(snap.prefix_cache_hits - ph0)
-        self.num_drafts.inc(s.num_drafts - d0)
-        self.num_draft_tokens.inc(s.num_draft_tokens - t0)
-        self.num_accepted.inc(s.num_accepted_tokens - a0)
-        for counter, now, seen in ((self.accepted_per_pos, s.accepted_per_pos, p0),
-                                   (self.drafted_per_pos, s.drafted_per_pos, q0)):
+        s, last = snap.spec, self._last.spec
+        self.prefix_queries.inc(snap.prefix_cache_queries - self._last.prefix_cache_queries)
+        self.prefix_hits.inc(snap.prefix_cache_hits - self._last.prefix_cache_hits)
+        self.num_drafts.inc(s.num_drafts - last.num_drafts)
+        self.num_draft_tokens.inc(s.num_draft_tokens - last.num_draft_tokens)
+        self.num_accepted.inc(s.num_accepted_tokens - last.num_accepted_tokens)
+        for counter, now, seen in ((self.accepted_per_pos, s.accepted_per_pos, last.accepted_per_pos),
+                                   (self.drafted_per_pos, s.drafted_per_pos, last.drafted_per_pos)):
             for i, n in enumerate(now):
                 before = seen[i] if i < len(seen) else 0
                 if n > before or i >= len(seen):
                     counter.labels(position=str(i)).inc(n - before)
-        self._seen = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_pos),
-                      list(s.drafted_per_pos), snap.prefix_cache_queries, snap.prefix_cache_hits)
+        self._last = copy.deepcopy(snap)
         self.running.set(snap.running)
         self.waiting.set(snap.waiting)
         self.kv_usage.set(snap.kv_cache_usage)
