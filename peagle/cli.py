@@ -563,7 +563,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     w.add_argument("config", help="a Llama preset (" + ", ".join(n for n, c in PRESETS.items() if c["model_type"] == "llama")
                    + ") or a config.json")
     w.add_argument("--out", required=True)
-    w.add_argument("--type", choices=list(GGUF_TYPES), default="f16", help="llama-quantize makes the other formats")
+    w.add_argument("--type", choices=list(GGUF_TYPES), default="f16", help="llama-quantize makes the block formats")
     w.add_argument("--tokenizer", default=None, help="a .gguf file whose tokenizer to embed (default: the default "
                                                       "model's, 49,152 tokens)")
     w.add_argument("--seed", type=int, default=0)

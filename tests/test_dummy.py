@@ -95,15 +95,16 @@ def test_bad_dummy_requests_are_refused(tmp_path, tiny_config):
         load_target(tiny_config, load_format="pt")
 
 
-def test_a_written_gguf_is_the_configs_model_for_peagle(tmp_path):
+@pytest.mark.parametrize("ftype,dtype", [("f16", torch.float16), ("bf16", torch.bfloat16)])
+def test_a_written_gguf_is_the_configs_model_for_peagle(tmp_path, ftype, dtype):
     """``peagle dummy-gguf``'s file: llama.cpp's tensor names and shapes for the config (the default model's
-    tokenizer and vocabulary), f16 matrices and f32 norms, which peagle loads as the same model."""
-    out = write_gguf(TINY, tmp_path / "tiny.gguf", default_gguf(), "f16")
+    tokenizer and vocabulary), f16 (or bf16) matrices and f32 norms, which peagle loads as the same model."""
+    out = write_gguf(TINY, tmp_path / "tiny.gguf", default_gguf(), ftype)
     arch, tensors = gguf_tensors(out)
     shapes = {name: shape for name, _, shape, _, _ in tensors}
     assert arch == "llama" and len(tensors) == 2 + 9 * 4  # embedding, final norm; 9 a layer; tied: no output
     assert shapes["token_embd.weight"] == [256, 49152] and shapes["blk.3.ffn_down.weight"] == [512, 256]
-    assert {t.name for _, t, _, _, _ in tensors} == {"F16", "F32"}
+    assert {t.name for _, t, _, _, _ in tensors} == {ftype.upper(), "F32"}
     import gguf
 
     meta = gguf.GGUFReader(str(out)).fields
@@ -115,6 +116,8 @@ def test_a_written_gguf_is_the_configs_model_for_peagle(tmp_path):
         names = list(split_checkpoint(build_target(cfg).state_dict(), build_target(cfg)))
     sd = read_gguf(out, names, cfg, False, torch.float32, torch.float32, torch.device("cpu"))
     assert set(sd) == set(names) and sd["model.norm.weight"].eq(1).all()  # every tensor peagle's model has
+    w = sd["model.layers.0.mlp.down_proj.weight"]  # the weights' bits, in the file's type: uniform within +-STD * 3**0.5
+    assert w.eq(w.to(dtype).float()).all() and 0.03 < w.abs().max() <= 0.035 and w.std() > 0.019
     assert not list(tmp_path.glob("*.tmp*"))  # written atomically
     with pytest.raises(ValueError, match="Llama"):
         write_gguf(PRESETS["qwen3-8b"], tmp_path / "q.gguf", default_gguf())

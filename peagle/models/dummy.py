@@ -94,7 +94,10 @@ def random_state_dict(shapes: dict[str, torch.Size], dtype: torch.dtype, fmt: st
 
 
 # ---------------------------------------------------------------------------------------- GGUF files
-GGUF_TYPES = {"f32": np.float32, "f16": np.float16}  # what write_gguf writes; llama-quantize makes the rest
+# What write_gguf writes (llama-quantize makes the block formats): the file type; the tensor type and its numpy
+# dtype (bfloat16 as its raw uint16 bits, as llama.cpp's convert_hf_to_gguf.py writes it: numpy has no bfloat16).
+GGUF_TYPES = {"f32": ("ALL_F32", "F32"), "f16": ("MOSTLY_F16", "F16"), "bf16": ("MOSTLY_BF16", "BF16")}
+_NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
 
 def write_gguf(cfg: dict, out: Path, tokenizer_gguf: Path, ftype: str = "f16", seed: int = 0) -> Path:
@@ -138,7 +141,8 @@ def write_gguf(cfg: dict, out: Path, tokenizer_gguf: Path, ftype: str = "f16", s
         w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
         w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
         w.add_vocab_size(vocab)
-        w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}[ftype])
+        file_type, tensor_type = GGUF_TYPES[ftype]
+        w.add_file_type(gguf.LlamaFileType[file_type])
         for key, field in src.fields.items():  # the tokenizer, as the source file stores it
             if key.startswith("tokenizer."):
                 kind = field.types[0]
@@ -150,11 +154,11 @@ def write_gguf(cfg: dict, out: Path, tokenizer_gguf: Path, ftype: str = "f16", s
                 else:
                     w.add_key_value(key, field.contents(), kind)
         gen = torch.Generator().manual_seed(seed)
-        dt = GGUF_TYPES[ftype]
         for name, shape in tensors:  # numpy's order: the writer stores ggml's (fastest dimension first)
-            norm = name.endswith("norm.weight")
-            w.add_tensor_info(name, list(shape), np.dtype(np.float32 if norm else dt),
-                              int(np.prod(shape)) * np.dtype(np.float32 if norm else dt).itemsize)
+            kind = "F32" if name.endswith("norm.weight") else tensor_type
+            dt = np.dtype(_NUMPY[kind])
+            w.add_tensor_info(name, list(shape), dt, int(np.prod(shape)) * dt.itemsize,
+                              raw_dtype=gguf.GGMLQuantizationType[kind])
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
@@ -163,6 +167,8 @@ def write_gguf(cfg: dict, out: Path, tokenizer_gguf: Path, ftype: str = "f16", s
             if name.endswith("norm.weight"):
                 w.write_tensor_data(np.ones(shape, np.float32))
             else:
-                w.write_tensor_data(torch.empty(shape).uniform_(-bound, bound, generator=gen).numpy().astype(dt))
+                t = torch.empty(shape).uniform_(-bound, bound, generator=gen)
+                w.write_tensor_data(t.bfloat16().view(torch.int16).numpy().view(np.uint16) if tensor_type == "BF16"
+                                    else t.numpy().astype(_NUMPY[tensor_type]))
         w.close()
     return out
