@@ -278,6 +278,10 @@ struct QLinearArgs {
   float* y;           // [M, N], row stride ldy
   int64_t M, N, K, ldy;
   WType wtype;
+  // A tall pass's weights split once into bytes (vnni_tiles.h's expand): groups [ex_group, ...) of the weight,
+  // Q8_0's packed quants a chunk (EXPANDED bytes), or nullptr: the packed quants themselves
+  const uint8_t* ex = nullptr;
+  int64_t ex_group = 0;
 };
 
 // Rows [m0, m1) of x [*, K] (row stride ldx) into ``out`` (the same bits on every path).

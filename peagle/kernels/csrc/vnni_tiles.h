@@ -3,7 +3,7 @@
 // AVX-VNNI (8: half a group) and AVX2 for the formats whose packed quants stay under 64 (vpdpbusd as maddubs
 // + madd: exact there), each instantiated in its ISA's file after its `#pragma GCC target`. W supplies:
 // LANES, RMAX, columns(R), ivec/fvec, set1_i32, set1_i8, set1_f, zero_f, load (LANES * 4 bytes),
-// nibbles(raw, lo, hi), slli16, srli16, and_, or_, dpbusd(acc, w, x), cvt_f, mul, fma, load_ph (LANES fp16),
+// store_i, nibbles(raw, lo, hi), slli16, srli16, and_, or_, dpbusd(acc, w, x), cvt_f, mul, fma, load_ph (LANES fp16),
 // load_u8_f and load_i8_f (LANES uint8 / int8 as float), load_f, add, store. A unit is LANES columns: group unit / (QGROUP / LANES), the part unit % (QGROUP / LANES).
 #pragma once
 #include <cstring>
@@ -20,6 +20,7 @@ struct VnniTiles {
   static constexpr PackedFormat F = packed_format(T);
   static constexpr int SUMS = F.scales;  // integer sums a chunk (q6_k: weights 0..15 and 16..31 apart)
   static constexpr int RMAX = W::RMAX, RTALL = W::RMAX;
+  static constexpr int64_t PARTS = QGROUP / W::LANES;  // units a packed group
   // one unit wide (streamed weights) a tile's rows need 2 registers each: 16 lanes (a packed group a vector)
   // fit 8 rows for the one-sum formats without bit planes, each weight vector then split once for all 8
   // (Zen 4, the default model's layer matmuls at 8 rows, two threads: 6.36 -> 5.67 ms against two tiles of 4)
@@ -78,6 +79,41 @@ struct VnniTiles {
     if constexpr (F.min) acc = W::fma(mins(pc, part), W::set1_f(super_packed(T) ? -sd : sd), acc);
     return acc;
   }
+  // Column group g's quants, every chunk, split into a uint8 weight a byte (the bit planes added) at out: Q8_0's
+  // packed quants (vector v: weights 4v .. 4v+3 of each column), EXPANDED bytes a chunk. A pass of many rows
+  // (prefill) splits each group once so, where its tiles would split it again for every RMAX rows: a Q6_K
+  // matrix at 512 rows did twice Q4_0's work a row (two bit planes, two sums; docs/real-sizes.md). Only for
+  // formats with bit planes: a plain nibble split costs less than reading twice the bytes from L2 for every
+  // tile (Q4_0 and Q4_K at 512 rows ran 1.1-1.25x slower expanded; Q5_K 1.26x and Q6_K 1.34x faster;
+  // Sapphire Rapids, one 8,192 x 3,072 matrix, 2 threads).
+  static constexpr bool expands = F.planes > 0;
+  static constexpr int64_t EXPANDED = 512;
+  static void expand(const QLinearArgs& a, int64_t g, uint8_t* out) {
+    for (int64_t b = 0; b < a.K / QBLOCK; ++b, out += EXPANDED) {
+      const uint8_t* rec = packed_chunk_at(a.w, T, g, b, a.K).rec + packed_quants(T);
+      for (int64_t part = 0; part < PARTS; ++part) {
+        const uint8_t* q = rec + 4 * W::LANES * part;
+        ivec planes[F.planes > 0 ? F.planes : 1];
+        planes_of(q, planes);
+        for (int v = 0; v < 4; ++v) {
+          ivec lo, hi;
+          split(q, planes, v, lo, hi);
+          W::store_i(out + 64 * v + 4 * W::LANES * part, lo);
+          W::store_i(out + 64 * (v + 4) + 4 * W::LANES * part, hi);
+        }
+      }
+    }
+  }
+
+  // The same tiles on weights expand split (QLinearArgs::ex): blocks<> over it runs them.
+  struct Expanded {
+    using Args = QLinearArgs;
+    static constexpr int RMAX = VnniTiles::RMAX, RTALL = VnniTiles::RTALL;
+    static constexpr int columns(int R) { return VnniTiles::columns(R); }
+    template <int R, int G>
+    static void tile(const QLinearArgs& a, int64_t m, int64_t u) { VnniTiles::tile<R, G, true>(a, m, u); }
+  };
+
   // The next tile's chunk b (and, at a super-block's start, its header) on its way to the cache.
   static void prefetch(const QLinearArgs& a, int64_t group, int64_t b) {
     const PackedChunk<const uint8_t> pc = packed_chunk_at(a.w, T, group, b, a.K);
@@ -90,9 +126,9 @@ struct VnniTiles {
   // -offset * s, so they end at the weight's own dot product), R*G float32 accumulators; each weight vector
   // is loaded (its nibbles split, its bit planes added) once for all R rows, and the next tile's weights
   // prefetched while these compute (where prefetches(R, G)).
-  template <int R, int G>
+  template <int R, int G, bool EX = false>
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
-    constexpr int64_t QOFF = packed_quants(T), PARTS = QGROUP / W::LANES;
+    constexpr int64_t QOFF = packed_quants(T);
     const int64_t nb = a.K / QBLOCK;
     fvec acc[R][G];
     for (int r = 0; r < R; ++r)
@@ -107,25 +143,28 @@ struct VnniTiles {
           if constexpr (SUMS == 2) is[SUMS - 1][r][j] = c2;
         }
       }
-      const uint8_t* p[G];  // each unit's quants in this block
+      const uint8_t* p[G];  // each unit's quants in this block (split already where a.ex holds them)
       PackedChunk<const uint8_t> pc[G];
       for (int j = 0; j < G; ++j) {
         const int64_t part = (u + j) % PARTS;
         pc[j] = packed_chunk_at(a.w, T, (u + j) / PARTS, b, a.K);
-        if constexpr (prefetches(R, G)) prefetch(a, (u + G + j) / PARTS, b);  // every 64-byte line holds each part
-        p[j] = pc[j].rec + QOFF + 4 * W::LANES * part;
+        if constexpr (prefetches(R, G) && !EX) prefetch(a, (u + G + j) / PARTS, b);  // every 64-byte line holds each part
+        if constexpr (EX) p[j] = a.ex + (((u + j) / PARTS - a.ex_group) * (a.K / QBLOCK) + b) * EXPANDED + 4 * W::LANES * part;
+        else p[j] = pc[j].rec + QOFF + 4 * W::LANES * part;
       }
       // each weight vector loaded (and split) once for the R rows, each row's four activations broadcast
       // once for the G units: the integer sums are exact, so the order of the products changes nothing
-      if constexpr (!F.nibbles) {
-        for (int v = 0; v < 8; ++v) {
+      if constexpr (!F.nibbles || EX) {  // bytes: weights 4v .. 4v+3 in vector v; q6_k's 0 .. 15 and 16 .. 31 apart
+        const auto bytes = [&](int v, ivec (&sums)[R][G]) {
           ivec wv[G];
           for (int j = 0; j < G; ++j) wv[j] = W::load(p[j] + 64 * v);
           for (int r = 0; r < R; ++r) {
             const ivec x = bcast4(a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v);
-            for (int j = 0; j < G; ++j) is[0][r][j] = W::dpbusd(is[0][r][j], wv[j], x);
+            for (int j = 0; j < G; ++j) sums[r][j] = W::dpbusd(sums[r][j], wv[j], x);
           }
-        }
+        };
+        for (int v = 0; v < 4; ++v) bytes(v, is[0]);
+        for (int v = 4; v < 8; ++v) bytes(v, is[SUMS - 1]);
       } else {
         ivec planes[G][F.planes > 0 ? F.planes : 1];
         for (int j = 0; j < G; ++j) planes_of(p[j], planes[j]);

@@ -17,6 +17,7 @@ struct YmmBase {
   static ivec set1_i32(int32_t v) { return _mm256_set1_epi32(v); }
   static ivec set1_i8(char v) { return _mm256_set1_epi8(v); }
   static ivec load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static void store_i(uint8_t* p, ivec v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
   static void nibbles(ivec raw, ivec& lo, ivec& hi) {
     lo = _mm256_and_si256(raw, _mm256_set1_epi8(15));
     hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15));

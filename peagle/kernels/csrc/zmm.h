@@ -21,6 +21,7 @@ struct Zmm {
   static ivec set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
   static ivec set1_i8(char v) { return _mm512_set1_epi8(v); }
   static ivec load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static void store_i(uint8_t* p, ivec v) { _mm512_storeu_si512(p, v); }
   static void nibbles(ivec raw, ivec& lo, ivec& hi) {
     lo = _mm512_and_si512(raw, _mm512_set1_epi8(15));
     hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), _mm512_set1_epi8(15));
