@@ -84,8 +84,8 @@ struct VnniTiles {
   // (prefill) splits each group once so, where its tiles would split it again for every RMAX rows: a Q6_K
   // matrix at 512 rows did twice Q4_0's work a row (two bit planes, two sums; docs/real-sizes.md). Only for
   // formats with bit planes: a plain nibble split costs less than reading twice the bytes from L2 for every
-  // tile (Q4_0 and Q4_K at 512 rows ran 1.1-1.25x slower expanded; Q5_K 1.26x and Q6_K 1.34x faster;
-  // Sapphire Rapids, one 8,192 x 3,072 matrix, 2 threads).
+  // tile (one 8,192 x 3,072 matrix at 512 rows, 2 threads, Sapphire Rapids: Q5_K 1.26x and Q6_K 1.34x faster
+  // expanded; Q4_0 and Q4_K 1.1-1.25x slower, in a first version).
   static constexpr bool expands = F.planes > 0;
   static constexpr int64_t EXPANDED = 512;
   static void expand(const QLinearArgs& a, int64_t g, uint8_t* out) {
