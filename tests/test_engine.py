@@ -530,7 +530,7 @@ def test_full_length_sequences_share_a_tight_pool(llama, method):
 
 # --------------------------------------------------------------------------- faults and logprobs
 
-def test_tiny_temperature_and_top_p_are_safe_and_non_finite_logits_raise(llama):
+def test_extreme_temperatures_and_top_p_are_safe_and_non_finite_logits_raise(llama):
     drafter = init_drafter(llama, 1, MASK, seed=1)
     p = prompts(1, seed=4)[0]
     greedy = make_engine(llama, drafter, "parallel", 3).generate([p], SamplingParams(max_tokens=12, ignore_eos=True))
@@ -541,6 +541,10 @@ def test_tiny_temperature_and_top_p_are_safe_and_non_finite_logits_raise(llama):
     logits = torch.randn(3, 12)  # top_p=5e-324 (0.0 in float32) dropped every token: found by the API fuzzer
     probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=5e-324))
     assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 12).float())
+    logits[:, ::2] = float("-inf")  # a temperature past float32's range: uniform over the allowed tokens only
+    for t in (5e307, 1e300):
+        probs = probs_from_logits(logits, SamplingParams(temperature=t, top_k=198993))
+        assert torch.equal(probs, torch.tensor([0.0, 1 / 6] * 6).expand(3, 12)), t
     engine = make_engine(llama, drafter, "parallel", 3)
     decode = llama.decode
 

@@ -159,3 +159,13 @@ def test_a_malformed_schema_is_refused_at_once(plain):
     with pytest.raises(GrammarError, match="JSON schema"):
         plain.add_request([1, 2, 3], SamplingParams(structured=StructuredOutput("json_schema", '{"type": "objec"}')))
     assert not plain.has_unfinished()
+
+
+def test_a_temperature_past_float32s_range_keeps_to_the_grammar(plain):
+    """temperature=5e307 (the API fuzzer's): float32 divides by inf, and a forbidden token's -inf became NaN, so
+    the row fell back to uniform over every token and the request failed on a token the regex forbids. Now it is
+    uniform over the allowed tokens: the output matches the regex."""
+    params = SamplingParams(max_tokens=8, temperature=5e307, top_k=198993, seed=1,
+                            structured=StructuredOutput("regex", "Snapshot"))
+    out = plain.generate(prompts(plain)[:1], params)[0]
+    assert (out.text, out.finish_reason) == ("Snapshot", "stop"), (out.text, out.error)

@@ -101,8 +101,11 @@ class SamplingParams:
 
 
 def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Target distribution after temperature, top-k and top-p: ``[rows, vocab]`` float32."""
-    logits = logits.float() / p.temperature
+    """Target distribution after temperature, top-k and top-p: ``[rows, vocab]`` float32. A forbidden token's
+    -inf (a grammar's, a ban's) stays -inf at any temperature: past float32's range the divisor is inf, and
+    -inf / inf is NaN (a 5e307 temperature then sampled a token the grammar forbids: found by the API fuzzer)."""
+    logits = logits.float()
+    logits = torch.where(logits == float("-inf"), logits, logits / p.temperature)
     if 0 < p.top_k < logits.shape[-1]:
         kth = logits.topk(p.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
