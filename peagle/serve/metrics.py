@@ -2,7 +2,7 @@
 and ``bench serve`` arithmetic apply: acceptance rate = accepted / draft tokens, AL = 1 + accepted / drafts."""
 from __future__ import annotations
 
-import copy
+import dataclasses
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -52,7 +52,9 @@ class Metrics:
                 before = seen[i] if i < len(seen) else 0
                 if n > before or i >= len(seen):
                     counter.labels(position=str(i)).inc(n - before)
-        self._last = copy.deepcopy(snap)
+        moved = SpecStats()
+        moved.merge(s)   # a copy (the engine's own counters grow in place): 2 us against deepcopy's 15
+        self._last = dataclasses.replace(snap, spec=moved)
         self.running.set(snap.running)
         self.waiting.set(snap.waiting)
         self.kv_usage.set(snap.kv_cache_usage)
