@@ -24,6 +24,7 @@ from peagle.kernels import table
 from peagle.engine.grammar import StructuredOutput
 from peagle.memory import to_device
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
 GREEDY_BELOW = 1e-5      # temperatures under this are greedy (vLLM's rule): dividing by them overflows
 MAX_LOGPROBS = 20        # top alternatives a request may ask for, as OpenAI allows
 MAX_BIAS = 100.0         # |logit_bias| at most, as OpenAI allows
@@ -101,11 +102,11 @@ class SamplingParams:
 
 
 def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Target distribution after temperature, top-k and top-p: ``[rows, vocab]`` float32. A forbidden token's
-    -inf (a grammar's, a ban's) stays -inf at any temperature: past float32's range the divisor is inf, and
-    -inf / inf is NaN (a 5e307 temperature then sampled a token the grammar forbids: found by the API fuzzer)."""
-    logits = logits.float()
-    logits = torch.where(logits == float("-inf"), logits, logits / p.temperature)
+    """Target distribution after temperature, top-k and top-p: ``[rows, vocab]`` float32. The divisor stops at
+    float32's largest value, so a forbidden token's -inf (a grammar's, a ban's) stays -inf at any temperature:
+    past it the divisor was inf and -inf / inf NaN (a 5e307 temperature then sampled a token the grammar forbids:
+    found by the API fuzzer)."""
+    logits = logits.float() / min(p.temperature, FLOAT32_MAX)
     if 0 < p.top_k < logits.shape[-1]:
         kth = logits.topk(p.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
