@@ -173,11 +173,11 @@ constexpr int64_t EXPAND_ROWS = 32;
 template <class K>
 static void run_expanded(const QLinearArgs& a, int64_t n0, int64_t n1) {
   constexpr int64_t SLAB = K::columns(K::RTALL);
+  const int64_t bytes = (a.K / QBLOCK) * K::EXPANDED;  // a column group's
   thread_local std::vector<uint8_t> buf;
   QLinearArgs e = a;
   for (int64_t n = n0; n < n1; n += SLAB) {
     const int64_t end = std::min(n + SLAB, n1), g0 = n / K::PARTS, g1 = (end - 1) / K::PARTS + 1;
-    const int64_t bytes = (a.K / QBLOCK) * K::EXPANDED;
     if (int64_t(buf.size()) < (g1 - g0) * bytes) buf.resize((g1 - g0) * bytes);
     for (int64_t g = g0; g < g1; ++g) K::expand(a, g, buf.data() + (g - g0) * bytes);
     e.ex = buf.data();
