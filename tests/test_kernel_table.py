@@ -16,6 +16,7 @@ from peagle import kernels
 from peagle.kernels import table
 from peagle.models.amx_probe import random_blocks
 from peagle.models.attention import DenseKV, KVCache
+from peagle.cpu import cpu_has_native_bf16
 from peagle.models.layers import pack_weight
 from peagle.models.quant import FORMATS, QuantParts, QuantTensor, dequantize, pack, pack_bf16
 
@@ -33,8 +34,8 @@ def _weights() -> dict[str, torch.Tensor]:
            "q4_0 file": QuantTensor(_blocks("q4_0", 32, 64), torch.float32),
            "parts": QuantParts([QuantTensor(_blocks("q4_0", 16, 64), torch.float32),
                                 QuantTensor(_blocks("q8_0", 16, 64), torch.float32)], torch.float32)}
-    if torch.backends.mkldnn.is_available():
-        out["mkldnn"] = pack_weight(w.bfloat16())
+    if torch.backends.mkldnn.is_available() and cpu_has_native_bf16():
+        out["mkldnn"] = pack_weight(w.bfloat16())  # oneDNN's bf16 layout needs AVX-512 BF16 (Zen 3 refuses it)
     if table.runs_packed("packed"):  # as pack_model packs
         out["q4_0 packed"] = QuantTensor(pack(_blocks("q4_0", 32, 64)), torch.float32)
     if table.runs_packed("packed-bf16"):
