@@ -234,7 +234,11 @@ def test_kill_9_loses_at_most_one_interval(tiny_chat_dir, synth_dir, tmp_path):
 
 def test_two_torchrun_processes_equal_one_with_the_doubled_batch(tiny_chat_dir, synth_dir, tmp_path):
     """Two gloo processes, as DDP (each the whole head) and as FSDP2 (each a shard of it and of Adam's state),
-    give the head one process trains on the doubled batch; micro-batches in segments of at most ~64 elements."""
+    give the head one process trains on the doubled batch; micro-batches in segments of at most ~64 elements.
+    Two processes sum a batch's gradients in another order than one, and Adam divides each by its own running
+    size, so an element whose gradient is near Adam's eps moves a visible part of a step when its last bits do:
+    on a Zen 3 (AVX2) one element of 8,192 differed by 4.7e-6 under FSDP. 2e-5 is 1% of a step (lr 3e-3 warmed
+    up over 2 steps); a missed gradient reduction moves many elements by a whole step."""
     one = cli(*train_args(tiny_chat_dir, synth_dir, tmp_path / "one", "--batch-size", "4", "--max-steps", "3",
                           "--max-elements", "64"))
     assert one.wait(timeout=300) == 0, one.stdout.read()
@@ -249,7 +253,7 @@ def test_two_torchrun_processes_equal_one_with_the_doubled_batch(tiny_chat_dir, 
         b = head_tensors(tmp_path / parallel)
         assert a.keys() == b.keys()
         for k in a:
-            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6, msg=f"{parallel}: {k}")
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=2e-5, msg=lambda m, k=k: f"{parallel}: {k}: {m}")
 
 
 def test_offline_hidden_states_equal_online(tiny_chat_dir, synth_dir, tmp_path):
