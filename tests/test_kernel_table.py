@@ -13,10 +13,10 @@ import torch
 import peagle.engine.expansion  # noqa: F401  (each gives the table its torch kernels)
 import peagle.engine.tree  # noqa: F401
 from peagle import kernels
+from peagle.cpu import cpu_has_native_bf16
 from peagle.kernels import table
 from peagle.models.amx_probe import random_blocks
 from peagle.models.attention import DenseKV, KVCache
-from peagle.cpu import cpu_has_native_bf16
 from peagle.models.layers import pack_weight
 from peagle.models.quant import FORMATS, QuantParts, QuantTensor, dequantize, pack, pack_bf16
 

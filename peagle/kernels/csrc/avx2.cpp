@@ -159,11 +159,17 @@ inline __m256i bcast4(const int8_t* p) {  // four int8 activations in every lane
 // (16 products of at most 15 x 127: no overflow); q8_0: |w| x sign(x, w) (at most 128 x 127 a product,
 // two per int16), each into int32. At most one packed group (two halves) a tile: four halves (two groups,
 // two streams of blocks read in turn) made one row 2.5x slower on Zen 5 (7.0 against 2.8 ms for the default
-// model's layer matmuls on one thread). In tiles of 3 and 4 rows an empty asm after each integer sum keeps its
-// adds in the source's order: integer adds reassociate, and GCC made a tree of a block's 32 maddubs results,
-// spilling them to the stack (Zen 3, 16 Q4_0 matrices of 8,192 x 3,072 at 8 rows, 2 threads, alternating:
-// 35.6-38.1 against 45.1-60.4 ms). Tiles of 1 and 2 rows keep GCC's order: their code is unchanged, as
-// decoding timed it. The sums are the same integers either way.
+// model's layer matmuls on one thread).
+
+// An integer sum of a tile of R rows, kept where the source adds it: integer adds reassociate, and in tiles of
+// 3 and 4 rows GCC made a tree of a block's 32 maddubs results, spilling them to the stack (Zen 3, 16 Q4_0
+// matrices of 8,192 x 3,072 at 8 rows, 2 threads, alternating: 35.6-38.7 against 45.1-60.4 ms). Tiles of 1 and
+// 2 rows keep GCC's order: their code is unchanged, as decoding timed it. The sums are the same integers.
+template <int R>
+__attribute__((always_inline)) inline void in_order(__m256i& sum) {
+  if constexpr (R > 2) asm("" : "+x"(sum));
+}
+
 template <WType T>
 struct Avx2Int {
   using Args = QLinearArgs;
@@ -193,7 +199,7 @@ struct Avx2Int {
             for (int r = 0; r < R; ++r) {
               const __m256i xs = _mm256_sign_epi8(bcast4(a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v), wv);
               is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
-              if constexpr (R > 2) asm("" : "+x"(is[r]));
+              in_order<R>(is[r]);
             }
           }
         } else {
@@ -206,7 +212,7 @@ struct Avx2Int {
               const int8_t* x = a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v;
               s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, bcast4(x)));
               s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, bcast4(x + 16)));
-              if constexpr (R > 2) asm("" : "+x"(s16[r]));
+              in_order<R>(s16[r]);
             }
           }
           for (int r = 0; r < R; ++r) is[r] = _mm256_madd_epi16(s16[r], ones);
