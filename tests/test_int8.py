@@ -176,6 +176,31 @@ def test_columns_split_between_two_threads_give_the_references_bits(fmt, isa):
                     assert torch.equal(torch.ops.peagle.linear(x[:m], packed, b, isa), ref), (isa, fmt, n, m, limits)
 
 
+@each_int_isa()
+@pytest.mark.parametrize("fmt", INT_FORMATS)
+def test_the_largest_quants_times_the_largest_activations_give_the_references_bits(fmt, isa):
+    """Every quant byte of the file at its largest (0xFF; q8_0's 127) and every activation at +-127 (constant rows
+    of either sign): each product sum reaches its bound, which the paths that add products in int16 before
+    widening them (AVX2's maddubs results: vnni_tiles.h's STEPS, avx2.cpp's q4) must not wrap. Every pass
+    height, in both tile shapes."""
+    f = FORMATS[fmt]
+    blocks = random_blocks(fmt, 48, 512, seed=4)
+    at = f.block_bytes - 2 if fmt == "q6_k" else 0
+    scale = blocks.reshape(48, -1, f.block_bytes)[..., at:at + f.scale_bytes].copy()
+    quants = blocks.reshape(48, -1, f.block_bytes)
+    quants[:] = 0x7F if fmt == "q8_0" else 0xFF
+    quants[..., at:at + f.scale_bytes] = scale
+    blocks = blocks_of(blocks, fmt)
+    x = torch.ones(40, 512)
+    x[1::2] = -3.0
+    packed = pack(blocks)
+    for limits in STREAMS:
+        with kernels.streaming(*limits):
+            for m in (1, 2, 3, 4, 8, 40):
+                ref = torch.ops.peagle.qlinear_ref(x[:m], blocks, None)
+                assert torch.equal(torch.ops.peagle.linear(x[:m], packed, None, isa), ref), (isa, fmt, m, limits)
+
+
 @native
 @pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_the_reference_is_the_stated_arithmetic(fmt):

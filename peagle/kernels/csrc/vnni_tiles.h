@@ -6,6 +6,7 @@
 // store_i, nibbles(raw, lo, hi), slli16, srli16, and_, or_, dpbusd(acc, w, x), cvt_f, mul, fma, load_ph (LANES fp16),
 // load_u8_f and load_i8_f (LANES uint8 / int8 as float), load_f, add, store. A unit is LANES columns: group unit / (QGROUP / LANES), the part unit % (QGROUP / LANES).
 #pragma once
+#include <algorithm>
 #include <cstring>
 
 #include "linear_tiles.h"
@@ -19,6 +20,12 @@ struct VnniTiles {
   using fvec = typename W::fvec;
   static constexpr PackedFormat F = packed_format(T);
   static constexpr int SUMS = F.scales;  // integer sums a chunk (q6_k: weights 0..15 and 16..31 apart)
+  // W's products added in int16 (AVX2's maddubs results) for STEPS vectors before one widening into int32, or
+  // (STEPS 0) W's dpbusd into int32 each; VW, VB: vectors v between widenings, nibbles (two products a sum and
+  // a v where SUMS is 1) and bytes
+  static constexpr int STEPS = W::i16_steps((F.nibbles ? 16 << F.planes : 256) - 1);
+  static constexpr int VW = std::max(1, std::min(4, STEPS * SUMS / 2)), VB = std::max(1, std::min(4, STEPS));
+  static_assert(4 % VW == 0 && 4 % VB == 0, "a widening between a chunk's halves");
   static constexpr int RMAX = W::RMAX, RTALL = W::RMAX;
   static constexpr int64_t PARTS = QGROUP / W::LANES;  // units a packed group
   // one unit wide (streamed weights) a tile's rows need 2 registers each: 16 lanes (a packed group a vector)
@@ -155,12 +162,20 @@ struct VnniTiles {
       // each weight vector loaded (and split) once for the R rows, each row's four activations broadcast
       // once for the G units: the integer sums are exact, so the order of the products changes nothing
       if constexpr (!F.nibbles || EX) {  // bytes: weights 4v .. 4v+3 in vector v; q6_k's 0 .. 15 and 16 .. 31 apart
+        ivec s16[R][G];
         const auto bytes = [&](int v, ivec (&sums)[R][G]) {
           ivec wv[G];
           for (int j = 0; j < G; ++j) wv[j] = W::load(p[j] + 64 * v);
           for (int r = 0; r < R; ++r) {
             const ivec x = bcast4(a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v);
-            for (int j = 0; j < G; ++j) sums[r][j] = W::dpbusd(sums[r][j], wv[j], x);
+            for (int j = 0; j < G; ++j) {
+              if constexpr (STEPS > 0) {
+                s16[r][j] = W::dp16(v % VB == 0 ? W::set1_i32(0) : s16[r][j], wv[j], x);
+                if (v % VB == VB - 1) sums[r][j] = W::widen(sums[r][j], s16[r][j]);
+              } else {
+                sums[r][j] = W::dpbusd(sums[r][j], wv[j], x);
+              }
+            }
           }
         };
         if constexpr (SUMS == 1) {  // one loop: q8_0's one-row passes ran 1.1-1.4x slower split in two
@@ -170,7 +185,7 @@ struct VnniTiles {
           for (int v = 4; v < 8; ++v) bytes(v, is[1]);
         }
       } else {
-        ivec planes[G][F.planes > 0 ? F.planes : 1];
+        ivec planes[G][F.planes > 0 ? F.planes : 1], s16[SUMS][R][G];
         for (int j = 0; j < G; ++j) planes_of(p[j], planes[j]);
         for (int v = 0; v < 4; ++v) {
           ivec lo[G], hi[G];
@@ -179,8 +194,17 @@ struct VnniTiles {
             const int8_t* x = a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v;
             const ivec xl = bcast4(x), xh = bcast4(x + 16);
             for (int j = 0; j < G; ++j) {
-              is[0][r][j] = W::dpbusd(is[0][r][j], lo[j], xl);
-              is[SUMS - 1][r][j] = W::dpbusd(is[SUMS - 1][r][j], hi[j], xh);
+              if constexpr (STEPS > 0) {
+                for (int h = 0; h < SUMS; ++h)
+                  if (v % VW == 0) s16[h][r][j] = W::set1_i32(0);
+                s16[0][r][j] = W::dp16(s16[0][r][j], lo[j], xl);
+                s16[SUMS - 1][r][j] = W::dp16(s16[SUMS - 1][r][j], hi[j], xh);
+                if (v % VW == VW - 1)
+                  for (int h = 0; h < SUMS; ++h) is[h][r][j] = W::widen(is[h][r][j], s16[h][r][j]);
+              } else {
+                is[0][r][j] = W::dpbusd(is[0][r][j], lo[j], xl);
+                is[SUMS - 1][r][j] = W::dpbusd(is[SUMS - 1][r][j], hi[j], xh);
+              }
             }
           }
         }

@@ -14,6 +14,7 @@ struct YmmBase {
   static constexpr int columns(int R) { return R == 1 ? 4 : R == 2 ? 2 : 1; }
   using ivec = __m256i;
   using fvec = __m256;
+  static constexpr int i16_steps(int) { return 0; }  // dpbusd into int32 each (vnni_tiles.h's STEPS)
   static ivec set1_i32(int32_t v) { return _mm256_set1_epi32(v); }
   static ivec set1_i8(char v) { return _mm256_set1_epi8(v); }
   static ivec load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }

@@ -18,6 +18,7 @@ struct Zmm {
   static constexpr int columns(int R) { return R <= 1 ? 4 : 3; }
   using ivec = __m512i;
   using fvec = __m512;
+  static constexpr int i16_steps(int) { return 0; }  // dpbusd into int32 each (vnni_tiles.h's STEPS)
   static ivec set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
   static ivec set1_i8(char v) { return _mm512_set1_epi8(v); }
   static ivec load(const uint8_t* p) { return _mm512_loadu_si512(p); }
