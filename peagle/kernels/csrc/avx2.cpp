@@ -250,7 +250,12 @@ struct Ymm2 : YmmBase {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
   }
   static constexpr int i16_steps(int qmax) { return 32767 / (2 * qmax * 127); }
-  static ivec dp16(ivec acc16, ivec w, ivec x) { return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, x)); }
+  template <int R>  // in a tile of R rows
+  static ivec dp16(ivec acc16, ivec w, ivec x) {
+    acc16 = _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, x));
+    in_order<R>(acc16);
+    return acc16;
+  }
   static ivec widen(ivec acc, ivec acc16) { return _mm256_add_epi32(acc, _mm256_madd_epi16(acc16, _mm256_set1_epi16(1))); }
 };
 

@@ -20,12 +20,11 @@ struct VnniTiles {
   using fvec = typename W::fvec;
   static constexpr PackedFormat F = packed_format(T);
   static constexpr int SUMS = F.scales;  // integer sums a chunk (q6_k: weights 0..15 and 16..31 apart)
-  // W's products added in int16 (AVX2's maddubs results) for STEPS vectors before one widening into int32, or
-  // (STEPS 0) W's dpbusd into int32 each; VW, VB: vectors v between widenings, nibbles (two products a sum and
-  // a v where SUMS is 1) and bytes
-  static constexpr int STEPS = W::i16_steps((F.nibbles ? 16 << F.planes : 256) - 1);
-  static constexpr int VW = std::max(1, std::min(4, STEPS * SUMS / 2)), VB = std::max(1, std::min(4, STEPS));
-  static_assert(4 % VW == 0 && 4 % VB == 0, "a widening between a chunk's halves");
+  // A nibble format's products added in int16 (AVX2's maddubs results) for STEPS at a time before one widening
+  // into int32, VW vectors v (two products a sum and a v where SUMS is 1); STEPS 0: W's dpbusd into int32 each
+  static constexpr int STEPS = W::i16_steps((16 << F.planes) - 1);
+  static constexpr int VW = std::max(1, std::min(4, STEPS * SUMS / 2));
+  static_assert(4 % VW == 0, "a widening between a chunk's halves");
   static constexpr int RMAX = W::RMAX, RTALL = W::RMAX;
   static constexpr int64_t PARTS = QGROUP / W::LANES;  // units a packed group
   // one unit wide (streamed weights) a tile's rows need 2 registers each: 16 lanes (a packed group a vector)
@@ -162,20 +161,12 @@ struct VnniTiles {
       // each weight vector loaded (and split) once for the R rows, each row's four activations broadcast
       // once for the G units: the integer sums are exact, so the order of the products changes nothing
       if constexpr (!F.nibbles || EX) {  // bytes: weights 4v .. 4v+3 in vector v; q6_k's 0 .. 15 and 16 .. 31 apart
-        ivec s16[R][G];
         const auto bytes = [&](int v, ivec (&sums)[R][G]) {
           ivec wv[G];
           for (int j = 0; j < G; ++j) wv[j] = W::load(p[j] + 64 * v);
           for (int r = 0; r < R; ++r) {
             const ivec x = bcast4(a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v);
-            for (int j = 0; j < G; ++j) {
-              if constexpr (STEPS > 0) {
-                s16[r][j] = W::dp16(v % VB == 0 ? W::set1_i32(0) : s16[r][j], wv[j], x);
-                if (v % VB == VB - 1) sums[r][j] = W::widen(sums[r][j], s16[r][j]);
-              } else {
-                sums[r][j] = W::dpbusd(sums[r][j], wv[j], x);
-              }
-            }
+            for (int j = 0; j < G; ++j) sums[r][j] = W::dpbusd(sums[r][j], wv[j], x);
           }
         };
         if constexpr (SUMS == 1) {  // one loop: q8_0's one-row passes ran 1.1-1.4x slower split in two
@@ -185,23 +176,35 @@ struct VnniTiles {
           for (int v = 4; v < 8; ++v) bytes(v, is[1]);
         }
       } else {
-        ivec planes[G][F.planes > 0 ? F.planes : 1], s16[SUMS][R][G];
+        ivec planes[G][F.planes > 0 ? F.planes : 1];
         for (int j = 0; j < G; ++j) planes_of(p[j], planes[j]);
-        for (int v = 0; v < 4; ++v) {
-          ivec lo[G], hi[G];
-          for (int j = 0; j < G; ++j) split(p[j], planes[j], v, lo[j], hi[j]);
-          for (int r = 0; r < R; ++r) {
-            const int8_t* x = a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v;
-            const ivec xl = bcast4(x), xh = bcast4(x + 16);
-            for (int j = 0; j < G; ++j) {
-              if constexpr (STEPS > 0) {
+        if constexpr (STEPS > 0) {  // W's maddubs results in int16, widened every VW vectors
+          ivec s16[SUMS][R][G];
+#pragma GCC unroll 4  // else GCC left this loop rolled (Q4_K, 4 rows), its sums read from the stack
+          for (int v = 0; v < 4; ++v) {
+            ivec lo[G], hi[G];
+            for (int j = 0; j < G; ++j) split(p[j], planes[j], v, lo[j], hi[j]);
+            for (int r = 0; r < R; ++r) {
+              const int8_t* x = a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v;
+              const ivec xl = bcast4(x), xh = bcast4(x + 16);
+              for (int j = 0; j < G; ++j) {
                 for (int h = 0; h < SUMS; ++h)
                   if (v % VW == 0) s16[h][r][j] = W::set1_i32(0);
-                s16[0][r][j] = W::dp16(s16[0][r][j], lo[j], xl);
-                s16[SUMS - 1][r][j] = W::dp16(s16[SUMS - 1][r][j], hi[j], xh);
+                s16[0][r][j] = W::template dp16<R>(s16[0][r][j], lo[j], xl);
+                s16[SUMS - 1][r][j] = W::template dp16<R>(s16[SUMS - 1][r][j], hi[j], xh);
                 if (v % VW == VW - 1)
                   for (int h = 0; h < SUMS; ++h) is[h][r][j] = W::widen(is[h][r][j], s16[h][r][j]);
-              } else {
+              }
+            }
+          }
+        } else {  // vpdpbusd into int32 (the code the VNNI tiles were timed with)
+          for (int v = 0; v < 4; ++v) {
+            ivec lo[G], hi[G];
+            for (int j = 0; j < G; ++j) split(p[j], planes[j], v, lo[j], hi[j]);
+            for (int r = 0; r < R; ++r) {
+              const int8_t* x = a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v;
+              const ivec xl = bcast4(x), xh = bcast4(x + 16);
+              for (int j = 0; j < G; ++j) {
                 is[0][r][j] = W::dpbusd(is[0][r][j], lo[j], xl);
                 is[SUMS - 1][r][j] = W::dpbusd(is[SUMS - 1][r][j], hi[j], xh);
               }
