@@ -242,9 +242,9 @@ struct Avx2Int {
 
 // The other formats' packed quants stay under 64 (5 and 6 bits, a K-quant's 4): maddubs's pairs (at most
 // 2 x 63 x 127) never saturate, so maddubs + madd is vpdpbusd exactly and they take the VNNI tile.
-// A tile's maddubs results add in int16 (pairs of at most 2 x qmax x 127: q4 8 of them, q5 4, q6_k 2) before
-// one madd widens them, as Avx2Int's q4 does, instead of a madd and an add each (16 Q4_K matrices of 8,192 x
-// 3,072, 2 threads, Zen 3: 1 row XX, 8 rows XX ms).
+// A tall tile's maddubs results add in int16 (pairs of at most 2 x qmax x 127: q4 8 of them, q5 4, q6_k 2)
+// before one madd widens them, as Avx2Int's q4 does, instead of a madd and an add each (vnni_tiles.h's STEPS);
+// in order (in_order), else GCC's tree of them spilled as in Avx2Int.
 struct Ymm2 : YmmBase {
   static ivec dpbusd(ivec acc, ivec w, ivec x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));

@@ -21,7 +21,10 @@ struct VnniTiles {
   static constexpr PackedFormat F = packed_format(T);
   static constexpr int SUMS = F.scales;  // integer sums a chunk (q6_k: weights 0..15 and 16..31 apart)
   // A nibble format's products added in int16 (AVX2's maddubs results) for STEPS at a time before one widening
-  // into int32, VW vectors v (two products a sum and a v where SUMS is 1); STEPS 0: W's dpbusd into int32 each
+  // into int32, VW vectors v (two products a sum and a v where SUMS is 1), in tiles of 3 or more rows; else (and
+  // STEPS 0) W's dpbusd into int32 each. Zen 3, 16 matrices of 8,192 x 3,072 streamed, 2 threads, medians of 4
+  // alternating runs: 8 rows Q4_K 52.4 against 62.9 ms, Q5_K 53.5 against 65.5, Q6_K 72.2 against 73.8; 4 rows
+  // 1.1x; one row 3-9% slower in all three (18.5 against 17.9 ms in Q4_K), so 1 and 2 rows keep their code.
   static constexpr int STEPS = W::i16_steps((16 << F.planes) - 1);
   static constexpr int VW = std::max(1, std::min(4, STEPS * SUMS / 2));
   static_assert(4 % VW == 0, "a widening between a chunk's halves");
@@ -178,7 +181,7 @@ struct VnniTiles {
       } else {
         ivec planes[G][F.planes > 0 ? F.planes : 1];
         for (int j = 0; j < G; ++j) planes_of(p[j], planes[j]);
-        if constexpr (STEPS > 0) {  // W's maddubs results in int16, widened every VW vectors
+        if constexpr (STEPS > 0 && R > 2) {  // W's maddubs results in int16, widened every VW vectors
           ivec s16[SUMS][R][G];
 #pragma GCC unroll 4  // else GCC left this loop rolled (Q4_K, 4 rows), its sums read from the stack
           for (int v = 0; v < 4; ++v) {
