@@ -427,3 +427,14 @@ def test_a_gguf_targets_fingerprint_is_its_file(tmp_path):
     before = files_fingerprint(target_files(str(f), tmp_path / "meta"))
     f.write_bytes(b"GGUF" + bytes(4000) + b"\1" * 1000)
     assert files_fingerprint(target_files(str(f), tmp_path / "meta")) != before
+
+
+def test_a_gguf_target_becomes_bfloat16_on_cuda_not_float32(tmp_path):
+    """CUDA has no block kernels: a GGUF target's blocks are de-quantized there into bf16 (serving's dtype on a
+    GPU), never a float32 copy; the stored dtype is decided before the file is read."""
+    from peagle.train.target import stored_dtype
+
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"GGUF" + bytes(100))
+    assert stored_dtype(str(f), None, torch.device("cuda")) == "bfloat16"
+    assert stored_dtype(str(f), "gguf", torch.device("cuda", 1)) == "bfloat16"

@@ -19,12 +19,17 @@ LAYERS = "model.layers."
 STORED = "stored"
 
 
-def stored_dtype(name: str | os.PathLike | None, quantization: str | None = None) -> str:
+def stored_dtype(name: str | os.PathLike | None, quantization: str | None = None,
+                 device: torch.device | None = None) -> str:
     """The dtype a target's checkpoint keeps its weights in (its config's ``torch_dtype`` or ``dtype``; float32
-    where it names none): training loads the target as it is, never widened (a GGUF file's quantized blocks stay
-    blocks whatever this is)."""
+    where it names none): training loads the target as it is, never widened. A GGUF file's quantized blocks stay
+    blocks whatever this is, except on CUDA, which has no block kernels: there they become bfloat16, what serving
+    on a GPU runs them in (``--dtype auto``), rather than a float32 copy twice that size."""
     gguf = target_gguf(name)
-    cfg = read_config(resolve_target(name, weights=resolve_quantization(quantization, gguf) != "gguf"))
+    blocks = resolve_quantization(quantization, gguf) == "gguf"
+    if blocks and device is not None and device.type == "cuda":
+        return "bfloat16"
+    cfg = read_config(resolve_target(name, weights=not blocks))
     return cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
 
 

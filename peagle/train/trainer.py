@@ -206,7 +206,8 @@ class Trainer:
         self.out = Path(cfg.out)
         target_dtype = cfg.target_dtype
         if target_dtype == STORED:  # random weights have no stored dtype: vLLM's dummy weights take bf16's
-            target_dtype = "bfloat16" if cfg.load_format == "dummy" else stored_dtype(cfg.target, cfg.quantization)
+            dummy = cfg.load_format == "dummy"
+            target_dtype = "bfloat16" if dummy else stored_dtype(cfg.target, cfg.quantization, self.device)
         if cfg.hidden is None:
             self.target, path = load_target(cfg.target, target_dtype, device=self.device, quantization=cfg.quantization,
                                             compute=cfg.compute, load_format=cfg.load_format)
