@@ -354,8 +354,8 @@ TRAIN_HELP = {
     "max_elements": "elements (token, depth) one segment may hold: its activations, the memory bound "
                     "(docs/training-memory.md)",
     "target_dtype": "the target's weights as loaded: stored (default) keeps its checkpoint's dtype, never a float32 "
-                    "copy of bf16 weights (a GGUF target's blocks stay quantized; on CUDA bf16); with --hidden only its embedding, "
-                    "final norm and LM head are read",
+                    "copy of bf16 weights (a GGUF target's blocks stay quantized; on CUDA bf16); with --hidden only "
+                    "its embedding, final norm and LM head are read",
     "parallel": "many processes (torchrun): ddp, each holding the whole head, or fsdp (FSDP2 fully_shard), each a "
                 "shard of the head's weights and optimizer state",
     "r": "position sampling: depth d keeps (n-d)*max(r**d, r_min) anchors",
