@@ -59,6 +59,15 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
     return DTYPES[name]
 
 
+def autocast_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """Training's autocast dtype. ``auto``: bfloat16 where the device multiplies it natively (CUDA; CPUs with
+    AVX512_BF16 or AMX), else float32. Not :func:`resolve_dtype`'s ``auto``: training's matmuls are torch's, not
+    the native kernels, and without native bf16 torch emulates it (a training step 21x slower on a Zen 3)."""
+    if name in (None, "", "auto"):
+        return torch.bfloat16 if device.type == "cuda" or cpu_has_native_bf16() else torch.float32
+    return resolve_dtype(name, device)
+
+
 def compute_dtype(weights: torch.dtype, device: torch.device) -> torch.dtype:
     """The activations' (and KV cache's) dtype for weights in ``weights``: float32 where the native CPU
     kernels run, else the weights' own."""

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from conftest import kernels_on
 from safetensors import safe_open
 from safetensors.torch import load_file
 from test_public_heads import vllm_problems
@@ -438,3 +439,28 @@ def test_a_gguf_target_becomes_bfloat16_on_cuda_not_float32(tmp_path):
     f.write_bytes(b"GGUF" + bytes(100))
     assert stored_dtype(str(f), None, torch.device("cuda")) == "bfloat16"
     assert stored_dtype(str(f), "gguf", torch.device("cuda", 1)) == "bfloat16"
+
+
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_autocast_is_bfloat16_only_where_the_device_multiplies_it(monkeypatch, native_bf16):
+    """Training's matmuls are torch's: ``auto`` autocasts to bf16 on CUDA and on CPUs with native bf16, float32
+    elsewhere, whether or not the native serving kernels (whose weights ``auto`` makes bf16) are built here."""
+    from peagle import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(precision.table, "on_device", lambda *a: True)
+    assert precision.resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    want = torch.bfloat16 if native_bf16 else torch.float32
+    assert precision.autocast_dtype("auto", torch.device("cpu")) == want
+    assert precision.autocast_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert precision.autocast_dtype("float16", torch.device("cpu")) == torch.float16
+
+
+@pytest.mark.skipif(not kernels_on(), reason="the native kernels are off")
+def test_the_trainer_autocasts_in_float32_on_a_cpu_without_bf16_even_with_the_kernels(tiny_chat_dir, synth_dir,
+                                                                                       tmp_path, monkeypatch):
+    from peagle import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    trainer = Trainer(config(tiny_chat_dir, synth_dir, tmp_path / "h", max_steps=1, dtype="auto"))
+    assert trainer.dtype == torch.float32

@@ -43,7 +43,7 @@ from peagle.models.checkpoint import CheckpointError
 from peagle.models.drafter import load_drafter, save_drafter
 from peagle.models.layers import Linear
 from peagle.models.loader import choose_mask_token, load_target, load_tokenizer, resolve_target, target_gguf
-from peagle.precision import DTYPE_CHOICES, resolve_device, resolve_dtype
+from peagle.precision import DTYPE_CHOICES, autocast_dtype, resolve_device
 from peagle.train.data import HiddenSource, Record, budget_groups, draft_vocab, is_eval, load_records
 from peagle.train.head import TrainHead
 from peagle.train.objective import (LABELS, METHODS, Batch, Objective, Piece, evaluate, num_segments, pieces,
@@ -192,7 +192,7 @@ class Trainer:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.device, backend = placement(resolve_device(cfg.device))
-        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.dtype = autocast_dtype(cfg.dtype, self.device)
         if cfg.deterministic:  # process-wide, as HF's full_determinism; cuBLAS needs its workspace fixed first
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True, warn_only=True)
