@@ -45,15 +45,18 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     return dev
 
 
+def multiplies_bf16(device: torch.device) -> bool:
+    """Whether torch multiplies bfloat16 natively on ``device``: CUDA, and CPUs with AVX512_BF16 or AMX."""
+    return device.type == "cuda" or cpu_has_native_bf16()
+
+
 def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """The weights' dtype. ``auto``/None -> bfloat16 on CUDA and on the CPU with the native kernels;
     without them bfloat16 on native-bf16 CPUs, else float32."""
     if isinstance(name, torch.dtype):
         return name
     if name in (None, "", "auto"):
-        if device.type == "cuda":
-            return torch.bfloat16
-        return torch.bfloat16 if table.on_device(device) or cpu_has_native_bf16() else torch.float32
+        return torch.bfloat16 if table.on_device(device) or multiplies_bf16(device) else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}")
     return DTYPES[name]
@@ -64,7 +67,7 @@ def autocast_dtype(name: str | torch.dtype | None, device: torch.device) -> torc
     AVX512_BF16 or AMX), else float32. Not :func:`resolve_dtype`'s ``auto``: training's matmuls are torch's, not
     the native kernels, and without native bf16 torch emulates it (a training step 21x slower on a Zen 3)."""
     if name in (None, "", "auto"):
-        return torch.bfloat16 if device.type == "cuda" or cpu_has_native_bf16() else torch.float32
+        return torch.bfloat16 if multiplies_bf16(device) else torch.float32
     return resolve_dtype(name, device)
 
 

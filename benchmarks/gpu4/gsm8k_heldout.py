@@ -3,11 +3,11 @@
 ``peagle bench offline --dataset-name custom`` reads."""
 import json
 
-from peagle.train.data import is_eval
+from peagle.train.data import is_eval, load_records
 from peagle.train.synth import read_responses
 
-held = [r for r in read_responses("data/synth/smollm2-135m-instruct") if is_eval(r["id"], 0.02)
-        and len(r["response_token_ids"]) >= 3][:48]
-for r in held:
-    if r["id"].startswith("gsm8k"):
+DATA = "data/synth/smollm2-135m-instruct"
+held = {r.id for r in [r for r in load_records(DATA, 2048) if is_eval(r.id, 0.02)][:48]}  # as the trainer takes them
+for r in read_responses(DATA):
+    if r["id"] in held and r["id"].startswith("gsm8k"):
         print(json.dumps({"prompt": r["prompt"]}))
