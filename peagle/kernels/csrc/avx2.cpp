@@ -184,9 +184,10 @@ struct Avx2Int {
   //   first brought from memory, so memory idled half the time: each tile asks for its half of the next group's
   //   bytes, spread over its blocks. Not in taller passes (two tiles of rows a half): those are bound by the
   //   products (8 rows level either way).
-  // Zen 3, 2 threads, in-process A/B: 48 Q4_0 matrices of 8,192 x 3,072 streamed, 1 / 2 / 3 / 4 rows 0.90-0.95x /
-  // 0.80-0.85x / 0.76x / 0.79x the time without; whole steps of 3B Q4_0 (plain 124.8 -> 112.5 ms, a K=3 round
-  // 225 -> 176) and the default model (plain 9.8 -> 9.0, K=3 16.6 -> 14.1). AHEAD 3-6 level at 3B, 4 best at 8B.
+  // Zen 3, 2 threads, in-process A/B: 48 Q4_0 matrices of 8,192 x 3,072 streamed, 1 / 2 / 3 / 4 rows 0.85-0.92x /
+  // 0.77-0.95x / 0.74-0.82x / 0.78-0.93x the time without; whole steps of 3B Q4_0 (plain 124.8 -> 112.5 ms, a K=3
+  // round 225 -> 176) and the default model (plain 9.8 -> 9.0, K=3 16.6 -> 14.1). AHEAD 3-6 level at 3B, 4 best at
+  // 8B. A prefetch past the weight's end (the last group's) reads and faults nothing.
   // A tile that prefetches is its own instantiation (run<..., true>): the 8-row tiles' registers stay as they were
   // (with the prefetch pointer in them, GCC spilled the 4-row tile's sums to the stack: 8 rows 1.25x slower).
   static constexpr int64_t AHEAD = 4;
