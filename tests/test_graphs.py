@@ -42,7 +42,8 @@ def test_padded_decode_steps_equal_eager(family):
             # (ngram: sequences with and without the text's drafts side by side, as filler rows)
             kw = dict(max_num_seqs=n, block_size=4, **(dict(prompt_lookup_max=4, prompt_lookup_min=1)
                                                         if method == "ngram" else {}))
-            eager = [o.token_ids for o in fixed_costs(make_engine(target, drafter, method, k, **kw)).generate(ps, params)]
+            eager_engine = fixed_costs(make_engine(target, drafter, method, k, **kw))
+            eager = [o.token_ids for o in eager_engine.generate(ps, params)]
             engine = padded_engine(target, drafter, method, k, **kw)
             assert [o.token_ids for o in engine.generate(ps, params)] == eager, (family, method, k, n)
             assert engine.graphs.num_graphs > 0

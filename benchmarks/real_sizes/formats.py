@@ -7,34 +7,22 @@ the format or the shape does it (docs/real-sizes.md: Zen 3's K-quants).
 """
 import statistics
 import sys
-import time
 
 import torch
+from sweeps import alternate, packed
 
 from peagle import kernels
-from peagle.cpu import configure_cpu
-from peagle.models.amx_probe import random_blocks
-from peagle.models.quant import pack
 
 n, k = int(sys.argv[1]), int(sys.argv[2])
 formats = (sys.argv[3] if len(sys.argv) > 3 else "q4_0,q4_k,q6_k").split(",")
 count = int(sys.argv[4]) if len(sys.argv) > 4 else 12
 rows = int(sys.argv[5]) if len(sys.argv) > 5 else 1
-configure_cpu()
-assert kernels.available(), "the native kernels are not built (make setup)"
 g = torch.Generator().manual_seed(0)
-ws = {f: [pack(random_blocks(f, n, k, g)) for _ in range(count)] for f in formats}
+ws = {f: packed(f, n, k, count, g) for f in formats}
 x = torch.randn(rows, k, generator=g)
-times: dict[str, list[float]] = {f: [] for f in formats}
-for r in range(9):  # the first sweep warms the pages and the threads
-    for f in formats:
-        t = time.perf_counter()
-        for w in ws[f]:
-            torch.ops.peagle.linear(x, w)
-        if r:
-            times[f].append(time.perf_counter() - t)
+times = alternate({f: lambda f=f: [torch.ops.peagle.linear(x, w) for w in ws[f]] for f in formats}, 8, warm=1)
 print(f"{count} matrices {n} x {k}, {rows} row(s), {torch.get_num_threads()} threads, {kernels.int_isa()}")
 for f in formats:
     gb = sum(w.numel() * w.element_size() for w in ws[f]) / 1e9
-    ms = statistics.median(times[f]) * 1e3
-    print(f"{f}: {ms:7.2f} ms a sweep of {gb:.2f} GB, {gb / ms * 1e3:5.1f} GB/s (fastest {min(times[f]) * 1e3:.2f} ms)")
+    ms = statistics.median(times[f])
+    print(f"{f}: {ms:7.2f} ms a sweep of {gb:.2f} GB, {gb / ms * 1e3:5.1f} GB/s (fastest {min(times[f]):.2f} ms)")

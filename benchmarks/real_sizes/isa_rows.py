@@ -7,31 +7,18 @@ stream from memory, and whether AMX tiles pay (docs/real-sizes.md).
 """
 import statistics
 import sys
-import time
 
 import torch
-
-from peagle import kernels
-from peagle.cpu import configure_cpu
-from peagle.models.amx_probe import random_blocks
-from peagle.models.quant import pack
+from sweeps import alternate, packed
 
 fmt = sys.argv[1] if len(sys.argv) > 1 else "q4_0"
 count = int(sys.argv[2]) if len(sys.argv) > 2 else 48
 isas = sys.argv[3:5] if len(sys.argv) > 4 else ["avx512vnni", "amx"]
-configure_cpu()
-assert kernels.available(), "the native kernels are not built (make setup)"
 g = torch.Generator().manual_seed(0)
-ws = [pack(random_blocks(fmt, 8192, 3072, g)) for _ in range(count)]
+ws = packed(fmt, 8192, 3072, count, g)
 print(f"{count} {fmt} matrices of 8192 x 3072, {torch.get_num_threads()} threads; ms a sweep, {isas[1]} / {isas[0]}")
 for rows in (1, 2, 4, 8, 16):
     x = torch.randn(rows, 3072, generator=g)
-    ms: dict[str, list[float]] = {isa: [] for isa in isas}
-    for _ in range(5):
-        for isa in isas:
-            t = time.perf_counter()
-            for w in ws:
-                torch.ops.peagle.linear(x, w, None, isa)
-            ms[isa].append((time.perf_counter() - t) * 1e3)
+    ms = alternate({isa: lambda isa=isa: [torch.ops.peagle.linear(x, w, None, isa) for w in ws] for isa in isas}, 5)
     a, b = (statistics.median(ms[isa]) for isa in isas)
     print(f"rows {rows:2d}: {isas[0]} {a:6.1f}  {isas[1]} {b:6.1f}  {b / a:.2f}x", flush=True)
