@@ -170,27 +170,28 @@ __attribute__((always_inline)) inline void in_order(__m256i& sum) {
   if constexpr (R > 2) asm("" : "+x"(sum));
 }
 
+// Where the weights stream from memory, Avx2Int's tiles ask for them ahead of their loads (prefetcht1), in one of
+// two ways:
+// - a tile of a packed group (H == 2: passes of 1-2 rows) for the chunk AHEAD blocks on in its own stream
+//   (the next group's first chunks at the end of a group: groups follow each other);
+// - a pass of 3-4 rows runs a group as two tiles, one a half (H == 1), and the second reads from L2 what the
+//   first brought from memory, so memory idled half the time: each tile asks for its half of the next group's
+//   bytes, spread over its blocks. Not in taller passes (two tiles of rows a half): those are bound by the
+//   products (8 rows level either way).
+// Zen 3, 2 threads, in-process A/B: 48 Q4_0 matrices of 8,192 x 3,072 streamed, 1 / 2 / 3 / 4 rows 0.85-0.92x /
+// 0.77-0.95x / 0.74-0.82x / 0.78-0.93x the time without; whole steps of 3B Q4_0 (plain 124.8 -> 112.5 ms, a K=3
+// round 225 -> 176) and the default model (plain 9.8 -> 9.0, K=3 16.6 -> 14.1). AHEAD 3-6 level at 3B, 4 best at
+// 8B. A prefetch past the weight's end (the last group's) reads and faults nothing.
+// A tile that prefetches is its own instantiation (run<..., true>): the 8-row tiles' registers stay as they were
+// (with the prefetch pointer in them, GCC spilled the 4-row tile's sums to the stack: 8 rows 1.25x slower).
+constexpr int64_t AHEAD = 4;
+
 template <WType T>
 struct Avx2Int {
   using Args = QLinearArgs;
   static constexpr int RMAX = 4, RTALL = 4;
   static constexpr int columns(int R) { return R <= 2 ? 2 : 1; }
   static constexpr int stream_columns(int R) { return columns(R); }  // taller: the registers run out (8 rows 3.5 -> 3.9 ms)
-
-  // Where the weights stream from memory, a tile asks for them ahead of its loads (prefetcht1), in one of two ways:
-  // - a tile of a packed group (H == 2: passes of 1-2 rows) for the chunk AHEAD blocks on in its own stream
-  //   (the next group's first chunks at the end of a group: groups follow each other);
-  // - a pass of 3-4 rows runs a group as two tiles, one a half (H == 1), and the second reads from L2 what the
-  //   first brought from memory, so memory idled half the time: each tile asks for its half of the next group's
-  //   bytes, spread over its blocks. Not in taller passes (two tiles of rows a half): those are bound by the
-  //   products (8 rows level either way).
-  // Zen 3, 2 threads, in-process A/B: 48 Q4_0 matrices of 8,192 x 3,072 streamed, 1 / 2 / 3 / 4 rows 0.85-0.92x /
-  // 0.77-0.95x / 0.74-0.82x / 0.78-0.93x the time without; whole steps of 3B Q4_0 (plain 124.8 -> 112.5 ms, a K=3
-  // round 225 -> 176) and the default model (plain 9.8 -> 9.0, K=3 16.6 -> 14.1). AHEAD 3-6 level at 3B, 4 best at
-  // 8B. A prefetch past the weight's end (the last group's) reads and faults nothing.
-  // A tile that prefetches is its own instantiation (run<..., true>): the 8-row tiles' registers stay as they were
-  // (with the prefetch pointer in them, GCC spilled the 4-row tile's sums to the stack: 8 rows 1.25x slower).
-  static constexpr int64_t AHEAD = 4;
 
   template <int R, int H>
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
@@ -292,8 +293,104 @@ struct Ymm2 : YmmBase {
   static ivec widen(ivec acc, ivec acc16) { return _mm256_add_epi32(acc, _mm256_madd_epi16(acc16, _mm256_set1_epi16(1))); }
 };
 
+// The K-quants' (Q4_K, Q5_K, Q6_K) tiles of 1 and 2 rows (decoding, short verify passes, where the weights stream
+// from memory), as Avx2Int's are built: VnniTiles' split and epilogue (the same bits) with
+// - the maddubs results added in int16 (Ymm2::i16_steps at a time, then one madd), in order: with int32 sums a row
+//   one unit wide, GCC made a tree of a chunk's 32 products four units wide and spilled it to the stack;
+// - each unit's super-block found by a pointer that walks its group, not recomputed a chunk;
+// - a tile one packed group wide (one read stream: a narrow pass, and every 2-row pass) asking for the chunk
+//   AHEAD blocks on (its super-block's header too, at the start of one), as Avx2Int's tiles do.
+// Zen 3, 2 threads, in one process against VnniTiles' tiles: one Q4_K matrix of 2,048 x 2,048 in the cache, one
+// thread, 173 against 129 us (Q4_0 130); the 1B Q4_K_M file's matrices streamed, one row 40.5-43.7 against
+// 52.5-55.5 ms a sweep (one group wide against VnniTiles' fastest, wide), two rows 54.7 against 69.9; plain
+// steps 1B 42.9 against 54.0 ms, 3B 115.9 against 132.5. Taller tiles (3+ rows, prefill) are VnniTiles'.
 template <WType T>
-using Avx2Q = std::conditional_t<simd_block(T), Avx2Int<T>, VnniTiles<Ymm2, T>>;
+struct Avx2KQuant : VnniTiles<Ymm2, T> {
+  using V = VnniTiles<Ymm2, T>;
+  template <int R, int G, bool EX = false>
+  static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
+    if constexpr (R > 2 || EX) V::template tile<R, G, EX>(a, m, u);
+    else rows<R, G>(a, m, u);
+  }
+
+  template <int R, int G>
+  static void rows(const QLinearArgs& a, int64_t m, int64_t u) {
+    constexpr int SUMS = V::SUMS, VW = V::VW, PLANES = V::F.planes;
+    constexpr int64_t PC = packed_chunk(T), PB = packed_bytes(T), QOFF = packed_quants(T), PARTS = V::PARTS;
+    constexpr bool PREFETCH = G == PARTS;  // one packed group: one read stream
+    static_assert(V::STEPS > 0, "int16 sums");
+    const int64_t nb = a.K / QBLOCK, ns = a.K / QK_K;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[R][G];
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < G; ++j) acc[r][j] = _mm256_setzero_ps();
+    const uint8_t* const group = a.w + u / PARTS * ns * PB;  // the first unit's (a prefetching tile's one)
+    const uint8_t* head[G];  // each unit's super-block
+    for (int j = 0; j < G; ++j) head[j] = a.w + (u + j) / PARTS * ns * PB;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int c = int(b % 8);
+      if constexpr (PREFETCH) {
+        const int64_t ahead = b + AHEAD;  // past the group's end: the next group's (groups follow each other)
+        const uint8_t* h = group + ahead / 8 * PB;
+        for (int64_t l = 0; l < PC; l += 64) __builtin_prefetch(h + KHEAD + ahead % 8 * PC + l, 0, 2);
+        if (ahead % 8 == 0)
+          for (int64_t l = 0; l < KHEAD; l += 64) __builtin_prefetch(h + l, 0, 2);
+      }
+      PackedChunk<const uint8_t> pc[G];
+      const uint8_t* q[G];
+      __m256i planes[G][PLANES > 0 ? PLANES : 1];
+      for (int j = 0; j < G; ++j) {
+        pc[j] = {head[j] + KHEAD + c * PC, head[j], c};
+        q[j] = pc[j].rec + QOFF + 32 * ((u + j) % PARTS);
+        V::planes_of(q[j], planes[j]);
+      }
+      __m256i is[SUMS][R][G], s16[SUMS][R][G];
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        __m256i lo[G], hi[G];
+        for (int j = 0; j < G; ++j) V::split(q[j], planes[j], v, lo[j], hi[j]);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = a.x.q + (m + r) * a.K + b * QBLOCK + 4 * v;
+          const __m256i xl = bcast4(x), xh = bcast4(x + 16);
+          const int64_t xb = (m + r) * nb + b;
+          for (int j = 0; j < G; ++j) {
+            if (v % VW == 0)
+              for (int h = 0; h < SUMS; ++h) s16[h][r][j] = _mm256_setzero_si256();
+            s16[0][r][j] = _mm256_add_epi16(s16[0][r][j], _mm256_maddubs_epi16(lo[j], xl));
+            asm("" : "+x"(s16[0][r][j]));
+            s16[SUMS - 1][r][j] = _mm256_add_epi16(s16[SUMS - 1][r][j], _mm256_maddubs_epi16(hi[j], xh));
+            asm("" : "+x"(s16[SUMS - 1][r][j]));
+            if (v % VW != VW - 1) continue;
+            for (int h = 0; h < SUMS; ++h) {  // widened, the first time onto the row's -offset * s (VnniTiles' start)
+              const __m256i w = _mm256_madd_epi16(s16[h][r][j], ones);
+              const int32_t c0 = SUMS == 1 ? a.x.c[xb] : h == 0 ? a.x.c16[xb] : a.x.c[xb] - a.x.c16[xb];
+              is[h][r][j] = _mm256_add_epi32(v < VW ? _mm256_set1_epi32(c0) : is[h][r][j], w);
+            }
+          }
+        }
+      }
+      for (int j = 0; j < G; ++j)
+        for (int r = 0; r < R; ++r) {
+          const int64_t xb = (m + r) * nb + b;
+          __m256i sums[SUMS];
+          for (int h = 0; h < SUMS; ++h) sums[h] = is[h][r][j];
+          acc[r][j] = V::epilogue(acc[r][j], pc[j], (u + j) % PARTS, sums, a.x.d[xb], a.x.sd[xb]);
+        }
+      if (c == 7)
+        for (int j = 0; j < G; ++j) head[j] += PB;
+    }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < G; ++j) {
+        const int64_t n = (u + j) * 8;
+        __m256 y = acc[r][j];
+        if (a.bias) y = _mm256_add_ps(y, _mm256_loadu_ps(a.bias + n));
+        _mm256_storeu_ps(a.y + (m + r) * a.ldy + n, y);
+      }
+  }
+};
+
+template <WType T>
+using Avx2Q = std::conditional_t<simd_block(T), Avx2Int<T>, std::conditional_t<super_packed(T), Avx2KQuant<T>, VnniTiles<Ymm2, T>>>;
 
 }  // namespace
 
