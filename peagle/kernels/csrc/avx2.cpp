@@ -295,13 +295,13 @@ struct Ymm2 : YmmBase {
 
 // The K-quants' (Q4_K, Q5_K, Q6_K) tiles of 1 and 2 rows (decoding, short verify passes, where the weights stream
 // from memory), as Avx2Int's are built: VnniTiles' split and epilogue (the same bits) with
-// - the maddubs results added in int16 (Ymm2::i16_steps at a time, then one madd), in order: with int32 sums a row
-//   one unit wide, GCC made a tree of a chunk's 32 products four units wide and spilled it to the stack;
+// - the maddubs results added in int16 (Ymm2::i16_steps at a time, then one madd), in order: with int32 sums, GCC
+//   made a tree of the one-row tile's 32 sums a chunk (four units wide) and spilled it to the stack;
 // - each unit's super-block found by a pointer that walks its group, not recomputed a chunk;
 // - a tile one packed group wide (one read stream: a narrow pass, and every 2-row pass) asking for the chunk
 //   AHEAD blocks on (its super-block's header too, at the start of one), as Avx2Int's tiles do.
 // Zen 3, 2 threads, in one process against VnniTiles' tiles: one Q4_K matrix of 2,048 x 2,048 in the cache, one
-// thread, 173 against 129 us (Q4_0 130); the 1B Q4_K_M file's matrices streamed, one row 40.5-43.7 against
+// thread, 129 against 173 us (Q4_0 130); the 1B Q4_K_M file's matrices streamed, one row 40.5-43.7 against
 // 52.5-55.5 ms a sweep (one group wide against VnniTiles' fastest, wide), two rows 54.7 against 69.9; plain
 // steps 1B 42.9 against 54.0 ms, 3B 115.9 against 132.5. Taller tiles (3+ rows, prefill) are VnniTiles'.
 template <WType T>

@@ -24,7 +24,8 @@ struct VnniTiles {
   // into int32, VW vectors v (two products a sum and a v where SUMS is 1), in tiles of 3 or more rows; else (and
   // STEPS 0) W's dpbusd into int32 each. Zen 3, 16 matrices of 8,192 x 3,072 streamed, 2 threads, medians of 4
   // alternating runs: 8 rows Q4_K 52.4 against 62.9 ms, Q5_K 53.5 against 65.5, Q6_K 72.2 against 73.8; 4 rows
-  // 1.1x; one row 3-9% slower in all three (18.5 against 17.9 ms in Q4_K), so 1 and 2 rows keep their code.
+  // 1.1x; one row 3-9% slower in all three (18.5 against 17.9 ms in Q4_K), so 1 and 2 rows keep their code (AVX2's
+  // K-quants run avx2.cpp's own tiles there).
   static constexpr int STEPS = W::i16_steps((16 << F.planes) - 1);
   static constexpr int VW = std::max(1, std::min(4, STEPS * SUMS / 2));
   static_assert(4 % VW == 0, "a widening between a chunk's halves");
