@@ -170,6 +170,18 @@ __attribute__((always_inline)) inline void in_order(__m256i& sum) {
   if constexpr (R > 2) asm("" : "+x"(sum));
 }
 
+// A tile's sums (plus the bias) into y: rows [m, m+R) x units [u, u+G) of 8 columns.
+template <int R, int G>
+__attribute__((always_inline)) inline void store_tile(const QLinearArgs& a, int64_t m, int64_t u, const __m256 (&acc)[R][G]) {
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < G; ++j) {
+      const int64_t n = (u + j) * 8;
+      __m256 y = acc[r][j];
+      if (a.bias) y = _mm256_add_ps(y, _mm256_loadu_ps(a.bias + n));
+      _mm256_storeu_ps(a.y + (m + r) * a.ldy + n, y);
+    }
+}
+
 // Where the weights stream from memory, Avx2Int's tiles ask for them ahead of their loads (prefetcht1), in one of
 // two ways:
 // - a tile of a packed group (H == 2: passes of 1-2 rows) for the chunk AHEAD blocks on in its own stream
@@ -264,13 +276,7 @@ struct Avx2Int {
         }
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < H; ++j) {
-        const int64_t n = (u + j) * 8;
-        __m256 y = acc[r][j];
-        if (a.bias) y = _mm256_add_ps(y, _mm256_loadu_ps(a.bias + n));
-        _mm256_storeu_ps(a.y + (m + r) * a.ldy + n, y);
-      }
+    store_tile<R, H>(a, m, u, acc);
   }
 };
 
@@ -324,14 +330,13 @@ struct Avx2KQuant : VnniTiles<Ymm2, T> {
     __m256 acc[R][G];
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < G; ++j) acc[r][j] = _mm256_setzero_ps();
-    const uint8_t* const group = a.w + u / PARTS * ns * PB;  // the first unit's (a prefetching tile's one)
-    const uint8_t* head[G];  // each unit's super-block
+    const uint8_t* head[G];  // each unit's super-block (a prefetching tile's units: one group's)
     for (int j = 0; j < G; ++j) head[j] = a.w + (u + j) / PARTS * ns * PB;
     for (int64_t b = 0; b < nb; ++b) {
       const int c = int(b % 8);
       if constexpr (PREFETCH) {
-        const int64_t ahead = b + AHEAD;  // past the group's end: the next group's (groups follow each other)
-        const uint8_t* h = group + ahead / 8 * PB;
+        const int64_t ahead = c + AHEAD;  // past the group's end: the next group's (groups follow each other)
+        const uint8_t* h = head[0] + ahead / 8 * PB;
         for (int64_t l = 0; l < PC; l += 64) __builtin_prefetch(h + KHEAD + ahead % 8 * PC + l, 0, 2);
         if (ahead % 8 == 0)
           for (int64_t l = 0; l < KHEAD; l += 64) __builtin_prefetch(h + l, 0, 2);
@@ -379,13 +384,7 @@ struct Avx2KQuant : VnniTiles<Ymm2, T> {
       if (c == 7)
         for (int j = 0; j < G; ++j) head[j] += PB;
     }
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < G; ++j) {
-        const int64_t n = (u + j) * 8;
-        __m256 y = acc[r][j];
-        if (a.bias) y = _mm256_add_ps(y, _mm256_loadu_ps(a.bias + n));
-        _mm256_storeu_ps(a.y + (m + r) * a.ldy + n, y);
-      }
+    store_tile<R, G>(a, m, u, acc);
   }
 };
 
