@@ -9,6 +9,9 @@ Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B dimensions, written by ``peagle dumm
   K = 1, 3, 7 against a plain step;
 - the memory floor: the bytes a step reads (the packed weights) over the read bandwidth measured here.
 
+Decoding's ratio is the median of ``--pairs`` alternating pairs (llama-bench tg128 and peagle's plain steps, each a
+process of its own, the order swapped every pair): a host whose speed drifts over minutes moves both of a pair.
+
     python benchmarks/real_sizes/bench.py FILE.gguf [...] --threads 1,2 --llama BIN --out DIR
     python benchmarks/real_sizes/bench.py FILE.gguf [...] --only start --reps 3   # starts alone: start.json
 
@@ -95,8 +98,31 @@ def start_only(args, bench: str, out: Path) -> None:
                   f"(file {r['file_bytes'] / 1e9:.2f}, first {first[1] / 1e9:.2f})", flush=True)
 
 
-def inner(path: str, reps: int) -> dict:
-    """In a child with its thread count set: peagle's engine on ``path``: step times, prefill rate, bytes a step."""
+def tg_pair(bench: str, path: str, threads: int, env: dict, swap: bool) -> tuple[float, float]:
+    """(llama-bench's tg128, peagle's plain decoding) in tokens/s, each a process of its own, peagle's first where
+    ``swap``."""
+    def llama() -> float:
+        out = subprocess.run([bench, "-m", path, "-t", str(threads), "-p", "0", "-n", "128", "-r", "1", "-o", "json"],
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)[0]["avg_ts"]
+
+    def peagle() -> float:
+        child = subprocess.run([sys.executable, __file__, "--inner", path, "--reps", "2", "--only", "tg"],
+                               capture_output=True, text=True, env=env)
+        if child.returncode:
+            raise RuntimeError(f"peagle on {path} failed: {child.stderr[-2000:]}")
+        return json.loads(child.stdout.strip().splitlines()[-1])["tg"]
+
+    if swap:
+        p = peagle()
+        return llama(), p
+    lt = llama()
+    return lt, peagle()
+
+
+def inner(path: str, reps: int, only_tg: bool = False) -> dict:
+    """In a child with its thread count set: peagle's engine on ``path``: step times, prefill rate, bytes a step
+    (``only_tg``: the plain steps alone)."""
     import torch
 
     from peagle.bench.steps import begin, step_times
@@ -109,15 +135,19 @@ def inner(path: str, reps: int) -> dict:
 
     tok = load_tokenizer(resolve_target(path, weights=False))
     target, folder = load_target(path)
+    off = dict(prompt_lookup_max=0, response_lookup="none", max_num_seqs=1, max_model_len=1024)
+    prompt = tok("The quick brown fox jumps over the lazy dog. " * 4)["input_ids"]
+    if only_tg:
+        engines = {0: LLMEngine(target, None, EngineConfig(method="none", **off), tok)}
+        begin(engines, prompt)
+        return {"tg": 1 / statistics.median(step_times(engines, reps, 8)[0])}
     head = load_drafter_for(target, folder, None, tok)
     weights = {id(m.weight): m.weight for m in target.modules() if isinstance(m, Linear)}
     weights.setdefault(id(target.head_weight()), target.head_weight())
     step_bytes = sum(weight_bytes(w) for w in weights.values())
-    off = dict(prompt_lookup_max=0, response_lookup="none", max_num_seqs=1, max_model_len=1024)
     engines = {0: LLMEngine(target, None, EngineConfig(method="none", **off), tok)}
     for k in (1, 3, 7):
         engines[k] = LLMEngine(target, head, EngineConfig(method="parallel", num_speculative_tokens=k, **off), tok)
-    prompt = tok("The quick brown fox jumps over the lazy dog. " * 4)["input_ids"]
     begin(engines, prompt)
     ms = {k: statistics.median(v) * 1e3 for k, v in step_times(engines, reps, 8).items()}
     long = (prompt * 64)[:512]
@@ -150,11 +180,12 @@ def main() -> int:
         "~/.cache/llama-native/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"), help="llama.cpp's bin folder")
     ap.add_argument("--reps", type=int, default=3, help="llama-bench repetitions; peagle's rounds of steps x 4")
     ap.add_argument("--out", default="docs/results/real-sizes")
-    ap.add_argument("--only", choices=["start"], default=None, help="start: only the starts (and peak RSS)")
+    ap.add_argument("--pairs", type=int, default=3, help="alternating pairs of decoding runs (the ratio's median)")
+    ap.add_argument("--only", choices=["start", "tg"], default=None, help="start: only the starts (and peak RSS)")
     ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
-        print(json.dumps(inner(args.inner, 4 * args.reps)))
+        print(json.dumps(inner(args.inner, 4 * args.reps, args.only == "tg")))
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,6 +199,7 @@ def main() -> int:
             key = f"{Path(path).name} t{t}"
             env = {**os.environ, "PEAGLE_TORCH_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
             stem = out / key.replace(" ", "-")
+            pairs = [tg_pair(bench, path, t, env, swap=i % 2 == 1) for i in range(args.pairs)]
             lb = llama_bench(bench, path, t, args.reps, stem.with_suffix(".llama-bench.json"))
             (l_wall, l_rss), (p_wall, p_rss, err) = starts(bench, path, t, env)
             child = subprocess.run([sys.executable, __file__, "--inner", path, "--reps", str(args.reps)],
@@ -177,11 +209,16 @@ def main() -> int:
                 raise RuntimeError(f"peagle on {path} failed: {child.stderr[-2000:]}")
             pg = json.loads(child.stdout.strip().splitlines()[-1])
             size = Path(path).stat().st_size
+            ratios = sorted(p / lt for lt, p in pairs)
             results[key] = {"file_bytes": size, "llama": {**lb, "start_s": l_wall, "rss": l_rss},
-                            "peagle": {**pg, "start_s": p_wall, "rss": p_rss}}
+                            "peagle": {**pg, "start_s": p_wall, "rss": p_rss},
+                            "tg_pairs": {"llama": [x[0] for x in pairs], "peagle": [x[1] for x in pairs],
+                                         "ratio_median": statistics.median(ratios)}}
             (out / "results.json").write_text(json.dumps(results, indent=1))
             r = results[key]
-            print(f"{key}: tg {pg['tg']:.2f} / {lb['tg']:.2f} = {pg['tg'] / lb['tg']:.2f}x; pp512 {pg['pp512']:.1f} / "
+            print(f"{key}: tg pairs {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}; "
+                  f"{statistics.median(x[1] for x in pairs):.2f} / {statistics.median(x[0] for x in pairs):.2f} tok/s); "
+                  f"tg {pg['tg']:.2f} / {lb['tg']:.2f} = {pg['tg'] / lb['tg']:.2f}x; pp512 {pg['pp512']:.1f} / "
                   f"{lb['pp512']:.1f}; start {p_wall:.1f} / {l_wall:.1f} s; RSS {p_rss / 1e9:.2f} / "
                   f"{l_rss / 1e9:.2f} GB (file {size / 1e9:.2f}); rounds {r['peagle']['round_over_step']}; floor "
                   f"{pg['tg'] / pg['floor_tg']:.0%} (llama {lb['tg'] / pg['floor_tg']:.0%})", flush=True)
