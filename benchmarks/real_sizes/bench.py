@@ -181,12 +181,15 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3, help="llama-bench repetitions; peagle's rounds of steps x 4")
     ap.add_argument("--out", default="docs/results/real-sizes")
     ap.add_argument("--pairs", type=int, default=3, help="alternating pairs of decoding runs (the ratio's median)")
-    ap.add_argument("--only", choices=["start", "tg"], default=None, help="start: only the starts (and peak RSS)")
+    ap.add_argument("--only", choices=["start", "tg"], default=None,
+                    help="start: only the starts (and peak RSS); tg: a child's plain steps alone (with --inner)")
     ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
         print(json.dumps(inner(args.inner, 4 * args.reps, args.only == "tg")))
         return 0
+    if args.only == "tg":
+        ap.error("--only tg is the decoding pairs' child (--inner FILE); a run measures them with --pairs")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     bench = str(Path(args.llama) / "llama-bench")
