@@ -219,8 +219,9 @@ def main() -> int:
                                          "ratio_median": statistics.median(ratios)}}
             (out / "results.json").write_text(json.dumps(results, indent=1))
             r = results[key]
+            p_tg, l_tg = (statistics.median(x[i] for x in pairs) for i in (1, 0))
             print(f"{key}: tg pairs {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}; "
-                  f"{statistics.median(x[1] for x in pairs):.2f} / {statistics.median(x[0] for x in pairs):.2f} tok/s); "
+                  f"{p_tg:.2f} / {l_tg:.2f} tok/s); "
                   f"tg {pg['tg']:.2f} / {lb['tg']:.2f} = {pg['tg'] / lb['tg']:.2f}x; pp512 {pg['pp512']:.1f} / "
                   f"{lb['pp512']:.1f}; start {p_wall:.1f} / {l_wall:.1f} s; RSS {p_rss / 1e9:.2f} / "
                   f"{l_rss / 1e9:.2f} GB (file {size / 1e9:.2f}); rounds {r['peagle']['round_over_step']}; floor "
