@@ -170,6 +170,31 @@ def test_chat_stream_equals_non_stream(server):
     assert [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_return_token_ids_are_the_generated_ids(server, tiny_chat_dir):
+    """vLLM's ``return_token_ids``: a chat answer's prompt ids and each choice's generated ids (a stream's chunks
+    add up to them), a completion's per choice beside its prompt; nothing of it unless asked."""
+    from peagle.models.loader import load_tokenizer
+
+    tok = load_tokenizer(tiny_chat_dir)
+    body = {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 10, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    status, full, _ = request(server, "POST", "/v1/chat/completions", body)
+    assert status == 200, full
+    ids, prompt = full["choices"][0]["token_ids"], full["prompt_token_ids"]
+    assert len(prompt) == full["usage"]["prompt_tokens"] and len(ids) == full["usage"]["completion_tokens"] == 10
+    assert tok.decode(ids) == full["choices"][0]["message"]["content"]
+    chunks = sse(server, "/v1/chat/completions", body)
+    assert [t for c in chunks for ch in c["choices"] for t in ch["token_ids"]] == ids
+    given = prompt[:5]
+    status, out, _ = request(server, "POST", "/v1/completions", {"prompt": given, "max_tokens": 4, "n": 2, "ignore_eos": True,
+                                                                  "temperature": 0, "return_token_ids": True})
+    assert status == 200, out
+    assert [c["prompt_token_ids"] for c in out["choices"]] == [given, given]
+    assert all(tok.decode(c["token_ids"]) == c["text"] and len(c["token_ids"]) == 4 for c in out["choices"])
+    _, plain, _ = request(server, "POST", "/v1/chat/completions", {**body, "return_token_ids": False})
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+
+
 def test_stop_strings_cut_streams_as_they_cut_answers(server):
     """A stop string's beginning is held back: streamed text equals the non-streamed text."""
     body = {"prompt": "The capital of France", "max_tokens": 24, "temperature": 0, "ignore_eos": True}

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from peagle import kernels
 from peagle.cli import main
 from peagle.models.drafter import load_drafter
 from peagle.models.loader import load_tokenizer, resolve_target
@@ -34,9 +33,6 @@ QUESTIONS = ["A baker sells 14 loaves a day. How many loaves does he sell in a w
              "A class has 28 pupils in 4 equal rows. How many pupils are in each row?",
              "Jim reads 12 pages a day. How many pages does he read in 5 days?"]
 NEW_TOKENS = 32
-# the same tokens however a pass batches its rows (served beside other requests, verified K + 1 rows at a time):
-# peagle's kernels; torch's matmul, the fallback, is not batch-invariant
-EXACT = os.environ.get("PEAGLE_NATIVE") != "0" and kernels.available()
 K = 2
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "training.md"
 # the keys of vLLM's SpeculativeConfig (vllm/config/speculative.py) the guide's lines use
@@ -90,9 +86,8 @@ def test_the_guides_loop_from_prompts_to_a_served_head(tmp_path, capsys):
                                        tokenize=False)
         assert r["prompt_token_ids"] == tok(text, add_special_tokens=False)["input_ids"], rid
         assert tok.decode(r["response_token_ids"], skip_special_tokens=True) == r["response"], rid
-        assert served[rid]["prompt_token_ids"] == r["prompt_token_ids"], rid
-        if EXACT:
-            assert served[rid]["response_token_ids"] == r["response_token_ids"], rid
+        assert [served[rid][k] for k in ("prompt_token_ids", "response_token_ids")] == \
+            [r["prompt_token_ids"], r["response_token_ids"]], rid
 
     with safe_open(str(hidden / "hidden-00000.safetensors"), "pt") as f:
         assert {"taps", "final"} <= set(f.keys())
@@ -137,8 +132,8 @@ def test_the_guides_loop_from_prompts_to_a_served_head(tmp_path, capsys):
         peagle("generate", "--drafter", str(tmp_path / head), "-k", str(K), "--max-new-tokens", str(NEW_TOKENS),
                "--prompt-lookup-max", "0", "--response-lookup", "none", "--json", record["prompt"])
         out = json.loads(capsys.readouterr().out)
-        assert out["token_ids"] == record["response_token_ids"] or not EXACT, head  # lossless: synth's greedy answer
-        assert out["num_accepted_tokens"] > 0, (head, out)                           # the trained head's own drafts
+        assert out["token_ids"] == record["response_token_ids"], head  # lossless: synth's greedy answer
+        assert out["num_accepted_tokens"] > 0, (head, out)             # the trained head's own drafts
 
 
 def test_the_guides_speculative_configs_are_what_vllm_and_peagle_read():

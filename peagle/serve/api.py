@@ -179,7 +179,8 @@ async def _generate(engine: AsyncEngine, limits: Limits, request: Request, req: 
     chat = isinstance(req, ChatRequest)
     fmt = Formatter(("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, limits.model_name, chat,
                     req.num_logprobs is not None, sum(len(ids) for ids in prompts), len(params),
-                    engine.info.method != "none")
+                    engine.info.method != "none",
+                    [list(prompts[i // req.n]) for i in range(len(params))] if req.return_token_ids else None)
     streams = [engine.generate(prompts[i // req.n], p, f"{fmt.request_id}-{i}", req.stream)
                for i, p in enumerate(params)]
     # not streamed, the first delta is the whole answer: a client that leaves meanwhile aborts it

@@ -62,6 +62,7 @@ class Formatter:
     num_prompt_tokens: int    # every prompt's tokens, once each (not once per choice)
     num_choices: int
     spec_metrics: bool = False  # whether answers carry ``metrics.speculative_decoding`` (the engine speculates)
+    prompt_ids: list[list[int]] | None = None  # each choice's prompt ids, where the request asked for token ids
     created: int = field(default_factory=lambda: int(time.time()))
     offsets: list[int] = field(init=False)   # completions' next text_offset, per choice
     head: dict = field(init=False)           # every streamed event's first fields
@@ -128,6 +129,10 @@ class Formatter:
                    "logprobs": lps, "finish_reason": finish}
         if deltas[-1].tokens is not None:
             out["token_origins"] = [{"text": t, "origin": o} for d in deltas for t, o in d.tokens or ()]
+        if self.prompt_ids is not None:  # vLLM's return_token_ids: completions name each choice's prompt
+            out["token_ids"] = [t for d in deltas for t in d.token_ids]
+            if not self.chat and not delta:
+                out["prompt_token_ids"] = self.prompt_ids[i]
         return out
 
     def completion(self, deltas: list[list[Delta]]) -> dict:
@@ -135,6 +140,8 @@ class Formatter:
         last = [ds[-1] for ds in deltas]
         out = {"id": self.request_id, "object": self.object, "created": self.created, "model": self.model,
                "choices": [self.choice(i, ds, False) for i, ds in enumerate(deltas)], "usage": self.usage(last)}
+        if self.prompt_ids is not None and self.chat:  # vLLM's return_token_ids: a chat's one prompt
+            out["prompt_token_ids"] = self.prompt_ids[0]
         if self.spec_metrics:
             out["metrics"] = self.metrics(last)
         return out
@@ -147,7 +154,7 @@ class Formatter:
         """The event for choice ``i``'s delta ``d``; None where it carries nothing to send."""
         if d.finish_reason and self.spec_metrics:   # a choice's last event: its speculation
             return self.event({"choices": [self.choice(i, [d], True)], "metrics": self.metrics([d])})
-        if d.text or d.finish_reason or d.logprobs or d.tokens:
+        if d.text or d.finish_reason or d.logprobs or d.tokens or (self.prompt_ids is not None and d.token_ids):
             return self.event({"choices": [self.choice(i, [d], True)]})
         return None
 

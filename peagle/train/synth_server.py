@@ -134,8 +134,9 @@ def synthesize_server(server: ServerConfig, tokenizer, prompt_files: list[str], 
         choice = answer["choices"][0]
         text = choice["message"]["content"] if chat else choice["text"]
         finish = choice.get("finish_reason") or "length"
-        if choice.get("token_ids") is not None and answer.get("prompt_token_ids") is not None:
-            prompt_ids, ids = list(answer["prompt_token_ids"]), list(choice["token_ids"])
+        prompt = choice.get("prompt_token_ids") or answer.get("prompt_token_ids")  # completions' / chat's place
+        if choice.get("token_ids") is not None and prompt is not None:
+            prompt_ids, ids = list(prompt), list(choice["token_ids"])
         else:
             prompt_ids = encode(tokenizer, job.messages(), chat)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
