@@ -185,12 +185,18 @@ def test_return_token_ids_are_the_generated_ids(server, tiny_chat_dir):
     assert tok.decode(ids) == full["choices"][0]["message"]["content"]
     chunks = sse(server, "/v1/chat/completions", body)
     assert [t for c in chunks for ch in c["choices"] for t in ch["token_ids"]] == ids
+    assert [c.get("prompt_token_ids") for c in chunks] == [prompt] + [None] * (len(chunks) - 1)  # the first's
     given = prompt[:5]
     status, out, _ = request(server, "POST", "/v1/completions", {"prompt": given, "max_tokens": 4, "n": 2, "ignore_eos": True,
                                                                   "temperature": 0, "return_token_ids": True})
     assert status == 200, out
     assert [c["prompt_token_ids"] for c in out["choices"]] == [given, given]
     assert all(tok.decode(c["token_ids"]) == c["text"] and len(c["token_ids"]) == 4 for c in out["choices"])
+    streamed = [ch for c in sse(server, "/v1/completions", {"prompt": given, "max_tokens": 4, "n": 2,
+                                                            "ignore_eos": True, "temperature": 0,
+                                                            "return_token_ids": True}) for ch in c["choices"]]
+    assert sorted(ch["index"] for ch in streamed if "prompt_token_ids" in ch) == [0, 1]  # each choice's first
+    assert all(ch["prompt_token_ids"] == given for ch in streamed if "prompt_token_ids" in ch)
     _, plain, _ = request(server, "POST", "/v1/chat/completions", {**body, "return_token_ids": False})
     assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
 

@@ -96,9 +96,9 @@ class SamplingRequest(BaseModel):
     guided_choice: list[Text] | None = None
     guided_grammar: Text | None = None
     return_token_ids: bool = Field(False, description="vLLM's: each choice carries token_ids, the ids generated "
-                                                      "(a stream's chunk its new ones), and a whole answer the "
-                                                      "prompt's prompt_token_ids (chat: the response's; completions: "
-                                                      "each choice's)")
+                                                      "(a stream's chunk its new ones), and the prompt's "
+                                                      "prompt_token_ids come once (chat: on the answer or a "
+                                                      "stream's first chunk; completions: on each choice)")
     token_origins: bool = Field(False, description="peagle's: each choice carries token_origins, the text and "
                                                    "origin of each token (the playground colours by it)")
     speculative: bool = Field(True, description="peagle's: false decodes this request without drafts (others "

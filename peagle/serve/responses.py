@@ -65,10 +65,12 @@ class Formatter:
     prompt_ids: list[list[int]] | None = None  # each choice's prompt ids, where the request asked for token ids
     created: int = field(default_factory=lambda: int(time.time()))
     offsets: list[int] = field(init=False)   # completions' next text_offset, per choice
+    started: set[int] = field(init=False)    # the choices a stream has sent an event of
     head: dict = field(init=False)           # every streamed event's first fields
 
     def __post_init__(self):
         self.offsets = [0] * self.num_choices
+        self.started = set()
         self.head = {"id": self.request_id, "object": self.object + ".chunk" if self.chat else self.object,
                      "created": self.created, "model": self.model}
 
@@ -151,12 +153,19 @@ class Formatter:
         return b"data: " + orjson.dumps({**self.head, **body}) + b"\n\n"
 
     def chunk(self, i: int, d: Delta) -> bytes | None:
-        """The event for choice ``i``'s delta ``d``; None where it carries nothing to send."""
+        """The event for choice ``i``'s delta ``d``; None where it carries nothing to send. With token ids asked
+        for, a choice's first event carries its prompt's too, as vLLM's do (chat: on the event; completions: on
+        the choice)."""
+        ids = self.prompt_ids is not None
+        if not (d.text or d.finish_reason or d.logprobs or d.tokens or (ids and d.token_ids)):
+            return None
+        body = {"choices": [self.choice(i, [d], True)]}
+        if ids and i not in self.started:
+            self.started.add(i)
+            (body if self.chat else body["choices"][0])["prompt_token_ids"] = self.prompt_ids[i]
         if d.finish_reason and self.spec_metrics:   # a choice's last event: its speculation
-            return self.event({"choices": [self.choice(i, [d], True)], "metrics": self.metrics([d])})
-        if d.text or d.finish_reason or d.logprobs or d.tokens or (self.prompt_ids is not None and d.token_ids):
-            return self.event({"choices": [self.choice(i, [d], True)]})
-        return None
+            body["metrics"] = self.metrics([d])
+        return self.event(body)
 
     def usage_event(self, last: list[Delta]) -> bytes:
         extra = {"metrics": self.metrics(last)} if self.spec_metrics else {}
