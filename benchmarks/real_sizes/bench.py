@@ -107,17 +107,21 @@ def tg_pair(bench: str, path: str, threads: int, env: dict, swap: bool) -> tuple
         return json.loads(out.stdout)[0]["avg_ts"]
 
     def peagle() -> float:
-        child = subprocess.run([sys.executable, __file__, "--inner", path, "--reps", "2", "--only", "tg"],
-                               capture_output=True, text=True, env=env)
-        if child.returncode:
-            raise RuntimeError(f"peagle on {path} failed: {child.stderr[-2000:]}")
-        return json.loads(child.stdout.strip().splitlines()[-1])["tg"]
+        return child_run(path, env, "--reps", "2", "--only", "tg")[0]["tg"]
 
     if swap:
         p = peagle()
         return llama(), p
     lt = llama()
     return lt, peagle()
+
+
+def child_run(path: str, env: dict, *args: str) -> tuple[dict, str]:
+    """``inner`` on ``path`` in a child process (its thread count in ``env``): (its result, its stderr)."""
+    child = subprocess.run([sys.executable, __file__, "--inner", path, *args], capture_output=True, text=True, env=env)
+    if child.returncode:
+        raise RuntimeError(f"peagle on {path} failed: {child.stderr[-2000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1]), child.stderr
 
 
 def inner(path: str, reps: int, only_tg: bool = False) -> dict:
@@ -205,12 +209,8 @@ def main() -> int:
             pairs = [tg_pair(bench, path, t, env, swap=i % 2 == 1) for i in range(args.pairs)]
             lb = llama_bench(bench, path, t, args.reps, stem.with_suffix(".llama-bench.json"))
             (l_wall, l_rss), (p_wall, p_rss, err) = starts(bench, path, t, env)
-            child = subprocess.run([sys.executable, __file__, "--inner", path, "--reps", str(args.reps)],
-                                   capture_output=True, text=True, env=env)
-            stem.with_suffix(".peagle.log").write_text(err + child.stderr)
-            if child.returncode:
-                raise RuntimeError(f"peagle on {path} failed: {child.stderr[-2000:]}")
-            pg = json.loads(child.stdout.strip().splitlines()[-1])
+            pg, child_err = child_run(path, env, "--reps", str(args.reps))
+            stem.with_suffix(".peagle.log").write_text(err + child_err)
             size = Path(path).stat().st_size
             ratios = sorted(p / lt for lt, p in pairs)
             results[key] = {"file_bytes": size, "llama": {**lb, "start_s": l_wall, "rss": l_rss},
