@@ -448,7 +448,16 @@ def test_a_lying_or_cut_gguf_header_is_refused_naming_what_is_wrong(tmp_path):
     w.write_tensors_to_file()
     w.close()
     field = b"general.alignment" + struct.pack("<I", 4)  # the key, then its type: uint32
+    w = gguf.GGUFWriter(str(tmp_path / "v.gguf"), "llama")  # a vocabulary whose last string says it is longer
+    w.add_token_list(["a", "bb", "ccc"])
+    w.add_tensor("t", np.zeros(32, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     cases = {
+        "a string runs past the end": lie((tmp_path / "v.gguf").read_bytes(), struct.pack("<Q", 3) + b"ccc",
+                                          struct.pack("<Q", 1 << 40) + b"ccc"),
         "runs past the end": data[:offset + nbytes - 1],
         "not a positive power of two": lie((tmp_path / "a.gguf").read_bytes(), field + struct.pack("<I", 32),
                                            field + struct.pack("<I", 0)),
