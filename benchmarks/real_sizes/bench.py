@@ -216,8 +216,10 @@ def main() -> int:
             pairs = [tg_pair(bench, path, t, env, swap=i % 2 == 1) for i in range(args.pairs)]
             lb = llama_bench(bench, path, t, args.reps, stem.with_suffix(".llama-bench.json"))
             (l_wall, l_rss), (p_wall, p_rss, err) = starts(bench, path, t, env)
+            log = stem.with_suffix(".peagle.log")
+            log.write_text(err)  # the start's, kept where the full run's child fails (its tail in the error)
             pg, child_err = child_run(path, env, "--reps", str(args.reps))
-            stem.with_suffix(".peagle.log").write_text(err + child_err)
+            log.write_text(err + child_err)
             size = Path(path).stat().st_size
             ratios = sorted(p / lt for lt, p in pairs)
             results[key] = {"file_bytes": size, "llama": {**lb, "start_s": l_wall, "rss": l_rss},
