@@ -179,7 +179,7 @@ def test_baseline_runs_the_sections_asked_for(tmp_path):
 @pytest.mark.parametrize("fmt", ["gguf", "bfloat16", "float16"])
 def test_speculation_is_exact_in_every_weight_format_on_the_default_model(fmt):
     """The GGUF as shipped (Q4_1 blocks) and 16-bit weights on the CPU kernels (`--compute fast`: bf16 through
-    bf16 dot products where the CPU has AVX512_BF16, float16 in float32 arithmetic): both
+    bf16 dot products on AVX512_BF16 and AVX2, float16 in float32 arithmetic): both
     shipped heads, greedy and seeded, alone and eight together, give plain decoding's tokens, some of
     them the heads' accepted drafts. K is `auto` in 16-bit; on the GGUF, where `auto` drafts less, K=3 makes
     every step a verify pass."""

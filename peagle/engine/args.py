@@ -20,8 +20,8 @@ def add_quantization_arg(p) -> None:
                         "such as llama-3.1-8b, a HF folder, a config.json or a .gguf file), as vLLM's")
     p.add_argument("--compute", choices=COMPUTE_CHOICES, default="fast",
                    help="fast (default): GGUF blocks through integer dot products, each row's activations rounded to "
-                        "8 bits as llama.cpp does, and bfloat16 weights through bf16 dot products where the CPU has "
-                        "AVX512_BF16 (batch-invariant: speculation stays exact); exact: float32 arithmetic on the "
+                        "8 bits as llama.cpp does, and bfloat16 weights through bf16 dot products (AVX512_BF16, or "
+                        "its steps in FMAs on AVX2) (batch-invariant: speculation stays exact); exact: float32 arithmetic on the "
                         "de-quantized or bf16 weights, bit for bit")
 
 

@@ -1,7 +1,7 @@
 """peagle's native CPU kernels: the linear layer (float32/float16/bfloat16 weights and GGUF Q8_0/Q4_0/Q4_1
 blocks in float32 arithmetic; packed GGUF blocks through integer dot products, llama.cpp's 8-bit
-activations; packed bfloat16 weights through AVX512_BF16's bf16 dot products, AMX-BF16 tiles where a probe
-at set-up found them exact and faster) for the few rows of decoding, verification and drafting, paged
+activations; packed bfloat16 weights through bf16 dot products: AVX512_BF16's, AMX-BF16 tiles where a probe
+at set-up found them exact and faster, or their steps in FMAs on AVX2) for the few rows of decoding, verification and drafting, paged
 attention for short spans, a layer's small ops fused, and every layer of such a pass in one call
 (``decoder_layers``); batch-invariant: a row's result does not depend on how many rows share the pass
 (``csrc/kernels.h``).
@@ -171,7 +171,8 @@ def use_isa(name: str):
     """Run the kernels on instruction set ``name`` (``amx``: AVX-512 with AMX-INT8 and AMX-BF16 tiles where the
     set-up's probe chose them,
     ``avx512``, ``avxvnni``: AVX2 with AVX-VNNI's integer path, ``avx2``, ``scalar``; no wider than this CPU's) inside the block, as ``PEAGLE_ISA`` does for a process: weights loaded inside are packed for
-    that path's integer kernels, or not at all on ``scalar``; bf16 weights only under ``avx512`` (AVX512_BF16)."""
+    that path's integer kernels, or not at all on ``scalar``; bf16 weights under ``avx512`` where the CPU has
+    AVX512_BF16, and under ``avx2`` and ``avxvnni``."""
     torch.ops.peagle.set_isa(name)
     try:
         yield
@@ -204,7 +205,8 @@ def int_isa() -> str:
 
 def bf16_isa() -> str:
     """The bf16 dot-product path's instruction set for packed bf16 weights (``csrc/kernels.h``): ``amx`` (AMX-BF16
-    tiles, one-row passes on AVX512_BF16), ``avx512bf16``, or ``none`` (no such path here, or the kernels not loaded: bf16 weights stay plain, float32 arithmetic)."""
+    tiles, one-row passes on AVX512_BF16), ``avx512bf16``, ``avx2`` (its steps in FMAs, where the float path is
+    AVX2's), or ``none`` (no such path here, or the kernels not loaded: bf16 weights stay plain, float32 arithmetic)."""
     return torch.ops.peagle.bf16_isa() if available() else "none"
 
 

@@ -238,8 +238,9 @@ def load_target(name: str | os.PathLike | None = None, dtype: str | torch.dtype 
     for the kernels' integer path where this CPU has one; ``exact``: float32 arithmetic); elsewhere (CUDA, no
     kernels) they are de-quantized into ``dtype`` tensor by tensor, with a notice. With ``compute`` ``fast``
     bfloat16 weights (and a tied embedding with them) are packed for the bf16 dot-product path where this CPU
-    has one (AVX512_BF16); ``exact`` keeps float32 arithmetic on them. ``load_format`` ``dummy``: random weights
-    at the dimensions ``name`` gives (:mod:`peagle.models.dummy`), in ``dtype`` or a block format."""
+    has one (AVX512_BF16, or its steps in FMAs on AVX2); ``exact`` keeps float32 arithmetic on them.
+    ``load_format`` ``dummy``: random weights at the dimensions ``name`` gives (:mod:`peagle.models.dummy`), in
+    ``dtype`` or a block format."""
     if compute not in COMPUTE_CHOICES:
         raise ValueError(f"unknown compute {compute!r}; choose one of {', '.join(COMPUTE_CHOICES)}")
     if load_format not in LOAD_FORMATS:

@@ -310,7 +310,7 @@ int64_t stream_bytes(bool one_row);
 // Columns [n0, n1) of every row, from the file's blocks: the scalar reference of the arithmetic above.
 void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1);
 
-// The bf16 dot-product path (``--compute fast`` on bfloat16 weights, where the CPU has AVX512_BF16):
+// The bf16 dot-product path (``--compute fast`` on bfloat16 weights; AVX512_BF16, or its steps in FMAs on AVX2):
 // each row of x rounded to bfloat16 once per call (bf16_rows: round to nearest even; a denormal to a zero
 // of its sign; a NaN quieted, its sign and top payload kept: vcvtneps2bf16, measured), then for every
 // output
@@ -324,7 +324,8 @@ void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1);
 //
 // The SIMD path reads the weight packed (quant.py's pack_bf16): uint8 [N / 16, K / 2, 64], group g's pair
 // p one vector, column c's weights 2p, 2p+1 (bf16) at bytes 4c .. 4c+3, so that x's pair, broadcast, and one
-// vdpbf16ps advance 16 columns by two k. The last dimension (64) names the format, as for GGUF blocks.
+// vdpbf16ps advance 16 columns by two k (AVX2: two 8-column halves, two FMAs each). The last dimension (64)
+// names the format, as for GGUF blocks.
 constexpr int64_t BF16_PAIR_BYTES = QGROUP * 4;
 
 struct BLinearArgs {
@@ -340,6 +341,8 @@ void bf16_rows_ref(const float* x, int64_t ldx, int64_t K, uint16_t* out, int64_
 void bf16_rows_avx512bf16(const float* x, int64_t ldx, int64_t K, uint16_t* out, int64_t m0, int64_t m1);
 // Column groups [g0, g1) of every row, packed (vdpbf16ps).
 void bf16linear_avx512bf16(const BLinearArgs& a, int64_t g0, int64_t g1);
+// The same on AVX2 + FMA (two FMAs a pair, the flushes from MXCSR: avx2.cpp), where there is no AVX512_BF16.
+void bf16linear_avx2(const BLinearArgs& a, int64_t g0, int64_t g1);
 // The same through AMX-BF16 tiles (amx.cpp; passes of one row on AVX512_BF16), and over the C++ model of the
 // tile instructions (tests, on any AVX512_BF16 CPU). amx_bf16_ready: the CPU has AMX-BF16 and the OS grants tiles.
 void bf16linear_amx(const BLinearArgs& a, int64_t g0, int64_t g1);

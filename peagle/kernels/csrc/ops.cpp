@@ -81,10 +81,12 @@ static std::string best_int_isa() {
 }
 
 // The bf16 dot-product path this CPU runs packed bf16 weights on under the cap: amx (AMX-BF16 tiles),
-// avx512bf16, or none (bf16 weights stay plain, float32 arithmetic).
+// avx512bf16, avx2 (its steps in FMAs) where the float path is AVX2's, or none (bf16 weights stay plain,
+// float32 arithmetic: on AVX-512 CPUs without AVX512_BF16, whose float path has twice AVX2's lanes, and on scalar).
 static std::string best_bf16_isa() {
   if (cap() >= AMX && has_amx_bf16() && amx_bf16_on.load(std::memory_order_relaxed)) return "amx";
-  return cap() >= AVX512 && has_avx512bf16() ? "avx512bf16" : "none";
+  if (cap() >= AVX512 && has_avx512bf16()) return "avx512bf16";
+  return float_level() == 1 ? "avx2" : "none";
 }
 
 // Every bf16 path this CPU has, widest first (tests run each).
@@ -92,6 +94,7 @@ static std::vector<std::string> bf16_isas() {
   std::vector<std::string> out;
   if (has_amx_bf16()) out.push_back("amx");
   if (has_avx512bf16()) out.push_back("avx512bf16");
+  if (has_level(AVX2)) out.push_back("avx2");
   return out;
 }
 
@@ -661,8 +664,13 @@ struct BKernel {
 };
 
 static BKernel bkernel_for(const std::string& isa) {
-  TORCH_CHECK(isa == "amx" || isa == "amx-model" || isa == "avx512bf16", "peagle::linear: packed bf16 weights run on "
-              "amx or avx512bf16, not '", isa, "' (the plain bf16 matrix runs on every instruction set)");
+  TORCH_CHECK(isa == "amx" || isa == "amx-model" || isa == "avx512bf16" || isa == "avx2", "peagle::linear: packed "
+              "bf16 weights run on amx, avx512bf16 or avx2, not '", isa, "' (the plain bf16 matrix runs on every "
+              "instruction set)");
+  if (isa == "avx2") {
+    TORCH_CHECK(has_level(AVX2), "peagle::linear: this CPU has no AVX2");
+    return {bf16_rows_ref, bf16linear_avx2, COL_GRAIN / QGROUP};
+  }
   TORCH_CHECK(has_avx512bf16(), "peagle::linear: this CPU has no AVX512_BF16");
   if (isa == "amx") {
     TORCH_CHECK(has_amx_bf16(), "peagle::linear: this CPU (or its OS) has no AMX-BF16 tiles");
