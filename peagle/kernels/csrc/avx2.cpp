@@ -471,13 +471,12 @@ void bf16linear_avx2(const BLinearArgs& a, int64_t g0, int64_t g1) {
   constexpr unsigned FTZ = 0x8000, DAZ = 0x40, UNDERFLOW = 0x10;
   BLinearArgs f = a;
   f.bias = nullptr;
-  const bool streams = a.N * a.K * 2 > stream_bytes(a.M == 1);
   const unsigned csr = _mm_getcsr();
   _mm_setcsr((csr | FTZ | DAZ) & ~UNDERFLOW);
-  streams ? run_tiles<Bf16Avx2, true>(f, g0, g1) : run_tiles<Bf16Avx2>(f, g0, g1);
+  run_bf16_packed<Bf16Avx2>(f, g0, g1);
   const bool tiny = _mm_getcsr() & UNDERFLOW;
   _mm_setcsr(csr);
-  if (tiny) streams ? run_tiles<Bf16Avx2Flushed, true>(f, g0, g1) : run_tiles<Bf16Avx2Flushed>(f, g0, g1);
+  if (tiny) run_bf16_packed<Bf16Avx2Flushed>(f, g0, g1);
   if (a.bias)
     for (int64_t m = 0; m < a.M; ++m)
       for (int64_t n = g0 * QGROUP; n < g1 * QGROUP; ++n) a.y[m * a.ldy + n] += a.bias[n];

@@ -67,9 +67,6 @@ void bf16_rows_avx512bf16(const float* x, int64_t ldx, int64_t K, uint16_t* out,
     }
 }
 
-void bf16linear_avx512bf16(const BLinearArgs& a, int64_t g0, int64_t g1) {
-  if (a.N * a.K * 2 > stream_bytes(a.M == 1)) return run_tiles<Bf16Tiles, true>(a, g0, g1);
-  run_tiles<Bf16Tiles>(a, g0, g1);
-}
+void bf16linear_avx512bf16(const BLinearArgs& a, int64_t g0, int64_t g1) { run_bf16_packed<Bf16Tiles>(a, g0, g1); }
 
 }  // namespace peagle

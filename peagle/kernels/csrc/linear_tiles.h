@@ -206,6 +206,13 @@ static void run_packed(const QLinearArgs& a, int64_t n0, int64_t n1) {
   run_tiles<K>(a, n0, n1);
 }
 
+// The bf16 path's tiles K for a packed bf16 weight, by run_packed's rule: one packed group wide where it streams.
+template <class K>
+static void run_bf16_packed(const BLinearArgs& a, int64_t g0, int64_t g1) {
+  if (a.N * a.K * 2 > stream_bytes(a.M == 1)) return run_tiles<K, true>(a, g0, g1);
+  run_tiles<K>(a, g0, g1);
+}
+
 // The integer path's tiles (kernels.h) for a packed weight: Q<T> a kernel as above, in the ISA's column units.
 template <template <WType> class Q>
 static void dispatch_packed(const QLinearArgs& a, int64_t n0, int64_t n1) {
