@@ -15,9 +15,9 @@ if [ ! -x "$B/llama-bench" ] || [ ! -x "$B/llama-server" ]; then
   [ -f "llama_cpp_python-$V.tar.gz" ] || python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$V" -d . >&2
   [ -d "llama_cpp_python-$V" ] || tar xzf "llama_cpp_python-$V.tar.gz"
   cd "llama_cpp_python-$V/vendor/llama.cpp"
-  # AMX compiled out: 0.3.36's ggml runs tile loads on OpenMP threads that never loaded a tile config, and its
-  # -march=native build dies with SIGILL (a tileloadd) in llama-bench's pp on an AMX Xeon; without the tiles it
-  # runs AVX512-VNNI there, as on every CPU without AMX. (-mno-* wins over -march=native's set in any order.)
+  # AMX compiled out: on the AMX Xeons here 0.3.36's -march=native build dies with SIGILL in every prompt pass
+  # (gdb: a tileloadd in ggml_backend_amx_mul_mat on an OpenMP thread); without the tiles it runs AVX512-VNNI
+  # there, as on every CPU without AMX. (GCC lets -mno-* win over -march=native in either order.)
   NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX" \
