@@ -18,7 +18,7 @@ if [ ! -x "$B/llama-bench" ] || [ ! -x "$B/llama-server" ]; then
   # AMX compiled out: on the AMX Xeons here 0.3.36's -march=native build dies with SIGILL in every prompt pass
   # (gdb: a tileloadd in ggml_backend_amx_mul_mat on an OpenMP thread); without the tiles it runs AVX512-VNNI
   # there, as on every CPU without AMX. (GCC lets -mno-* win over -march=native in either order.)
-  NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  NOAMX=""; [ "$(uname -m)" = x86_64 ] && NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX" \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON >"$D/cmake.log" 2>&1
