@@ -273,8 +273,9 @@ def test_drafts_verified_alone_are_as_long_as_their_match_where_one_sequence_dec
         head = OracleDrafter.of(llama, references(ps, ref), wrong_every=1)
         def run(fault=None):
             engine = make_engine(llama, head, method, "auto", max_num_seqs=4, prompt_lookup_max=4, prompt_lookup_min=1)
-            if method == "parallel":
-                engine = fixed_costs(head.bind(engine))
+            # fixed costs for both methods: on this machine's timings, ngram's four sequences under a loaded
+            # CI drafted 9 tokens and had none accepted (the assertion below is about acceptance, not timing)
+            engine = fixed_costs(head.bind(engine) if method == "parallel" else engine)
             watch = Watch(planted(fault, engine) if fault else engine)
             return watch, [o.token_ids for o in engine.generate(ps, [params] * len(ps))]
 
