@@ -80,10 +80,9 @@ def test_the_guides_loop_from_prompts_to_a_served_head(tmp_path, capsys):
     with serving(log) as port:
         peagle("synth", "--prompts", str(prompts), "--out", str(synth), "--max-new-tokens", str(NEW_TOKENS), *DTYPE)
         peagle("hidden", "--data", str(synth), "--out", str(hidden), *DTYPE)
-        assert wait_healthy(port), log.read_text()
+        assert wait_healthy(port), log.read_text()  # (a client: no --dtype, the server's is its own)
         peagle("synth", "--server", f"http://127.0.0.1:{port}", "--prompts", str(prompts),
-               "--out", str(tmp_path / "synth-server"), "--max-new-tokens", str(NEW_TOKENS), "--concurrency", "3",
-               *DTYPE)
+               "--out", str(tmp_path / "synth-server"), "--max-new-tokens", str(NEW_TOKENS), "--concurrency", "3")
     local, served = by_id(synth), by_id(tmp_path / "synth-server")
     assert len(local) == len(QUESTIONS) and local.keys() == served.keys()
     tok = load_tokenizer(resolve_target(None, weights=False))
