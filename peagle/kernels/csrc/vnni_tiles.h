@@ -36,12 +36,13 @@ struct VnniTiles {
   // (Zen 4, the default model's layer matmuls at 8 rows, two threads: 6.36 -> 5.67 ms against two tiles of 4)
   static constexpr int RSTREAM = W::LANES == 16 && SUMS == 1 && F.planes == 0 ? 8 : RMAX;
   static constexpr int stream_columns(int) { return QGROUP / W::LANES; }  // one packed group
-  // The sums' registers, but a one-row pass of 16 lanes keeps W's width (32 registers hold q6_k's 2G sums there):
-  // a memory-bound pass reads as many streams as the tile is wide, and q6_k two wide waited on memory (Emerald
-  // Rapids, one row, 2 threads, the builds alternating: ffn_down's 3,072 x 8,192 streamed at 71-78% -> 81-91% of
-  // Q4_0's GB/s, an LM head's 49,152 x 3,072 at 82-89% -> 96-100%; from L3 every format ran at one rate).
+  // The sums' registers, but passes of 1 and 2 rows on 16 lanes keep W's width (32 registers hold q6_k's 2RG sums
+  // there): a memory-bound pass reads as many streams as the tile is wide, and q6_k two wide waited on memory
+  // (Emerald Rapids, 2 threads, the builds alternating: ffn_down's 3,072 x 8,192 streamed at one row read 71-78%
+  // -> 81-91% of Q4_0's GB/s, at two rows 80-81% -> 90-95%; an LM head's 49,152 x 3,072 at one row 82-89% ->
+  // 96-100%; from L3 every format ran at one rate).
   static constexpr int columns(int R) {
-    return R == 1 && W::LANES == 16 ? W::columns(1) : (W::columns(R) + SUMS - 1) / SUMS;
+    return R <= 2 && W::LANES == 16 ? W::columns(R) : (W::columns(R) + SUMS - 1) / SUMS;
   }
   // Whether a tile prefetches the next tile's weights: not where one read stream (one packed group wide) feeds
   // fewer than 6 rows, which the hardware prefetcher keeps ahead of alone, the software's requests only adding
