@@ -7,6 +7,7 @@ them per CPU at start-up (``kernels.tune_streaming``), so time the one it chose.
 
     PEAGLE_TORCH_THREADS=2 python benchmarks/real_sizes/formats.py N K [FORMATS [COUNT [ROWS [TILES]]]]
 """
+import contextlib
 import statistics
 import sys
 
@@ -23,10 +24,9 @@ tiles = sys.argv[6] if len(sys.argv) > 6 else "default"
 limit = {"default": None, "wide": kernels.WIDE, "narrow": 0}[tiles]
 g = torch.Generator().manual_seed(0)
 ws = {f: packed(f, n, k, count, g) for f in formats}
-if limit is not None:
-    torch.ops.peagle.set_stream_bytes(limit, limit)
 x = torch.randn(rows, k, generator=g)
-times = alternate({f: lambda f=f: [torch.ops.peagle.linear(x, w) for w in ws[f]] for f in formats}, 8, warm=1)
+with contextlib.nullcontext() if limit is None else kernels.streaming(limit, limit):
+    times = alternate({f: lambda f=f: [torch.ops.peagle.linear(x, w) for w in ws[f]] for f in formats}, 8, warm=1)
 print(f"{count} matrices {n} x {k}, {rows} row(s), {tiles} tiles, {torch.get_num_threads()} threads, {kernels.int_isa()}")
 for f in formats:
     gb = sum(w.numel() * w.element_size() for w in ws[f]) / 1e9
