@@ -392,6 +392,20 @@ def test_the_tiles_shape_is_timed_once_on_the_models_weights_and_kept(qllama, mo
 
 
 @native
+def test_the_tiles_settings_have_one_name_each():
+    """``kernels.tiles`` (the benchmarks' names for tune_streaming's settings) sets narrow and wide for passes of
+    every height, leaves the default as it was, restores it after, and refuses an unknown name."""
+    with kernels.streaming(1 << 20, 2 << 20):
+        for name, limits in (("narrow", (0, 0)), ("wide", (kernels.WIDE,) * 2), ("default", (1 << 20, 2 << 20))):
+            with kernels.tiles(name):
+                assert tuple(torch.ops.peagle.stream_bytes()) == limits, name
+            assert tuple(torch.ops.peagle.stream_bytes()) == (1 << 20, 2 << 20)
+        with pytest.raises(ValueError, match="narrow"):
+            with kernels.tiles("one group wide"):
+                pass
+
+
+@native
 def test_the_tiles_verdict_is_remembered_for_the_same_machine_and_shapes(qllama, monkeypatch, tmp_path):
     """With ``remember``, a verdict is written once and the next start (a new process: ``_tuned`` reset) takes it
     without timing; a torn file, or another thread count, is timed again. Taking a verdict for other shapes, or

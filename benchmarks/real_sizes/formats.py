@@ -7,7 +7,6 @@ them per CPU at start-up (``kernels.tune_streaming``), so time the one it chose.
 
     PEAGLE_TORCH_THREADS=2 python benchmarks/real_sizes/formats.py N K [FORMATS [COUNT [ROWS [TILES]]]]
 """
-import contextlib
 import statistics
 import sys
 
@@ -21,11 +20,10 @@ formats = (sys.argv[3] if len(sys.argv) > 3 else "q4_0,q4_k,q6_k").split(",")
 count = int(sys.argv[4]) if len(sys.argv) > 4 else 12
 rows = int(sys.argv[5]) if len(sys.argv) > 5 else 1
 tiles = sys.argv[6] if len(sys.argv) > 6 else "default"
-limit = {"default": None, "wide": kernels.WIDE, "narrow": 0}[tiles]
 g = torch.Generator().manual_seed(0)
 ws = {f: packed(f, n, k, count, g) for f in formats}
 x = torch.randn(rows, k, generator=g)
-with contextlib.nullcontext() if limit is None else kernels.streaming(limit, limit):
+with kernels.tiles(tiles):
     times = alternate({f: lambda f=f: [torch.ops.peagle.linear(x, w) for w in ws[f]] for f in formats}, 8, warm=1)
 print(f"{count} matrices {n} x {k}, {rows} row(s), {tiles} tiles, {torch.get_num_threads()} threads, {kernels.int_isa()}")
 for f in formats:

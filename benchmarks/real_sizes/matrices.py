@@ -1,7 +1,7 @@
 """Each packed matrix of a model timed alone at 1 row, in decoding's order, medians of 5 sweeps after one; GB/s
 by packed format and shape, under each of the tiles' streaming settings `kernels.tune_streaming` chooses from
-(one packed group wide everywhere, the kernels' default, wide everywhere): where a K-quant file's step loses per
-byte against Q4_0's (docs/real-sizes.md).
+(`kernels.tiles`: narrow, one packed group wide everywhere; the kernels' default; wide everywhere): where a
+K-quant file's step loses per byte against Q4_0's (docs/real-sizes.md).
 
     PEAGLE_TORCH_THREADS=2 python benchmarks/real_sizes/matrices.py FILE.gguf
 """
@@ -21,19 +21,18 @@ configure_cpu()
 target, _ = load_target(sys.argv[1])
 ms = packed_matrices(target)
 xs = [torch.randn(1, w.shape[1]) for w in ms]
-DEFAULT = tuple(torch.ops.peagle.stream_bytes())
-for name, limit in (("one group wide", 0), ("default", None), ("wide", kernels.WIDE)):
-    torch.ops.peagle.set_stream_bytes(*(DEFAULT if limit is None else (limit, limit)))
-    print(f"-- {name}")
+for name in ("narrow", "default", "wide"):
+    print(f"-- {name}" + " (one group wide)" * (name == "narrow"))
     each: list[list[float]] = [[] for _ in ms]
     sweeps: list[float] = []
-    for r in range(6):  # the first sweep warms the pages and the threads
-        start = time.perf_counter()
-        for x, w, ts in zip(xs, ms, each):
-            t = time.perf_counter()
-            torch.ops.peagle.linear(x, w.blocks)
-            ts.append(time.perf_counter() - t)
-        sweeps.append(time.perf_counter() - start)
+    with kernels.tiles(name):
+        for r in range(6):  # the first sweep warms the pages and the threads
+            start = time.perf_counter()
+            for x, w, ts in zip(xs, ms, each):
+                t = time.perf_counter()
+                torch.ops.peagle.linear(x, w.blocks)
+                ts.append(time.perf_counter() - t)
+            sweeps.append(time.perf_counter() - start)
     by = collections.defaultdict(lambda: [0.0, 0])  # (format, shape) -> seconds, bytes
     for w, ts in zip(ms, each):
         k = by[PACKED[w.blocks.shape[-1]].name, tuple(w.shape)]

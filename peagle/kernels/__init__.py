@@ -192,6 +192,17 @@ def streaming(one_row: int, taller: int):
         torch.ops.peagle.set_stream_bytes(*before)
 
 
+@contextlib.contextmanager
+def tiles(setting: str):
+    """Inside the block, the tiles of one of :func:`tune_streaming`'s settings by name: ``default`` (the kernels'
+    own limits, or the ones tuned), ``narrow`` (every packed weight one group wide) or ``wide`` (no weight)."""
+    if setting not in ("default", "narrow", "wide"):
+        raise ValueError(f"unknown tiles {setting!r}; choose default, narrow or wide")
+    limit = {"narrow": NARROW, "wide": WIDE}.get(setting)
+    with contextlib.nullcontext() if limit is None else streaming(limit, limit):
+        yield
+
+
 def isa() -> str:
     """The instruction set the kernels run here: ``avx512``, ``avx2``, ``scalar``, or ``none`` (not loaded)."""
     return torch.ops.peagle.isa() if available() else "none"
@@ -211,6 +222,7 @@ def bf16_isa() -> str:
 
 
 _tuned = False
+NARROW = 0  # a stream limit every packed weight passes: one packed group wide (one read stream) for each
 WIDE = 1 << 62  # a stream limit no weight reaches: the wide tiles for every weight
 TUNE_BYTES = 1 << 30  # the most weights timed: twice the largest last-level cache seen, ~1 s of a first start
 TUNE_VERSION = 2  # in the remembered verdicts' key: version 1 timed a cache-sized subset, and chose from two settings
@@ -221,8 +233,8 @@ def tune_streaming(weights: list, rounds: int = 2, remember: Path | None = None)
     """Where packed weights (GGUF blocks on the integer path, bf16 pairs on the bf16 one) stream in tiles one
     packed group wide (one read stream) rather than the wider tiles that hide the dot products' latency, for
     passes of one row and taller (``csrc/linear_tiles.h``, ``run_packed``): the CPU's answer, not a constant.
-    Three settings are timed: every weight one group wide (0), the kernels' default (weights over 16 MiB: LM
-    heads), and none (:data:`WIDE`). On a Zen 4 every matrix of the default model is faster one group wide; on a
+    Three settings are timed: every weight one group wide (:data:`NARROW`), the kernels' default (weights over
+    16 MiB: LM heads), and none (:data:`WIDE`); :func:`tiles` names them for benchmarks. On a Zen 4 every matrix of the default model is faster one group wide; on a
     Zen 5 4-row passes are slower so; on a Sapphire Rapids Xeon decoding an 8B file is 1.24-1.28x faster with
     wide tiles for every weight (3B 1.17x, 1B 1.07x). Timed at 1 and 4 rows on ``weights`` (a model's packed
     weights) in their order, as decoding reads them, up to :data:`TUNE_BYTES`: a subset that fits the last-level
@@ -261,7 +273,7 @@ def _timed_limits(weights: list, before: tuple[int, int], rounds: int) -> list[i
     chosen = []
     for i, rows in enumerate((1, 4)):
         xs = [torch.randn(rows, w.shape[1]) for w in timed]
-        times: dict[int, list[float]] = {before[i]: [], 0: [], WIDE: []}
+        times: dict[int, list[float]] = {before[i]: [], NARROW: [], WIDE: []}
         for r in range(rounds + 1):  # the first round warms the pages and the thread pool
             for limit, ts in times.items():
                 torch.ops.peagle.set_stream_bytes(limit, limit)
