@@ -7,8 +7,9 @@ whatever the weights are, as in llama.cpp's F32/F16/BF16 files: a decode step re
 pass (``--compute fast`` multiplies bfloat16 weights by bf16-rounded activations where the CPU has
 AVX512_BF16, accumulating in float32). ``auto`` there is bfloat16 weights (faster end to end than float16 on Zen 5:
 widening bf16 is a shift). Without the kernels
-the CPU falls back to torch's matmul with one dtype for both: bfloat16 on CPUs that multiply it
-natively (AVX512_BF16 or AMX), else float32.
+the CPU falls back to torch's matmul with one dtype for both, and ``auto`` is float32 there: torch's bfloat16
+matmul rounds a row differently in a pass over several rows (an Emerald Rapids Xeon's batched synth gave
+other greedy tokens), and speculation equals plain decoding only where a row's result does not depend on the pass.
 """
 from __future__ import annotations
 
@@ -51,12 +52,12 @@ def multiplies_bf16(device: torch.device) -> bool:
 
 
 def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """The weights' dtype. ``auto``/None -> bfloat16 on CUDA and on the CPU with the native kernels;
-    without them bfloat16 on native-bf16 CPUs, else float32."""
+    """The weights' dtype. ``auto``/None -> bfloat16 on CUDA and on the CPU with the native kernels; float32 on
+    torch's CPU fallback, the one dtype whose passes gave a row the same bits however many rows shared them."""
     if isinstance(name, torch.dtype):
         return name
     if name in (None, "", "auto"):
-        return torch.bfloat16 if table.on_device(device) or multiplies_bf16(device) else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or table.on_device(device) else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPE_CHOICES)}")
     return DTYPES[name]

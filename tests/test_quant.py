@@ -28,7 +28,6 @@ from peagle.models.llama import ModelConfig, build_target
 from peagle.models.quant import (DEQUANT_ROWS, FORMATS, QBLOCK, QUANT_ROWS, GGUFError, QuantTensor, blocks_of, dequantize,
                                  formats, gguf_tensors, onto_huge_pages, pack, pack_owned, quantize, read_gguf)
 from peagle.models.layers import pack_model
-from peagle.precision import dtype_name, resolve_dtype
 
 # the integer path runs here: kernels on and built, and an integer instruction set this CPU has
 INT_PATH = os.environ.get("PEAGLE_NATIVE") != "0" and kernels.available() and kernels.int_isa() != "none"
@@ -315,15 +314,14 @@ def test_the_integer_path_stays_close_to_float32_arithmetic(default_both, defaul
 @pytest.mark.parametrize("compute", ["fast", "exact"])
 def test_the_engine_says_it_runs_gguf_weights(compute):
     """What runs, as the engine says it: the file's blocks on the kernels, or, where they are off (the
-    torch path), the weights de-quantized to ``auto``'s dtype there (bfloat16 where the CPU multiplies it, else
-    float32), as the loader's one-line notice says."""
+    torch path), the weights de-quantized to ``auto``'s dtype there (float32), as the loader's one-line notice
+    says."""
     engine = LLMEngine.from_pretrained(None, method="none", max_num_seqs=1, max_model_len=64, compute=compute)
     arith = "int8" if compute == "fast" and kernels.int_isa() != "none" else "float32"
     if kernels.available():
         assert engine.quantization == "gguf" and engine.precision == f"GGUF Q4_1/Q8_0 weights, {arith} compute"
     else:
-        auto = dtype_name(resolve_dtype("auto", torch.device("cpu")))
-        assert engine.quantization == "none" and engine.precision == auto
+        assert engine.quantization == "none" and engine.precision == "float32"
     out = engine.generate([engine.encode_prompt("Hi")], SamplingParams(max_tokens=4, ignore_eos=True))[0]
     assert len(out.token_ids) == 4
 

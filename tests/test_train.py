@@ -459,6 +459,22 @@ def test_autocast_is_bfloat16_only_where_the_device_multiplies_it(monkeypatch, n
     assert precision.autocast_dtype("float16", torch.device("cpu")) == torch.float16
 
 
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_the_fallbacks_auto_is_float32_whatever_the_cpu_multiplies(monkeypatch, native_bf16):
+    """Without the native kernels torch's matmul runs the passes, and its bfloat16 ones are not batch-invariant:
+    serving's ``auto`` is float32 there even on CPUs with native bf16 (training's autocast keeps bf16)."""
+    from peagle import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(precision.table, "on_device", lambda *a: False)
+    assert precision.resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert precision.resolve_dtype(None, torch.device("cpu")) == torch.float32
+    assert precision.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    assert precision.resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    want = torch.bfloat16 if native_bf16 else torch.float32
+    assert precision.autocast_dtype("auto", torch.device("cpu")) == want
+
+
 @pytest.mark.skipif(not kernels_on(), reason="the native kernels are off")
 def test_the_trainer_autocasts_in_float32_on_a_cpu_without_bf16_even_with_the_kernels(tiny_chat_dir, synth_dir,
                                                                                        tmp_path, monkeypatch):

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from peagle import kernels
 from peagle.cli import main
 from peagle.models.drafter import load_drafter
 from peagle.models.loader import load_tokenizer, resolve_target
@@ -39,10 +38,6 @@ GUIDE = Path(__file__).resolve().parent.parent / "docs" / "training.md"
 # the keys of vLLM's SpeculativeConfig (vllm/config/speculative.py) the guide's lines use
 VLLM_KEYS = {"method", "model", "num_speculative_tokens", "parallel_drafting"}
 P_EAGLE = {"method": "eagle3", "parallel_drafting": True}  # what vLLM makes of a speculators P-EAGLE head
-# the guide's commands as typed where the native kernels run; on torch's fallback float32, the one dtype in which
-# its passes are batch-invariant (docs/exactness.md): its `auto` is bfloat16 on CPUs with AVX512_BF16 or AMX, where
-# the server's batched synth gave other tokens than the in-process one
-DTYPE = [] if kernels.available() else ["--dtype", "float32"]
 
 
 def peagle(*argv: str) -> None:
@@ -61,7 +56,7 @@ def serving(log: Path):
     port = free_port()
     with open(log, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "peagle.cli", "serve", "--port", str(port),
-                                 "--speculative-config", '{"method": "none"}', *DTYPE], stderr=err)
+                                 "--speculative-config", '{"method": "none"}'], stderr=err)
         try:
             yield port
         finally:
@@ -78,8 +73,8 @@ def test_the_guides_loop_from_prompts_to_a_served_head(tmp_path, capsys):
     # states, once (while the server loads)
     log = tmp_path / "serve.log"
     with serving(log) as port:
-        peagle("synth", "--prompts", str(prompts), "--out", str(synth), "--max-new-tokens", str(NEW_TOKENS), *DTYPE)
-        peagle("hidden", "--data", str(synth), "--out", str(hidden), *DTYPE)
+        peagle("synth", "--prompts", str(prompts), "--out", str(synth), "--max-new-tokens", str(NEW_TOKENS))
+        peagle("hidden", "--data", str(synth), "--out", str(hidden))
         assert wait_healthy(port), log.read_text()  # (a client: no --dtype, the server's is its own)
         peagle("synth", "--server", f"http://127.0.0.1:{port}", "--prompts", str(prompts),
                "--out", str(tmp_path / "synth-server"), "--max-new-tokens", str(NEW_TOKENS), "--concurrency", "3")
@@ -135,7 +130,7 @@ def test_the_guides_loop_from_prompts_to_a_served_head(tmp_path, capsys):
     capsys.readouterr()
     for head in ("head-vllm", "head-speculators"):
         peagle("generate", "--drafter", str(tmp_path / head), "-k", str(K), "--max-new-tokens", str(NEW_TOKENS),
-               "--prompt-lookup-max", "0", "--response-lookup", "none", "--json", *DTYPE, record["prompt"])
+               "--prompt-lookup-max", "0", "--response-lookup", "none", "--json", record["prompt"])
         out = json.loads(capsys.readouterr().out)
         assert out["token_ids"] == record["response_token_ids"], head  # lossless: synth's greedy answer
         assert out["num_accepted_tokens"] > 0, (head, out)             # the trained head's own drafts

@@ -30,7 +30,7 @@ def add_runtime_args(p, engine: bool = False) -> None:
     (commands that run the engine) ``--enforce-eager`` too."""
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="the weights' dtype: auto = bfloat16 (on CUDA the arithmetic too; on the CPU the arithmetic "
-                        "is float32 whatever the weights)")
+                        "is float32 whatever the weights; float32 on torch's CPU fallback, batch-invariant there)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     if engine:
         p.add_argument("--enforce-eager", action="store_true",
