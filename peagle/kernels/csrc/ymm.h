@@ -10,7 +10,7 @@ namespace peagle {
 namespace {
 
 struct YmmBase {
-  static constexpr int LANES = 8, RMAX = 4;
+  static constexpr int LANES = 8, RMAX = 4, RTALL = 4;
   static constexpr int columns(int R) { return R == 1 ? 4 : R == 2 ? 2 : 1; }
   using ivec = __m256i;
   using fvec = __m256;

@@ -10,12 +10,17 @@ namespace peagle {
 namespace {
 
 // vpdpbusd's latency (~5 cycles at two a cycle) wants about 12 independent sums in flight: R x G as near
-// 12 as 32 registers allow (R * G int32 and float32 vectors, the weights' 2G, two broadcasts). Taller passes
-// go in tiles of 4 rows, each tile's weights then read from L1 (Zen 5, the default model's layer matmuls on
-// one thread: 4 rows 3.0 -> 2.3 ms, 8 rows 4.2 -> 3.9 ms against tiles of 8 x 1).
+// 12 as 32 registers allow (R * G int32 vectors, the weights' 2G, two broadcasts; the float32 sums, touched
+// once a chunk, may live on the stack). A verification pass of 5-8 rows is one tile 2 units wide: each weight
+// vector split once for all its rows, where two tiles of 4 x 3 split it twice, and the split's and-shift-and
+// share the two vector ports with vpdpbusd (Emerald Rapids, one core, a 512 x 4,096 matrix from L2: 8 rows
+// 1.08-1.12x the products a second in Q4_0, Q4_K, Q6_K, Q8_0 0.94-1.01x; 5 rows 1.14-1.24x; a 3B K=7 round
+// 0.88-1.02x the time, median 0.98x, in Q4_0, 0.92-0.96x in Q4_K_M). Prefill (RTALL) keeps tiles of 4 rows,
+// each tile's weights then read from L1 (Zen 5, the default model's layer matmuls on one thread: 4 rows
+// 3.0 -> 2.3 ms, 8 rows 4.2 -> 3.9 ms against tiles of 8 x 1).
 struct Zmm {
-  static constexpr int LANES = 16, RMAX = 4;
-  static constexpr int columns(int R) { return R <= 1 ? 4 : 3; }
+  static constexpr int LANES = 16, RMAX = 8, RTALL = 4;
+  static constexpr int columns(int R) { return R <= 1 ? 4 : R <= 4 ? 3 : 2; }
   using ivec = __m512i;
   using fvec = __m512;
   static constexpr int i16_steps(int) { return 0; }  // dpbusd into int32 each (vnni_tiles.h's STEPS)
