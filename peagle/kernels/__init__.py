@@ -196,9 +196,10 @@ def streaming(one_row: int, taller: int):
 def tiles(setting: str):
     """Inside the block, the tiles of one of :func:`tune_streaming`'s settings by name: ``default`` (the kernels'
     own limits, or the ones tuned), ``narrow`` (every packed weight one group wide) or ``wide`` (no weight)."""
-    if setting not in ("default", "narrow", "wide"):
-        raise ValueError(f"unknown tiles {setting!r}; choose default, narrow or wide")
-    limit = {"narrow": NARROW, "wide": WIDE}.get(setting)
+    limits = {"default": None, "narrow": NARROW, "wide": WIDE}
+    if setting not in limits:
+        raise ValueError(f"unknown tiles {setting!r}; choose {', '.join(limits)}")
+    limit = limits[setting]
     with contextlib.nullcontext() if limit is None else streaming(limit, limit):
         yield
 
@@ -234,12 +235,12 @@ def tune_streaming(weights: list, rounds: int = 2, remember: Path | None = None)
     packed group wide (one read stream) rather than the wider tiles that hide the dot products' latency, for
     passes of one row and taller (``csrc/linear_tiles.h``, ``run_packed``): the CPU's answer, not a constant.
     Three settings are timed: every weight one group wide (:data:`NARROW`), the kernels' default (weights over
-    16 MiB: LM heads), and none (:data:`WIDE`); :func:`tiles` names them for benchmarks. On a Zen 4 every matrix of the default model is faster one group wide; on a
-    Zen 5 4-row passes are slower so; on a Sapphire Rapids Xeon decoding an 8B file is 1.24-1.28x faster with
-    wide tiles for every weight (3B 1.17x, 1B 1.07x). Timed at 1 and 4 rows on ``weights`` (a model's packed
-    weights) in their order, as decoding reads them, up to :data:`TUNE_BYTES`: a subset that fits the last-level
-    cache answers for the cache, not for memory (a 64 MiB subset, in that Xeon's 480 MiB L3, chose one group wide
-    for the 8B files).
+    16 MiB: LM heads), and none (:data:`WIDE`); :func:`tiles` names them for benchmarks. On a Zen 4 every
+    matrix of the default model is faster one group wide; on a Zen 5 4-row passes are slower so; on a Sapphire
+    Rapids Xeon decoding an 8B file is 1.24-1.28x faster with wide tiles for every weight (3B 1.17x, 1B 1.07x).
+    Timed at 1 and 4 rows on ``weights`` (a model's packed weights) in their order, as decoding reads them, up to
+    :data:`TUNE_BYTES`: a subset that fits the last-level cache answers for the cache, not for memory (a 64 MiB
+    subset, in that Xeon's 480 MiB L3, chose one group wide for the 8B files).
     The fastest of ``rounds`` each, after a warm-up round, the settings alternating (the host's other work only
     adds time); the default is kept unless another is 3% faster. Once a process: the shape never changes a
     result, only its speed. With ``remember`` (a JSON file), a verdict found there for the same library, CPU,
