@@ -41,12 +41,13 @@ struct VnniTiles {
   // there): a memory-bound pass reads as many streams as the tile is wide, and q6_k two wide waited on memory
   // (Emerald Rapids, 2 threads, the builds alternating: ffn_down's 3,072 x 8,192 streamed at one row read 71-78%
   // -> 81-91% of Q4_0's GB/s, at two rows 80-81% -> 90-95%; an LM head's 49,152 x 3,072 at one row 82-89% ->
-  // 96-100%; from L3 every format ran at one rate). One row on 8 lanes too (16 registers hold its 8 sums): there
-  // q6_k is bound by its arithmetic, and 4 units' independent sums hide more of vpdpbusd's latency than 2 (the
+  // 96-100%; from L3 every format ran at one rate). One row on AVX-VNNI's 8 lanes too (16 registers hold its 8
+  // int32 sums; not AVX2's, whose int16 sums would need 8 more): there q6_k is bound by its arithmetic, and 4
+  // units' independent sums hide more of vpdpbusd's latency than 2 (the
   // same Xeon under PEAGLE_ISA=avxvnni, 3 alternating pairs, one thread from L3: 7.1-7.5 -> 7.5-7.9 GB/s;
   // 2 threads streamed, 67-69% -> 67-72% of Q4_0's rate; 1B Q4_K_M decoding 0.97-1.07x, median 1.07x, 3 pairs).
   static constexpr int columns(int R) {
-    return R == 1 || (R <= 2 && W::LANES == 16) ? W::columns(R) : (W::columns(R) + SUMS - 1) / SUMS;
+    return (R == 1 && STEPS == 0) || (R <= 2 && W::LANES == 16) ? W::columns(R) : (W::columns(R) + SUMS - 1) / SUMS;
   }
   // Whether a tile prefetches the next tile's weights: not where one read stream (one packed group wide) feeds
   // fewer than 6 rows, which the hardware prefetcher keeps ahead of alone, the software's requests only adding
