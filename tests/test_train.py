@@ -38,8 +38,8 @@ def synth_dir(tiny_chat_dir, tmp_path_factory):
     prompts = d / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Question number {i}: tell me about {w}."}) + "\n"
                                for i, w in enumerate(["cats", "rivers", "maths", "rain", "music", "bread"] * 5)))
-    # float32 as the heads train (config's dtype): `auto` would take bfloat16 weights where the kernels run, whose
-    # other text the tests' few steps learned less of (AL 2.0)
+    # float32, as the heads train against the target (config's dtype); `auto` would take bfloat16 weights where the
+    # kernels run, other text (on torch's fallback in bfloat16, the tests' few steps learned less of it: AL 2.0)
     engine = LLMEngine.from_pretrained(str(tiny_chat_dir), method="none", dtype="float32", max_num_seqs=16,
                                        max_model_len=256)
     synthesize(engine, [str(prompts)], d / "synth", max_new_tokens=40, batch_size=16, progress=False)
