@@ -25,7 +25,8 @@ ws = {f: packed(f, n, k, count, g) for f in formats}
 x = torch.randn(rows, k, generator=g)
 with kernels.tiles(tiles):
     times = alternate({f: lambda f=f: [torch.ops.peagle.linear(x, w) for w in ws[f]] for f in formats}, 8, warm=1)
-print(f"{count} matrices {n} x {k}, {rows} row(s), {tiles} tiles, {torch.get_num_threads()} threads, {kernels.int_isa()}")
+print(f"{count} matrices {n} x {k}, {rows} row(s), {tiles} tiles, {torch.get_num_threads()} threads, "
+      f"{kernels.int_isa()}")
 for f in formats:
     gb = sum(w.numel() * w.element_size() for w in ws[f]) / 1e9
     ms = statistics.median(times[f])

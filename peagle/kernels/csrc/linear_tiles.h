@@ -112,20 +112,13 @@ static void blocks(const typename K::Args& a, int64_t n0, int64_t n1) {
   }
 }
 
-// The tallest tile of a NARROW pass: K::RSTREAM where K has it (one unit wide, fewer registers a row), else RMAX.
-template <class K>
-constexpr int stream_rmax() {
-  if constexpr (requires { K::RSTREAM; }) return K::RSTREAM;
-  else return K::RMAX;
-}
-
 // Tiles as tall as the pass up to RMAX rows (every row of a verification pass shares one read of the
 // weights), as wide as the registers then allow; taller passes (prefill) in tiles of RTALL rows. NARROW
-// (streamed weights, one unit wide): up to stream_rmax rows, and taller passes in tiles of as many.
-template <class K, bool NARROW = false, int R = NARROW ? stream_rmax<K>() : K::RMAX>
+// (streamed weights, one unit wide): taller passes in tiles of RMAX rows too.
+template <class K, bool NARROW = false, int R = K::RMAX>
 static void run_tiles(const typename K::Args& a, int64_t n0, int64_t n1) {
-  if constexpr (R == (NARROW ? stream_rmax<K>() : K::RMAX)) {
-    if (a.M > R) return blocks<K, NARROW ? stream_rmax<K>() : K::RTALL, NARROW>(a, n0, n1);
+  if constexpr (R == K::RMAX) {
+    if (a.M > R) return blocks<K, NARROW ? K::RMAX : K::RTALL, NARROW>(a, n0, n1);
   }
   if constexpr (R > 1) {
     if (a.M < R) return run_tiles<K, NARROW, R - 1>(a, n0, n1);

@@ -31,11 +31,6 @@ struct VnniTiles {
   static_assert(4 % VW == 0, "a widening between a chunk's halves");
   static constexpr int RMAX = W::RMAX, RTALL = W::RTALL;
   static constexpr int64_t PARTS = QGROUP / W::LANES;  // units a packed group
-  // one unit wide (streamed weights) a tile's rows need 2 registers each: 16 lanes (a packed group a vector)
-  // fit 8 rows for the one-sum formats without bit planes, each weight vector then split once for all 8
-  // (Zen 4, the default model's layer matmuls at 8 rows, two threads: 6.36 -> 5.67 ms against two tiles of 4);
-  // where W's RMAX is 8 (zmm.h), every format (Emerald Rapids, 8 rows from L2: Q5_K 1.17-1.20x, Q6_K 1.26x)
-  static constexpr int RSTREAM = W::LANES == 16 && SUMS == 1 && F.planes == 0 ? 8 : RMAX;
   static constexpr int stream_columns(int) { return QGROUP / W::LANES; }  // one packed group
   // The sums' registers, but passes of 1 and 2 rows on 16 lanes keep W's width (32 registers hold q6_k's 2RG sums
   // there): a memory-bound pass reads as many streams as the tile is wide, and q6_k two wide waited on memory
@@ -43,9 +38,9 @@ struct VnniTiles {
   // -> 81-91% of Q4_0's GB/s, at two rows 80-81% -> 90-95%; an LM head's 49,152 x 3,072 at one row 82-89% ->
   // 96-100%; from L3 every format ran at one rate). One row on AVX-VNNI's 8 lanes too (16 registers hold its 8
   // int32 sums; not AVX2's, whose int16 sums would need 8 more): there q6_k is bound by its arithmetic, and 4
-  // units' independent sums hide more of vpdpbusd's latency than 2 (the
-  // same Xeon under PEAGLE_ISA=avxvnni, 3 alternating pairs, one thread from L3: 7.1-7.5 -> 7.5-7.9 GB/s;
-  // 2 threads streamed, 67-69% -> 67-72% of Q4_0's rate; 1B Q4_K_M decoding 0.97-1.07x, median 1.07x, 3 pairs).
+  // units' independent sums hide more of vpdpbusd's latency than 2 (the same Xeon under PEAGLE_ISA=avxvnni,
+  // 3 alternating pairs, one thread from L3: 7.1-7.5 -> 7.5-7.9 GB/s; 2 threads streamed, 67-69% -> 67-72% of
+  // Q4_0's rate; 1B Q4_K_M decoding 0.97-1.07x, median 1.07x, 3 pairs).
   static constexpr int columns(int R) {
     return (R == 1 && STEPS == 0) || (R <= 2 && W::LANES == 16) ? W::columns(R) : (W::columns(R) + SUMS - 1) / SUMS;
   }

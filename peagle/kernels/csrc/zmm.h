@@ -17,7 +17,9 @@ namespace {
 // 1.08-1.12x the products a second in Q4_0, Q4_K, Q6_K, Q8_0 0.94-1.01x; 5 rows 1.14-1.24x; a 3B K=7 round
 // 0.88-1.02x the time, median 0.98x, in Q4_0, 0.92-0.96x in Q4_K_M). Prefill (RTALL) keeps tiles of 4 rows,
 // each tile's weights then read from L1 (Zen 5, the default model's layer matmuls on one thread: 4 rows
-// 3.0 -> 2.3 ms, 8 rows 4.2 -> 3.9 ms against tiles of 8 x 1).
+// 3.0 -> 2.3 ms, 8 rows 4.2 -> 3.9 ms against tiles of 8 x 1). Streamed one unit wide (the narrow tiles), 8 rows
+// are one tile too, each weight vector split once for all 8 (Zen 4, the default model's layer matmuls at 8 rows,
+// two threads: 6.36 -> 5.67 ms against two tiles of 4; Emerald Rapids from L2: Q5_K 1.17-1.20x, Q6_K 1.26x).
 struct Zmm {
   static constexpr int LANES = 16, RMAX = 8, RTALL = 4;
   static constexpr int columns(int R) { return R <= 1 ? 4 : R <= 4 ? 3 : 2; }
