@@ -117,22 +117,57 @@ def chunks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return q.reshape(n, -1, 32), torch.stack([s, s], -1).reshape(n, -1, 2), m.reshape(n, -1)
 
 
+def kquant_ints(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A K-quant's super-block scales d and dmin ``[N, K / 256]`` (float32; q6_k's dmin 0) and its integer scales
+    ``[N, K / 32, 2]`` (weights 0..15 and 16..31) and mins ``[N, K / 32]``, as GGML's code reads them."""
+    n, nb, _ = blocks.shape
+    b = blocks.long()
+    if blocks.shape[-1] == FORMATS["q6_k"].block_bytes:
+        sc = blocks[..., 192:208].contiguous().view(torch.int8).long().reshape(n, nb * 8, 2)
+        return half(blocks[..., 208:210]), torch.zeros(n, nb), sc, torch.zeros(n, nb * 8, dtype=torch.long)
+    j = torch.arange(8)
+    sc = b[..., 4:16]  # get_scale_min_k4
+    lo, hi = j.clamp(max=3), j.clamp(min=4)
+    scale = torch.where(j < 4, sc[..., lo] & 63, (sc[..., hi + 4] & 15) | (sc[..., hi - 4] >> 6) << 4)
+    mn = torch.where(j < 4, sc[..., lo + 4] & 63, (sc[..., hi + 4] >> 4) | (sc[..., hi] >> 6) << 4)
+    scale = scale.reshape(n, -1)
+    return half(blocks[..., 0:2]), half(blocks[..., 2:4]), torch.stack([scale, scale], -1), mn.reshape(n, -1)
+
+
 def int8_linear(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """kernels.h's arithmetic restated in torch from the file's blocks: x quantized per row and block of
-    32, integer dot products (exact in float64), then per chunk acc = fma(s, dx * isum, acc) (the product
-    exact in float64, one rounding to float32; q6_k: its two halves in turn) and with a min
-    acc = fma(m, dx * sum, acc)."""
+    """kernels.h's arithmetic restated in torch from the file's blocks: x quantized per row and span (32, a
+    K-quant's 256), integer dot products (exact in float64), then per chunk acc = fma(s, dx * isum, acc) (the
+    product exact in float64, one rounding to float32) and with a min acc = fma(m, dx * sum, acc); for a
+    K-quant per chunk f = fma(sc, isum, f) (q6_k: its two halves in turn) and per super-block
+    acc = fma(d, D * f, acc), with a min acc = fma(-dmin, D * sum(mn * s), acc)."""
     f = {b.block_bytes: b for b in FORMATS.values()}[blocks.shape[-1]]
     m, k = x.shape
+    super_ = f.weights == 256
+    xs = x.view(m, k // f.weights if super_ else k // QBLOCK, -1)
+    d = (xs.abs().amax(-1) / 127).repeat_interleave(xs.shape[-1] // QBLOCK, -1)  # [m, K / 32]: each block's span's
     xb = x.view(m, k // QBLOCK, QBLOCK)
-    d = xb.abs().amax(-1) / 127
     q = torch.round(xb * torch.where(d != 0, 1 / d, torch.zeros_like(d))[..., None])
     sd = d * q.sum(-1)
     wq, ws, wm = chunks(blocks)
     fma = lambda a, b, c: (a.double() * b.double() + c.double()).float()  # noqa: E731
     acc = torch.zeros(m, blocks.shape[0], dtype=torch.float32)
+    halves = [slice(0, 16), slice(16, 32)] if f.name == "q6_k" else [slice(0, 32)]
+    if super_:
+        wd, wdmin, sc, mn = kquant_ints(blocks)
+        fs = torch.zeros_like(acc)
+        for b in range(k // QBLOCK):
+            for h, part in enumerate(halves):
+                isum = (q[:, b, part].double() @ wq[:, b, part].double().t()).float()
+                fs = fma(sc[None, :, b, h].float(), isum, fs)
+            if b % 8 == 7:
+                s = b // 8
+                acc = fma(wd[None, :, s], d[:, b, None] * fs, acc)
+                if f.has_min:
+                    mins = (q[:, b - 7:b + 1].sum(-1).double() @ mn[:, b - 7:b + 1].double().t()).float()
+                    acc = fma(-wdmin[None, :, s], d[:, b, None] * mins, acc)
+                fs = torch.zeros_like(acc)
+        return acc if bias is None else acc + bias
     for b in range(k // QBLOCK):
-        halves = [slice(0, 16), slice(16, 32)] if f.name == "q6_k" else [slice(0, 32)]
         for h, part in enumerate(halves):
             t = d[:, b, None] * (q[:, b, part].double() @ wq[:, b, part].double().t()).float()
             acc = fma(ws[None, :, b, h], t, acc)
@@ -204,7 +239,7 @@ def test_the_largest_quants_times_the_largest_activations_give_the_references_bi
 @native
 @pytest.mark.parametrize("fmt", INT_FORMATS)
 def test_the_reference_is_the_stated_arithmetic(fmt):
-    x, blocks, b = case(fmt, 9, 256, 40, seed=2)
+    x, blocks, b = case(fmt, 9, 768, 40, seed=2)  # three super-blocks
     assert torch.equal(torch.ops.peagle.qlinear_ref(x, blocks, b), int8_linear(x, blocks, b))
 
 

@@ -251,22 +251,22 @@ void units(const QLinearArgs& a, int64_t u0, int64_t u1) {
   for (int64_t u = u0; u < u1; ++u)
     for (int64_t m0 = 0; m0 < M; m0 += 16) {
       const int R = int(M - m0 < 16 ? M - m0 : 16);
-      __m512 acc[16];
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+      __m512 acc[16][1][1], f[16][1][1];  // each row a tile of one for VnniTiles' fold
+      for (int r = 0; r < R; ++r) acc[r][0][0] = _mm512_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
-        const PackedChunk<const uint8_t> pc = packed_chunk_at(a.w, T, u, b, a.K);
+        const PackedChunk<const uint8_t> pc = packed_chunk_at(a.w, T, u, b, a.K), one[1] = {pc};
         if (u + 1 < u1) V::prefetch(a, u + 1, b);  // the next group's chunk
         U::weights(chunk_rows<T>(pc.rec, wbuf));
         U::sums(R != full, a.x.q + m0 * a.K + b * QBLOCK, a.K, sums);
         for (int r = 0; r < R; ++r) {
           const int64_t xb = (m0 + r) * nb + b;
-          const __m512i is = _mm512_add_epi32(_mm512_load_si512(sums + 16 * r), _mm512_set1_epi32(a.x.c[xb]));
-          acc[r] = V::epilogue(acc[r], pc, 0, &is, a.x.d[xb], a.x.sd[xb]);
+          const __m512i is[1][1][1] = {{{_mm512_add_epi32(_mm512_load_si512(sums + 16 * r), _mm512_set1_epi32(a.x.c[xb]))}}};
+          V::template fold<1, 1>(acc[r], f[r], one, u, is, a.x, m0 + r, nb, b);
         }
       }
       for (int r = 0; r < R; ++r) {
         const int64_t n = u * QGROUP;
-        __m512 y = acc[r];
+        __m512 y = acc[r][0][0];
         if (a.bias) y = _mm512_add_ps(y, _mm512_loadu_ps(a.bias + n));
         _mm512_storeu_ps(a.y + (m0 + r) * a.ldy + n, y);
       }

@@ -327,7 +327,7 @@ struct Avx2KQuant : VnniTiles<Ymm2, T> {
     static_assert(V::STEPS > 0, "int16 sums");
     const int64_t nb = a.K / QBLOCK, ns = a.K / QK_K;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[R][G];
+    __m256 acc[R][G], f[R][G];
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < G; ++j) acc[r][j] = _mm256_setzero_ps();
     const uint8_t* head[G];  // each unit's super-block (a prefetching tile's units: one group's)
@@ -374,13 +374,7 @@ struct Avx2KQuant : VnniTiles<Ymm2, T> {
           }
         }
       }
-      for (int j = 0; j < G; ++j)
-        for (int r = 0; r < R; ++r) {
-          const int64_t xb = (m + r) * nb + b;
-          __m256i sums[SUMS];
-          for (int h = 0; h < SUMS; ++h) sums[h] = is[h][r][j];
-          acc[r][j] = V::epilogue(acc[r][j], pc[j], (u + j) % PARTS, sums, a.x.d[xb], a.x.sd[xb]);
-        }
+      V::template fold<R, G>(acc, f, pc, u, is, a.x, m, nb, b);
       if (c == 7)
         for (int j = 0; j < G; ++j) head[j] += PB;
     }
@@ -484,41 +478,40 @@ void bf16linear_avx2(const BLinearArgs& a, int64_t g0, int64_t g1) {
 
 // quantize_rows_ref's operations, a block of 32 as four vectors (max, the division, the product, rounding
 // to nearest even and the integer sum are exact whatever the order)
-void quantize_rows_avx2(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0,
-                        int64_t m1) {
+void quantize_rows_avx2(const float* x, int64_t ldx, int64_t K, int64_t span, int32_t offset, const QRows& out,
+                        int64_t m0, int64_t m1) {
   const int64_t nb = K / QBLOCK;
   const __m256 sign = _mm256_set1_ps(-0.f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t m = m0; m < m1; ++m)
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* p = x + m * ldx + b * QBLOCK;
-      __m256 v[4], mx = _mm256_setzero_ps();
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(p + 8 * i);
-        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
-      }
+    for (int64_t b0 = 0; b0 < K; b0 += span) {
+      __m256 mx = _mm256_setzero_ps();
+      for (int64_t k = b0; k < b0 + span; k += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + m * ldx + k)));
       __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
       h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-      const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-      const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-      __m256i q[4];
-      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
-      const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-      // int32 -> int8 (in range: no saturation), packs interleave 128-bit halves: put the 4-byte groups back
-      const __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q + m * K + b * QBLOCK), _mm256_permutevar8x32_epi32(b8, order));
-      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-      const int32_t s = _mm_cvtsi128_si32(s4);
-      __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(q[0]), _mm256_extracti128_si256(q[0], 1));  // the first 16
-      h4 = _mm_add_epi32(h4, _mm_add_epi32(_mm256_castsi256_si128(q[1]), _mm256_extracti128_si256(q[1], 1)));
-      h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4e));
-      h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xb1));
-      out.d[m * nb + b] = d;
-      out.sd[m * nb + b] = d * float(s);
-      out.c[m * nb + b] = -offset * s;
-      out.c16[m * nb + b] = -offset * _mm_cvtsi128_si32(h4);
+      const float d = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h))) / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+      for (int64_t b = b0 / QBLOCK; b < (b0 + span) / QBLOCK; ++b) {
+        const float* p = x + m * ldx + b * QBLOCK;
+        __m256i q[4];
+        for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + 8 * i), _mm256_set1_ps(id)));
+        const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        // int32 -> int8 (in range: no saturation), packs interleave 128-bit halves: put the 4-byte groups back
+        const __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q + m * K + b * QBLOCK), _mm256_permutevar8x32_epi32(b8, order));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        const int32_t s = _mm_cvtsi128_si32(s4);
+        __m128i h4 = _mm_add_epi32(_mm256_castsi256_si128(q[0]), _mm256_extracti128_si256(q[0], 1));  // the first 16
+        h4 = _mm_add_epi32(h4, _mm_add_epi32(_mm256_castsi256_si128(q[1]), _mm256_extracti128_si256(q[1], 1)));
+        h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0x4e));
+        h4 = _mm_add_epi32(h4, _mm_shuffle_epi32(h4, 0xb1));
+        out.d[m * nb + b] = d;
+        out.sd[m * nb + b] = d * float(s);
+        out.c[m * nb + b] = -offset * s;
+        out.c16[m * nb + b] = -offset * _mm_cvtsi128_si32(h4);
+        out.s[m * nb + b] = float(s);
+      }
     }
 }
 

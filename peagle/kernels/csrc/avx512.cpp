@@ -128,26 +128,29 @@ void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1) { dispatch_wtype
 
 // quantize_rows_ref's operations, a block of 32 as two vectors (max, the division, the product, rounding to
 // nearest even and the integer sum are exact whatever the order)
-void quantize_rows_avx512(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0,
-                        int64_t m1) {
+void quantize_rows_avx512(const float* x, int64_t ldx, int64_t K, int64_t span, int32_t offset, const QRows& out,
+                          int64_t m0, int64_t m1) {
   const int64_t nb = K / QBLOCK;
   const __m512 sign = _mm512_set1_ps(-0.f);
   for (int64_t m = m0; m < m1; ++m)
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* p = x + m * ldx + b * QBLOCK;
-      const __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
-      const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
-      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
-      int8_t* q = out.q + m * K + b * QBLOCK;
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
-      const int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-      out.d[m * nb + b] = d;
-      out.sd[m * nb + b] = d * float(s);
-      out.c[m * nb + b] = -offset * s;
-      out.c16[m * nb + b] = -offset * _mm512_reduce_add_epi32(q0);
+    for (int64_t b0 = 0; b0 < K; b0 += span) {
+      __m512 mx = _mm512_setzero_ps();
+      for (int64_t k = b0; k < b0 + span; k += 16) mx = _mm512_max_ps(mx, _mm512_andnot_ps(sign, _mm512_loadu_ps(x + m * ldx + k)));
+      const float d = _mm512_reduce_max_ps(mx) / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+      for (int64_t b = b0 / QBLOCK; b < (b0 + span) / QBLOCK; ++b) {
+        const float* p = x + m * ldx + b * QBLOCK;
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(p), _mm512_set1_ps(id)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(p + 16), _mm512_set1_ps(id)));
+        int8_t* q = out.q + m * K + b * QBLOCK;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
+        const int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        out.d[m * nb + b] = d;
+        out.sd[m * nb + b] = d * float(s);
+        out.c[m * nb + b] = -offset * s;
+        out.c16[m * nb + b] = -offset * _mm512_reduce_add_epi32(q0);
+        out.s[m * nb + b] = float(s);
+      }
     }
 }
 

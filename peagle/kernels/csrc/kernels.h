@@ -76,6 +76,8 @@ inline QBlock qblock(const uint8_t* row, WType t, int64_t b) {
 struct SubBlock {
   float s[2], m;
   int8_t q[QBLOCK];
+  float d, dmin;   // a K-quant's super-block scales (fp16 as float32; q6_k: dmin 0)
+  int sc[2], mn;   // and this chunk's integer scales (sc[1] q6_k's weights 16..31, else sc[0]) and min
 };
 float half_to_float(uint16_t h);
 // Chunk j's 6-bit scale and min of a q4_k / q5_k super-block at p (llama.cpp's get_scale_min_k4).
@@ -108,8 +110,9 @@ static inline SubBlock sub_block(const uint8_t* row, int64_t c) {
     const int j = int(c % 8);
     int s, mn;
     kquant_scale_min(p, j, s, mn);
-    out.s[0] = f16(p) * float(s);
-    out.m = -(f16(p + 2) * float(mn));
+    out.d = f16(p), out.dmin = f16(p + 2), out.sc[0] = out.sc[1] = s, out.mn = mn;
+    out.s[0] = out.d * float(s);
+    out.m = -(out.dmin * float(mn));
     const uint8_t* qh = p + 16;
     const uint8_t* qs = p + (T == WType::q5_k ? 48 : 16) + 32 * (j / 2);
     for (int l = 0; l < QBLOCK; ++l) {
@@ -123,6 +126,7 @@ static inline SubBlock sub_block(const uint8_t* row, int64_t c) {
     const uint8_t* qh = p + 128 + 32 * h;
     const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192) + 2 * j;
     const float d = f16(p + 208);
+    out.d = d, out.sc[0] = sc[0], out.sc[1] = sc[1];
     out.s[0] = d * float(sc[0]);
     out.s[1] = d * float(sc[1]);
     for (int l = 0; l < QBLOCK; ++l) out.q[l] = int8_t((((ql[l] >> 4 * (v / 2)) & 15) | ((qh[l] >> 2 * v) & 3) << 4) - 32);
@@ -173,16 +177,24 @@ void linear_avx2(const LinearArgs& a, int64_t n0, int64_t n1);
 void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1);
 
 // The integer path (``--compute fast``, the default on GGUF blocks), llama.cpp's arithmetic: each row of
-// x quantized once per call to 8-bit blocks of 32 (quantize_rows: d = max|x| / 127, q = nearbyint(x * (d ?
-// 1 / d : 0)) in [-127, 127], s = the sum of the block's q, sd = d * float(s)), then for every output
+// x quantized once per call to 8 bits, one scale a span of 32 (Q8_0's) or, for the K-quants, of 256 (Q8_K's)
+// (quantize_rows: d = max|x| over the span / 127, q = nearbyint(x * (d ? 1 / d : 0)) in [-127, 127]; per block
+// of 32, s = the sum of its q and sd = d * float(s)), then for every output
 //     acc = 0; for each chunk b of 32 in order (sub_block's q, s, m):
 //         acc = fma(s, dx * float(isum), acc)   [with a min: then acc = fma(m, sd, acc)]
-//         [q6_k: acc = fma(s[0], dx * float(isum_lo), acc); acc = fma(s[1], dx * float(isum_hi), acc)]
 //     y = acc (+ bias)
+// and for the K-quants (q4_k, q5_k, q6_k), llama.cpp's Q8_K arithmetic: per super-block of 256, its chunks'
+// integer scales first, one float scaling after (sub_block's d, dmin, sc, mn; D the span's d)
+//     f = 0; for each chunk of the super-block: f = fma(float(sc), float(isum), f)
+//         [q6_k: f = fma(float(sc[0]), float(isum_lo), f); f = fma(float(sc[1]), float(isum_hi), f)]
+//     acc = fma(d, D * f, acc)   [with a min: then acc = fma(-dmin, D * float(sum of mn * s), acc)]
 // where isum = the chunk's integer dot product of the weight's q with x's (isum_lo, isum_hi: weights 0..15
-// and 16..31), exact in int32. Each output is one column's own sequence of float32 operations (no lanes
-// across k): every path, SIMD or scalar, gives the same bits, whatever the pass. Bit-equality with the
-// de-quantized float32 matrix is given up (``--compute exact`` keeps it).
+// and 16..31), exact in int32, and the mins' sum (at most 8 x 63 x 32 x 127) is exact in float32 too. Each
+// output is one column's own sequence of float32 operations (no lanes across k): every path, SIMD or scalar,
+// gives the same bits, whatever the pass. Bit-equality with the de-quantized float32 matrix is given up
+// (``--compute exact`` keeps it). A K-quant's per-chunk float scaling cost more than its products' split
+// (its scale d * sc and min dmin * mn made and applied at every chunk: Q4_K ran at 84-92% of Q4_0's rate at
+// one row, 1.08-1.16x with them removed; docs/real-sizes.md): Q8_K's spans leave one scaling a super-block.
 //
 // The SIMD paths read the weights packed (pack, ops.cpp): groups of QGROUP columns interleaved so that a
 // vector's lanes are columns and one weight load serves every row of a tile. uint8
@@ -244,7 +256,7 @@ inline PackedChunk<P> packed_chunk_at(P* w, WType t, int64_t g, int64_t b, int64
     P* r = w + (g * (K / QBLOCK) + b) * packed_chunk(t);
     return {r, r, 0};
   }
-  P* h = w + (g * (K / QK_K) + b / 8) * packed_bytes(t);
+  P* h = w + g * (K / QK_K) * packed_bytes(t) + b / 8 * packed_bytes(t);  // the group's part hoists out of a loop over b
   return {h + KHEAD + (b % 8) * packed_chunk(t), h, int(b % 8)};
 }
 // Column c's scale of half h (q6_k's weights 16..31: 1) and min of a packed chunk, as sub_block gives them.
@@ -260,16 +272,19 @@ inline float packed_min(const PackedChunk<const uint8_t>& pc, WType t, int64_t c
   return -(f16(pc.head + 32 + 2 * c) * float(pc.head[192 + QGROUP * pc.j + c]));
 }
 
-// x quantized (quantize_rows): row m's quants at q + m * K; its block b's d, d * s, c = -offset * s (the
-// start of a SIMD path's integer sum, whose packed quants are the weight's plus ``offset``) and c16, c's
-// part from the block's first 16 q (q6_k's two sums), at [m * K / 32 + b].
+// x quantized (quantize_rows): row m's quants at q + m * K; its block b's d (its span's), d * s, c = -offset *
+// s (the start of a SIMD path's integer sum, whose packed quants are the weight's plus ``offset``), c16, c's
+// part from the block's first 16 q (q6_k's two sums), and s as float32 (exact), at [m * K / 32 + b].
 struct QRows {
   int8_t* q;
   float* d;
   float* sd;
   int32_t* c;
   int32_t* c16;
+  float* s;
 };
+// The weights that share one scale of x: a K-quant's super-block (Q8_K), else a block (Q8_0).
+constexpr int64_t quant_span(WType t) { return super_packed(t) ? QK_K : QBLOCK; }
 
 struct QLinearArgs {
   QRows x;
@@ -284,10 +299,14 @@ struct QLinearArgs {
   int64_t ex_group = 0;
 };
 
-// Rows [m0, m1) of x [*, K] (row stride ldx) into ``out`` (the same bits on every path).
-void quantize_rows_ref(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0, int64_t m1);
-void quantize_rows_avx2(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0, int64_t m1);
-void quantize_rows_avx512(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0, int64_t m1);
+// Rows [m0, m1) of x [*, K] (row stride ldx) into ``out``, one scale a ``span`` (quant_span; K a multiple of it):
+// the same bits on every path.
+void quantize_rows_ref(const float* x, int64_t ldx, int64_t K, int64_t span, int32_t offset, const QRows& out,
+                       int64_t m0, int64_t m1);
+void quantize_rows_avx2(const float* x, int64_t ldx, int64_t K, int64_t span, int32_t offset, const QRows& out,
+                        int64_t m0, int64_t m1);
+void quantize_rows_avx512(const float* x, int64_t ldx, int64_t K, int64_t span, int32_t offset, const QRows& out,
+                          int64_t m0, int64_t m1);
 // The offset of a path's packed quants over the weight's: vpdpbusd multiplies uint8 weights (packed_format's);
 // AVX2's maddubs takes q8_0 as |q| x sign(x, q) (offset 0).
 constexpr int32_t vnni_offset(WType t) { return packed_format(t).offset; }

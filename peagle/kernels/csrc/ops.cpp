@@ -578,7 +578,7 @@ static at::Tensor run(const at::Tensor& x, const WeightView& w, const c10::optio
 }
 
 // The integer path (kernels.h): x quantized once, then the weight's columns.
-using Quantize = void (*)(const float*, int64_t, int64_t, int32_t, const QRows&, int64_t, int64_t);
+using Quantize = void (*)(const float*, int64_t, int64_t, int64_t, int32_t, const QRows&, int64_t, int64_t);
 struct QKernel {
   Quantize quantize;
   int32_t (*offset)(WType);
@@ -611,16 +611,16 @@ static QKernel qkernel_for(const std::string& isa) {
               "' (the file's blocks run on every instruction set)");
 }
 
-// x's quants for M rows of K, then each block's d, d * s, c and c16 (4 bytes each: aligned, K being a multiple
-// of 32), in the calling thread's scratch (kept between calls: a decoding step makes ~120 of these).
+// x's quants for M rows of K, then each block's d, d * s, c, c16 and s (4 bytes each: aligned, K being a
+// multiple of 32), in the calling thread's scratch (kept between calls: a decoding step makes ~120 of these).
 static QRows quant_scratch(int64_t M, int64_t K) {
   static thread_local std::vector<int32_t> scratch;
   const int64_t nb = K / QBLOCK;
-  scratch.resize(size_t((M * (K + 16 * nb) + 3) / 4));
+  scratch.resize(size_t((M * (K + 20 * nb) + 3) / 4));
   uint8_t* base = reinterpret_cast<uint8_t*>(scratch.data());
   return {reinterpret_cast<int8_t*>(base), reinterpret_cast<float*>(base + M * K),
           reinterpret_cast<float*>(base + M * K + 4 * M * nb), reinterpret_cast<int32_t*>(base + M * K + 8 * M * nb),
-          reinterpret_cast<int32_t*>(base + M * K + 12 * M * nb)};
+          reinterpret_cast<int32_t*>(base + M * K + 12 * M * nb), reinterpret_cast<float*>(base + M * K + 16 * M * nb)};
 }
 
 // Passes of up to this many rows inside a team (decoding, verification, drafting) quantize x in every thread,
@@ -636,19 +636,20 @@ static at::Tensor qrun(const at::Tensor& x, const WeightView& w, const c10::opti
   const int64_t N = w.N, K = w.K, M = c.M, nb = K / QBLOCK;
   const float* xp = c.x.data_ptr<float>();
   const int32_t offset = k.offset(w.wtype);
+  const int64_t span = quant_span(w.wtype);
   const int64_t units = w.packed ? N / QGROUP : N;
   if (team_size() && M <= OWN_QUANT_ROWS) {
     parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) {
       const QRows q = quant_scratch(M, K);
-      k.quantize(xp, K, K, offset, q, 0, M);
+      k.quantize(xp, K, K, span, offset, q, 0, M);
       k.linear({q, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>(), M, N, K, c.ldy, w.wtype}, u0, u1);
     });
     return c.result();
   }
   const QRows q = quant_scratch(M, K);
-  parallel_for(0, M, row_grain(), [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, offset, q, m0, m1); });
+  parallel_for(0, M, row_grain(), [&](int64_t m0, int64_t m1) { k.quantize(xp, K, K, span, offset, q, m0, m1); });
   for (int64_t m0 = 0; m0 < M; m0 += ROW_CHUNK) {
-    const QRows qc{q.q + m0 * K, q.d + m0 * nb, q.sd + m0 * nb, q.c + m0 * nb, q.c16 + m0 * nb};
+    const QRows qc{q.q + m0 * K, q.d + m0 * nb, q.sd + m0 * nb, q.c + m0 * nb, q.c16 + m0 * nb, q.s + m0 * nb};
     QLinearArgs a{qc, static_cast<const uint8_t*>(w.w), c.b(), c.y.data_ptr<float>() + m0 * c.ldy,
                   std::min(ROW_CHUNK, M - m0), N, K, c.ldy, w.wtype};
     parallel_for(0, units, k.grain, [&](int64_t u0, int64_t u1) { k.linear(a, u0, u1); });

@@ -192,26 +192,29 @@ void linear_ref(const LinearArgs& a, int64_t n0, int64_t n1, int lanes) {
   }
 }
 
-void quantize_rows_ref(const float* x, int64_t ldx, int64_t K, int32_t offset, const QRows& out, int64_t m0,
-                       int64_t m1) {
+void quantize_rows_ref(const float* x, int64_t ldx, int64_t K, int64_t span, int32_t offset, const QRows& out,
+                       int64_t m0, int64_t m1) {
   const int64_t nb = K / QBLOCK;
   for (int64_t m = m0; m < m1; ++m)
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* v = x + m * ldx + b * QBLOCK;
+    for (int64_t b0 = 0; b0 < K; b0 += span) {
+      const float* v = x + m * ldx + b0;
       float amax = 0.f;
-      for (int i = 0; i < QBLOCK; ++i) amax = std::max(amax, std::fabs(v[i]));
+      for (int i = 0; i < span; ++i) amax = std::max(amax, std::fabs(v[i]));
       const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-      int32_t s = 0, s16 = 0;
-      for (int i = 0; i < QBLOCK; ++i) {
-        const int q = int(std::nearbyint(v[i] * id));
-        out.q[m * K + b * QBLOCK + i] = int8_t(q);
-        s += q;
-        if (i == 15) s16 = s;
+      for (int64_t b = b0 / QBLOCK; b < (b0 + span) / QBLOCK; ++b) {
+        int32_t s = 0, s16 = 0;
+        for (int i = 0; i < QBLOCK; ++i) {
+          const int q = int(std::nearbyint(x[m * ldx + b * QBLOCK + i] * id));
+          out.q[m * K + b * QBLOCK + i] = int8_t(q);
+          s += q;
+          if (i == 15) s16 = s;
+        }
+        out.d[m * nb + b] = d;
+        out.sd[m * nb + b] = d * float(s);
+        out.c[m * nb + b] = -offset * s;
+        out.c16[m * nb + b] = -offset * s16;
+        out.s[m * nb + b] = float(s);
       }
-      out.d[m * nb + b] = d;
-      out.sd[m * nb + b] = d * float(s);
-      out.c[m * nb + b] = -offset * s;
-      out.c16[m * nb + b] = -offset * s16;
     }
 }
 
@@ -219,16 +222,33 @@ void quantize_rows_ref(const float* x, int64_t ldx, int64_t K, int32_t offset, c
 void qlinear_ref(const QLinearArgs& a, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / QBLOCK, RB = row_bytes(a.wtype, a.K);
   const PackedFormat f = packed_format(a.wtype);
+  const bool super = super_packed(a.wtype);
   for (int64_t m = 0; m < a.M; ++m)
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = a.w + n * RB;
-      float acc = 0.f;
+      float acc = 0.f, fs = 0.f;
+      int32_t mins = 0;
       for (int64_t b = 0; b < nb; ++b) {
         const SubBlock w = sub_block(row, a.wtype, b);
         const int8_t* xq = a.x.q + m * a.K + b * QBLOCK;
         const float dx = a.x.d[m * nb + b];
         int32_t isum[2] = {0, 0};
         for (int k = 0; k < QBLOCK; ++k) isum[k / 16] += int32_t(w.q[k]) * int32_t(xq[k]);
+        if (super) {  // Q8_K's: integer scales a chunk, one float scaling a super-block
+          if (b % 8 == 0) fs = 0.f, mins = 0;
+          if (f.scales == 2) {
+            fs = std::fma(float(w.sc[0]), float(isum[0]), fs);
+            fs = std::fma(float(w.sc[1]), float(isum[1]), fs);
+          } else {
+            fs = std::fma(float(w.sc[0]), float(isum[0] + isum[1]), fs);
+          }
+          mins += w.mn * int32_t(a.x.s[m * nb + b]);
+          if (b % 8 == 7) {
+            acc = std::fma(w.d, dx * fs, acc);
+            if (f.min) acc = std::fma(-w.dmin, dx * float(mins), acc);
+          }
+          continue;
+        }
         if (f.scales == 2) {
           acc = std::fma(w.s[0], dx * float(isum[0]), acc);
           acc = std::fma(w.s[1], dx * float(isum[1]), acc);

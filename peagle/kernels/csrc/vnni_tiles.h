@@ -59,21 +59,13 @@ struct VnniTiles {
   static ivec bit(ivec h, int from, int to) {
     return W::and_(from < to ? W::slli16(h, to - from) : W::srli16(h, from - to), W::set1_i8(char(1 << to)));
   }
-  // The column scales of half h (q6_k: 0 and 1) and the mins of a part's LANES columns of a chunk (kernels.h's
-  // packed layout): the file's fp16 values, or a K-quant's d * sc and dmin * mn, the exact products sub_block makes.
-  static fvec scales(const PackedChunk<const uint8_t>& pc, int64_t part, int h) {
-    if constexpr (super_packed(T)) {
-      const fvec d = W::load_ph(pc.head + 2 * W::LANES * part);
-      if constexpr (T == WType::q6_k) return W::mul(d, W::load_i8_f(pc.head + 32 + QGROUP * (2 * pc.j + h) + W::LANES * part));
-      else return W::mul(d, W::load_u8_f(pc.head + 64 + QGROUP * pc.j + W::LANES * part));
-    } else {
-      return W::load_ph(pc.rec + 2 * W::LANES * part);
-    }
-  }
-  static fvec mins(const PackedChunk<const uint8_t>& pc, int64_t part) {  // a K-quant's: dmin * mn, the min negated
-    if constexpr (super_packed(T)) return W::mul(W::load_ph(pc.head + 32 + 2 * W::LANES * part),
-                                                 W::load_u8_f(pc.head + 192 + QGROUP * pc.j + W::LANES * part));
-    else return W::load_ph(pc.rec + 2 * (QGROUP + W::LANES * part));
+  // The column scales (fp16) and mins (the min negated) of a part's LANES columns of a 32-weight format's chunk.
+  static fvec scales(const PackedChunk<const uint8_t>& pc, int64_t part) { return W::load_ph(pc.rec + 2 * W::LANES * part); }
+  static fvec mins(const PackedChunk<const uint8_t>& pc, int64_t part) { return W::load_ph(pc.rec + 2 * (QGROUP + W::LANES * part)); }
+  // A K-quant chunk's integer scales of half h (q6_k: 0 and 1) as float32, a part's LANES columns (the header's sc).
+  static fvec kscales(const PackedChunk<const uint8_t>& pc, int64_t part, int h) {
+    if constexpr (T == WType::q6_k) return W::load_i8_f(pc.head + 32 + QGROUP * (2 * pc.j + h) + W::LANES * part);
+    else return W::load_u8_f(pc.head + 64 + QGROUP * pc.j + W::LANES * part);
   }
   // The bit planes of a chunk whose (part's) quants start at q: they lie just before them.
   static void planes_of(const uint8_t* q, ivec* planes) {
@@ -88,13 +80,57 @@ struct VnniTiles {
       hi = W::or_(hi, bit(planes[h], 4 + v, 4 + h));
     }
   }
-  // acc plus a chunk's integer sums is[0 .. SUMS) scaled: the part's column scales (and mins), the row's d (and d
-  // times its sum, sd). A K-quant's min term is (dmin * mn) * -sd: the product of m = -(dmin * mn) and sd, exactly.
+  // acc plus a 32-weight format's chunk: its integer sums is[0 .. SUMS) scaled by the part's column scales
+  // (and its min), the row's d (and d times its sum, sd).
   static fvec epilogue(fvec acc, const PackedChunk<const uint8_t>& pc, int64_t part, const ivec* is, float d, float sd) {
     const fvec dx = W::set1_f(d);
-    for (int h = 0; h < SUMS; ++h) acc = W::fma(scales(pc, part, h), W::mul(W::cvt_f(is[h]), dx), acc);
-    if constexpr (F.min) acc = W::fma(mins(pc, part), W::set1_f(super_packed(T) ? -sd : sd), acc);
+    for (int h = 0; h < SUMS; ++h) acc = W::fma(scales(pc, part), W::mul(W::cvt_f(is[h]), dx), acc);
+    if constexpr (F.min) acc = W::fma(mins(pc, part), W::set1_f(sd), acc);
     return acc;
+  }
+  // Chunk b's integer sums is (rows m .. m+R of x, units u .. u+G, chunks pc) into the tile's results: a 32-weight
+  // format's epilogue into acc; a K-quant's (Q8_K's arithmetic, kernels.h) scaled by its integer scales into its
+  // super-block's f, and at the super-block's last chunk f and the mins into acc, each unit's scales and mins
+  // made once for the R rows. The mins' sum is of integers under 2^24: exact in any order.
+  template <int R, int G>
+  static void fold(fvec (&acc)[R][G], fvec (&f)[R][G], const PackedChunk<const uint8_t> (&pc)[G], int64_t u,
+                   const ivec (&is)[SUMS][R][G], const QRows& x, int64_t m, int64_t nb, int64_t b) {
+    const int c = int(b % 8);  // the chunk's place in its super-block (every unit's: one branch, not G)
+#pragma GCC unroll 8  // else GCC kept this loop rolled, its sums and results on the stack (Q4_K, one row)
+    for (int j = 0; j < G; ++j) {
+      const int64_t part = (u + j) % PARTS;
+      if constexpr (!super_packed(T)) {
+        for (int r = 0; r < R; ++r) {
+          ivec sums[SUMS];
+          for (int h = 0; h < SUMS; ++h) sums[h] = is[h][r][j];
+          acc[r][j] = epilogue(acc[r][j], pc[j], part, sums, x.d[(m + r) * nb + b], x.sd[(m + r) * nb + b]);
+        }
+      } else {
+        fvec sc[SUMS];
+        for (int h = 0; h < SUMS; ++h) sc[h] = kscales(pc[j], part, h);
+        for (int r = 0; r < R; ++r) {
+          if (c == 0) f[r][j] = W::zero_f();
+          for (int h = 0; h < SUMS; ++h) f[r][j] = W::fma(sc[h], W::cvt_f(is[h][r][j]), f[r][j]);
+        }
+        if (c != 7) continue;
+        const fvec d = W::load_ph(pc[j].head + 2 * W::LANES * part);
+        fvec mn[F.min ? 8 : 1], dmin = W::zero_f();
+        if constexpr (F.min) {
+          for (int c = 0; c < 8; ++c) mn[c] = W::load_u8_f(pc[j].head + 192 + QGROUP * c + W::LANES * part);
+          dmin = W::mul(W::load_ph(pc[j].head + 32 + 2 * W::LANES * part), W::set1_f(-1.f));
+        }
+        for (int r = 0; r < R; ++r) {
+          const int64_t xb = (m + r) * nb + b;
+          const fvec dx = W::set1_f(x.d[xb]);
+          acc[r][j] = W::fma(d, W::mul(dx, f[r][j]), acc[r][j]);
+          if constexpr (F.min) {
+            fvec t = W::zero_f();
+            for (int c = 0; c < 8; ++c) t = W::fma(mn[c], W::set1_f(x.s[xb - 7 + c]), t);
+            acc[r][j] = W::fma(dmin, W::mul(dx, t), acc[r][j]);
+          }
+        }
+      }
+    }
   }
   // Column group g's quants, every chunk, split into a uint8 weight a byte (the bit planes added) at out: Q8_0's
   // packed quants (vector v: weights 4v .. 4v+3 of each column), EXPANDED bytes a chunk. A pass of many rows
@@ -147,7 +183,7 @@ struct VnniTiles {
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
     constexpr int64_t QOFF = packed_quants(T);
     const int64_t nb = a.K / QBLOCK;
-    fvec acc[R][G];
+    fvec acc[R][G], f[R][G];
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < G; ++j) acc[r][j] = W::zero_f();
     for (int64_t b = 0; b < nb; ++b) {
@@ -225,15 +261,7 @@ struct VnniTiles {
           }
         }
       }
-      for (int j = 0; j < G; ++j) {
-        const int64_t part = (u + j) % PARTS;
-        for (int r = 0; r < R; ++r) {
-          const int64_t xb = (m + r) * nb + b;
-          ivec sums[SUMS];
-          for (int h = 0; h < SUMS; ++h) sums[h] = is[h][r][j];
-          acc[r][j] = epilogue(acc[r][j], pc[j], part, sums, a.x.d[xb], a.x.sd[xb]);
-        }
-      }
+      fold<R, G>(acc, f, pc, u, is, a.x, m, nb, b);
     }
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < G; ++j) {
