@@ -247,6 +247,7 @@ struct VnniTiles {
         } else {  // vpdpbusd into int32: the loop the VNNI tiles were timed with, kept apart from the one above
           // (a shared body through a lambda, or the unroll pragma, changed their instructions, and GCC 12 takes no
           // template-dependent unroll count); the two differ in the sums, not in the split or the broadcasts
+#pragma GCC unroll 4  // else GCC left it rolled for the bit-plane formats: shifts by a register, sums on the stack
           for (int v = 0; v < 4; ++v) {
             ivec lo[G], hi[G];
             for (int j = 0; j < G; ++j) split(p[j], planes[j], v, lo[j], hi[j]);
