@@ -255,7 +255,7 @@ void units(const QLinearArgs& a, int64_t u0, int64_t u1) {
       for (int r = 0; r < R; ++r) acc[r][0][0] = _mm512_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
         const PackedChunk<const uint8_t> pc = packed_chunk_at(a.w, T, u, b, a.K), one[1] = {pc};
-        if (u + 1 < u1) V::prefetch(a, u + 1, b);  // the next group's chunk
+        if (u + 1 < u1) V::prefetch(a.w + (u + 1) * packed_group_bytes(T, a.K), packed_chunk_offsets(T, b));  // the next group's chunk
         U::weights(chunk_rows<T>(pc.rec, wbuf));
         U::sums(R != full, a.x.q + m0 * a.K + b * QBLOCK, a.K, sums);
         for (int r = 0; r < R; ++r) {

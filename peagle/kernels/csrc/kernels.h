@@ -250,14 +250,23 @@ struct PackedChunk {
   P* head;
   int j;
 };
+// Chunk b's record and header as offsets from its packed group's start (groups packed_group_bytes apart): the
+// same in every group, so a tile over several groups makes them once a chunk and its loads add them to each
+// group's base (Q4_K's one-row tile had made each unit's pointers apart: 35 scalar instructions a chunk, not 6).
+struct ChunkOffsets {
+  int64_t rec, head;
+  int j;
+};
+constexpr ChunkOffsets packed_chunk_offsets(WType t, int64_t b) {
+  if (!super_packed(t)) return {b * packed_chunk(t), b * packed_chunk(t), 0};
+  return {b / 8 * packed_bytes(t) + KHEAD + b % 8 * packed_chunk(t), b / 8 * packed_bytes(t), int(b % 8)};
+}
+constexpr int64_t packed_group_bytes(WType t, int64_t K) { return K / block_weights(t) * packed_bytes(t); }
 template <class P>
 inline PackedChunk<P> packed_chunk_at(P* w, WType t, int64_t g, int64_t b, int64_t K) {
-  if (!super_packed(t)) {
-    P* r = w + (g * (K / QBLOCK) + b) * packed_chunk(t);
-    return {r, r, 0};
-  }
-  P* h = w + g * (K / QK_K) * packed_bytes(t) + b / 8 * packed_bytes(t);  // the group's part hoists out of a loop over b
-  return {h + KHEAD + (b % 8) * packed_chunk(t), h, int(b % 8)};
+  P* base = w + g * packed_group_bytes(t, K);
+  const ChunkOffsets o = packed_chunk_offsets(t, b);
+  return {base + o.rec, base + o.head, o.j};
 }
 // Column c's scale of half h (q6_k's weights 16..31: 1) and min of a packed chunk, as sub_block gives them.
 inline float packed_scale(const PackedChunk<const uint8_t>& pc, WType t, int64_t c, int h) {

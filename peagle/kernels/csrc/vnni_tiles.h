@@ -167,12 +167,13 @@ struct VnniTiles {
     static void tile(const QLinearArgs& a, int64_t m, int64_t u) { VnniTiles::tile<R, G, true>(a, m, u); }
   };
 
-  // The next tile's chunk b (and, at a super-block's start, its header) on its way to the cache.
-  static void prefetch(const QLinearArgs& a, int64_t group, int64_t b) {
-    const PackedChunk<const uint8_t> pc = packed_chunk_at(a.w, T, group, b, a.K);
-    for (int64_t l = 0; l < packed_chunk(T); l += 64) __builtin_prefetch(pc.rec + l, 0, 3);
-    if (super_packed(T) && pc.j == 0)
-      for (int64_t l = 0; l < KHEAD; l += 64) __builtin_prefetch(pc.head + l, 0, 3);
+  // The next tile's chunk b (and, at a super-block's start, its header) on its way to the cache. Inlined always:
+  // GCC takes a function of prefetches alone for one without effects and drops its calls (its IPA pure-const
+  // pass), which it had done to every call of this one on AVX512-VNNI and AVX-VNNI until 2026-12-01.
+  [[gnu::always_inline]] static inline void prefetch(const uint8_t* group, const ChunkOffsets& o) {
+    for (int64_t l = 0; l < packed_chunk(T); l += 64) __builtin_prefetch(group + o.rec + l, 0, 3);
+    if (super_packed(T) && o.j == 0)
+      for (int64_t l = 0; l < KHEAD; l += 64) __builtin_prefetch(group + o.head + l, 0, 3);
   }
 
   // Rows [m, m+R) x units [u, u+G): R*G (q6_k: 2R*G) int32 vectors per chunk (starting from the row's
@@ -182,7 +183,7 @@ struct VnniTiles {
   template <int R, int G, bool EX = false>
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
     constexpr int64_t QOFF = packed_quants(T);
-    const int64_t nb = a.K / QBLOCK;
+    const int64_t nb = a.K / QBLOCK, GB = packed_group_bytes(T, a.K);
     fvec acc[R][G], f[R][G];
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < G; ++j) acc[r][j] = W::zero_f();
@@ -198,10 +199,12 @@ struct VnniTiles {
       }
       const uint8_t* p[G];  // each unit's quants in this block (split already where a.ex holds them)
       PackedChunk<const uint8_t> pc[G];
+      const ChunkOffsets o = packed_chunk_offsets(T, b);
       for (int j = 0; j < G; ++j) {
         const int64_t part = (u + j) % PARTS;
-        pc[j] = packed_chunk_at(a.w, T, (u + j) / PARTS, b, a.K);
-        if constexpr (prefetches(R, G) && !EX) prefetch(a, (u + G + j) / PARTS, b);  // every 64-byte line holds each part
+        const uint8_t* group = a.w + (u + j) / PARTS * GB;
+        pc[j] = {group + o.rec, group + o.head, o.j};
+        if constexpr (prefetches(R, G) && !EX) prefetch(a.w + (u + G + j) / PARTS * GB, o);  // every 64-byte line holds each part
         if constexpr (EX) p[j] = a.ex + (((u + j) / PARTS - a.ex_group) * (a.K / QBLOCK) + b) * EXPANDED + 4 * W::LANES * part;
         else p[j] = pc[j].rec + QOFF + 4 * W::LANES * part;
       }
