@@ -252,7 +252,7 @@ struct PackedChunk {
 };
 // Chunk b's record and header as offsets from its packed group's start (groups packed_group_bytes apart): the
 // same in every group, so a tile over several groups makes them once a chunk and its loads add them to each
-// group's base (Q4_K's one-row tile had made each unit's pointers apart: 35 scalar instructions a chunk, not 6).
+// group's base (Q4_K's one-row tile had computed each unit's pointers apart, from the group and the chunk).
 struct ChunkOffsets {
   int64_t rec, head;
   int j;

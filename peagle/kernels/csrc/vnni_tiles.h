@@ -116,7 +116,7 @@ struct VnniTiles {
         const fvec d = W::load_ph(pc[j].head + 2 * W::LANES * part);
         fvec mn[F.min ? 8 : 1], dmin = W::zero_f();
         if constexpr (F.min) {
-          for (int c = 0; c < 8; ++c) mn[c] = W::load_u8_f(pc[j].head + 192 + QGROUP * c + W::LANES * part);
+          for (int k = 0; k < 8; ++k) mn[k] = W::load_u8_f(pc[j].head + 192 + QGROUP * k + W::LANES * part);
           dmin = W::mul(W::load_ph(pc[j].head + 32 + 2 * W::LANES * part), W::set1_f(-1.f));
         }
         for (int r = 0; r < R; ++r) {
@@ -125,7 +125,7 @@ struct VnniTiles {
           acc[r][j] = W::fma(d, W::mul(dx, f[r][j]), acc[r][j]);
           if constexpr (F.min) {
             fvec t = W::zero_f();
-            for (int c = 0; c < 8; ++c) t = W::fma(mn[c], W::set1_f(x.s[xb - 7 + c]), t);
+            for (int k = 0; k < 8; ++k) t = W::fma(mn[k], W::set1_f(x.s[xb - 7 + k]), t);
             acc[r][j] = W::fma(dmin, W::mul(dx, t), acc[r][j]);
           }
         }
@@ -248,8 +248,8 @@ struct VnniTiles {
             }
           }
         } else {  // vpdpbusd into int32: the loop the VNNI tiles were timed with, kept apart from the one above
-          // (a shared body through a lambda, or the unroll pragma, changed their instructions, and GCC 12 takes no
-          // template-dependent unroll count); the two differ in the sums, not in the split or the broadcasts
+          // (a shared body through a lambda changed their instructions, and GCC 12 takes no template-dependent
+          // unroll count); the two differ in the sums, not in the split or the broadcasts
 #pragma GCC unroll 4  // else GCC left it rolled for the bit-plane formats: shifts by a register, sums on the stack
           for (int v = 0; v < 4; ++v) {
             ivec lo[G], hi[G];
