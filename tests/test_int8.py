@@ -103,18 +103,15 @@ def chunks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         sc = blocks[..., 192:208].contiguous().view(torch.int8).float().reshape(n, nb, 8, 2)
         s = half(blocks[..., 208:210])[..., None, None] * sc
         return (ql | qh << 4).reshape(n, -1, 32) - 32, s.reshape(n, -1, 2), m
-    sc = b[..., 4:16]  # get_scale_min_k4
-    lo, hi = j.clamp(max=3), j.clamp(min=4)
-    scale = torch.where(j < 4, sc[..., lo] & 63, (sc[..., hi + 4] & 15) | (sc[..., hi - 4] >> 6) << 4)
-    mn = torch.where(j < 4, sc[..., lo + 4] & 63, (sc[..., hi + 4] >> 4) | (sc[..., hi] >> 6) << 4)
     at = 48 if f.name == "q5_k" else 16
     q = b[..., at:at + 128].reshape(n, nb, 4, 1, 32) >> torch.tensor([0, 4])[:, None] & 15  # [.., 4, 2, 32]
     q = q.reshape(n, nb, 8, 32)
     if f.name == "q5_k":
         q = q | (b[..., 16:48, None] >> j & 1).transpose(-1, -2) << 4
-    s = half(blocks[..., 0:2])[..., None] * scale.float()
-    m = -(half(blocks[..., 2:4])[..., None] * mn.float())
-    return q.reshape(n, -1, 32), torch.stack([s, s], -1).reshape(n, -1, 2), m.reshape(n, -1)
+    d, dmin, scale, mn = kquant_ints(blocks)
+    s = d.repeat_interleave(8, -1)[..., None] * scale.float()
+    m = -(dmin.repeat_interleave(8, -1) * mn.float())
+    return q.reshape(n, -1, 32), s, m
 
 
 def kquant_ints(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
