@@ -15,6 +15,7 @@ process of its own, the order swapped every pair): a host whose speed drifts ove
 
     python benchmarks/real_sizes/bench.py FILE.gguf [...] --threads 1,2 --llama BIN --out DIR
     python benchmarks/real_sizes/bench.py FILE.gguf [...] --only start --reps 3   # starts alone: start.json
+    python benchmarks/real_sizes/bench.py FILE.gguf [...] --only pairs           # decoding's pairs alone: pairs.json
 
 Raw outputs (llama-bench's JSON, each child's stderr) and ``results.json`` go to DIR; the table is printed.
 """
@@ -123,6 +124,21 @@ def tg_pair(bench: str, path: str, threads: int, env: dict, swap: bool) -> tuple
     return lt, peagle()
 
 
+def tg_pairs(bench: str, path: str, threads: int, env: dict, n: int) -> dict:
+    """``n`` alternating :func:`tg_pair` runs, the order swapped every pair: each engine's tokens/s and the median of
+    the pairs' ratios (peagle / llama-bench)."""
+    pairs = [tg_pair(bench, path, threads, env, swap=i % 2 == 1) for i in range(n)]
+    return {"llama": [x[0] for x in pairs], "peagle": [x[1] for x in pairs],
+            "ratio_median": statistics.median(p / lt for lt, p in pairs)}
+
+
+def pairs_line(key: str, r: dict) -> str:
+    """A file's decoding pairs as the table's lines give them: median ratio (range; median tok/s each)."""
+    ratios = sorted(p / lt for lt, p in zip(r["llama"], r["peagle"]))
+    return (f"{key}: tg pairs {r['ratio_median']:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}; "
+            f"{statistics.median(r['peagle']):.2f} / {statistics.median(r['llama']):.2f} tok/s)")
+
+
 def child_run(path: str, env: dict, *args: str) -> tuple[dict, str]:
     """``inner`` on ``path`` in a child process (its thread count in ``env``): (its result, its stderr)."""
     child = subprocess.run([sys.executable, __file__, "--inner", path, *args], capture_output=True, text=True, env=env)
@@ -192,8 +208,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3, help="llama-bench repetitions; peagle's rounds of steps x 4")
     ap.add_argument("--out", default="docs/results/real-sizes")
     ap.add_argument("--pairs", type=int, default=3, help="alternating pairs of decoding runs (the ratio's median)")
-    ap.add_argument("--only", choices=["start", "tg"], default=None,
-                    help="start: only the starts (and peak RSS); tg: a child's plain steps alone (with --inner)")
+    ap.add_argument("--only", choices=["start", "pairs", "tg"], default=None,
+                    help="start: only the starts (and peak RSS); pairs: only decoding's alternating pairs; "
+                         "tg: a child's plain steps alone (with --inner)")
     ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
@@ -207,13 +224,23 @@ def main() -> int:
     if args.only == "start":
         start_only(args, bench, out)
         return 0
+    if args.only == "pairs":  # a second look at a file's decoding ratio without the whole run (15 min at 8B)
+        results = {}
+        for path in args.files:
+            for t in (int(x) for x in args.threads.split(",")):
+                env = {**os.environ, "PEAGLE_TORCH_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
+                key = f"{Path(path).name} t{t}"
+                results[key] = tg_pairs(bench, path, t, env, args.pairs)
+                (out / "pairs.json").write_text(json.dumps(results, indent=1))
+                print(pairs_line(key, results[key]), flush=True)
+        return 0
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
     for path in args.files:
         for t in (int(x) for x in args.threads.split(",")):
             key = f"{Path(path).name} t{t}"
             env = {**os.environ, "PEAGLE_TORCH_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
             stem = out / key.replace(" ", "-")
-            pairs = [tg_pair(bench, path, t, env, swap=i % 2 == 1) for i in range(args.pairs)]
+            pairs = tg_pairs(bench, path, t, env, args.pairs)
             lb = llama_bench(bench, path, t, args.reps, stem.with_suffix(".llama-bench.json"))
             (l_wall, l_rss), (p_wall, p_rss, err) = starts(bench, path, t, env)
             log = stem.with_suffix(".peagle.log")
@@ -221,16 +248,11 @@ def main() -> int:
             pg, child_err = child_run(path, env, "--reps", str(args.reps))
             log.write_text(err + child_err)
             size = Path(path).stat().st_size
-            ratios = sorted(p / lt for lt, p in pairs)
             results[key] = {"file_bytes": size, "llama": {**lb, "start_s": l_wall, "rss": l_rss},
-                            "peagle": {**pg, "start_s": p_wall, "rss": p_rss},
-                            "tg_pairs": {"llama": [x[0] for x in pairs], "peagle": [x[1] for x in pairs],
-                                         "ratio_median": statistics.median(ratios)}}
+                            "peagle": {**pg, "start_s": p_wall, "rss": p_rss}, "tg_pairs": pairs}
             (out / "results.json").write_text(json.dumps(results, indent=1))
             r = results[key]
-            p_tg, l_tg = (statistics.median(x[i] for x in pairs) for i in (1, 0))
-            print(f"{key}: tg pairs {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}; "
-                  f"{p_tg:.2f} / {l_tg:.2f} tok/s); "
+            print(f"{pairs_line(key, pairs)}; "
                   f"tg {pg['tg']:.2f} / {lb['tg']:.2f} = {pg['tg'] / lb['tg']:.2f}x; pp512 {pg['pp512']:.1f} / "
                   f"{lb['pp512']:.1f}; start {p_wall:.1f} / {l_wall:.1f} s; RSS {p_rss / 1e9:.2f} / "
                   f"{l_rss / 1e9:.2f} GB (file {size / 1e9:.2f}); rounds {r['peagle']['round_over_step']}; floor "
