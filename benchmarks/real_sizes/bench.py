@@ -78,6 +78,14 @@ def starts(bench: str, path: str, threads: int, env: dict) -> tuple[tuple[float,
     return (l_wall, l_rss), timed(peagle_start(path), env)
 
 
+def runs(args):
+    """(file, threads, its results' key, the child's environment) for every file and thread count asked for."""
+    for path in args.files:
+        for t in (int(x) for x in args.threads.split(",")):
+            env = {**os.environ, "PEAGLE_TORCH_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
+            yield path, t, f"{Path(path).name} t{t}", env
+
+
 def start_only(args, bench: str, out: Path) -> None:
     """``--only start``: per file, peagle's first start (its packed cache written; ``PEAGLE_PACKED_CACHE`` as set),
     then ``--reps`` alternating pairs of later starts, then the cache deleted; medians, all raw figures to
@@ -85,25 +93,23 @@ def start_only(args, bench: str, out: Path) -> None:
     from peagle.models.loader import packed_cache_dir
 
     results = {}
-    for path in args.files:
-        for t in (int(x) for x in args.threads.split(",")):
-            env = {**os.environ, "PEAGLE_TORCH_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
-            where = packed_cache_dir()
-            for f in (where.glob(f"{Path(path).name}.*.packed") if where else []):
-                f.unlink()
-            first = timed(peagle_start(path), env)[:2]
-            pairs = [starts(bench, path, t, env) for _ in range(args.reps)]
-            med = lambda xs: statistics.median(xs)  # noqa: E731
-            r = {"file_bytes": Path(path).stat().st_size, "peagle_first": first,
-                 "llama": [p[0] for p in pairs], "peagle": [p[1][:2] for p in pairs]}
-            results[f"{Path(path).name} t{t}"] = r
-            (out / "start.json").write_text(json.dumps(results, indent=1))
-            for f in (where.glob(f"{Path(path).name}.*.packed") if where else []):
-                f.unlink()  # a cache is the file's size again: the next file's may not fit beside it
-            lw, pw = med([x[0] for x in r["llama"]]), med([x[0] for x in r["peagle"]])
-            print(f"{Path(path).name} t{t}: start {pw:.2f} / {lw:.2f} s = {pw / lw:.2f}x (first {first[0]:.1f} s); "
-                  f"peak RSS {max(x[1] for x in r['peagle']) / 1e9:.2f} / {max(x[1] for x in r['llama']) / 1e9:.2f} GB "
-                  f"(file {r['file_bytes'] / 1e9:.2f}, first {first[1] / 1e9:.2f})", flush=True)
+    for path, t, key, env in runs(args):
+        where = packed_cache_dir()
+        for f in (where.glob(f"{Path(path).name}.*.packed") if where else []):
+            f.unlink()
+        first = timed(peagle_start(path), env)[:2]
+        pairs = [starts(bench, path, t, env) for _ in range(args.reps)]
+        med = lambda xs: statistics.median(xs)  # noqa: E731
+        r = {"file_bytes": Path(path).stat().st_size, "peagle_first": first,
+             "llama": [p[0] for p in pairs], "peagle": [p[1][:2] for p in pairs]}
+        results[key] = r
+        (out / "start.json").write_text(json.dumps(results, indent=1))
+        for f in (where.glob(f"{Path(path).name}.*.packed") if where else []):
+            f.unlink()  # a cache is the file's size again: the next file's may not fit beside it
+        lw, pw = med([x[0] for x in r["llama"]]), med([x[0] for x in r["peagle"]])
+        print(f"{key}: start {pw:.2f} / {lw:.2f} s = {pw / lw:.2f}x (first {first[0]:.1f} s); "
+              f"peak RSS {max(x[1] for x in r['peagle']) / 1e9:.2f} / {max(x[1] for x in r['llama']) / 1e9:.2f} GB "
+              f"(file {r['file_bytes'] / 1e9:.2f}, first {first[1] / 1e9:.2f})", flush=True)
 
 
 def tg_pair(bench: str, path: str, threads: int, env: dict, swap: bool) -> tuple[float, float]:
@@ -226,37 +232,31 @@ def main() -> int:
         return 0
     if args.only == "pairs":  # a second look at a file's decoding ratio without the whole run (15 min at 8B)
         results = {}
-        for path in args.files:
-            for t in (int(x) for x in args.threads.split(",")):
-                env = {**os.environ, "PEAGLE_TORCH_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
-                key = f"{Path(path).name} t{t}"
-                results[key] = tg_pairs(bench, path, t, env, args.pairs)
-                (out / "pairs.json").write_text(json.dumps(results, indent=1))
-                print(pairs_line(key, results[key]), flush=True)
+        for path, t, key, env in runs(args):
+            results[key] = tg_pairs(bench, path, t, env, args.pairs)
+            (out / "pairs.json").write_text(json.dumps(results, indent=1))
+            print(pairs_line(key, results[key]), flush=True)
         return 0
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
-    for path in args.files:
-        for t in (int(x) for x in args.threads.split(",")):
-            key = f"{Path(path).name} t{t}"
-            env = {**os.environ, "PEAGLE_TORCH_THREADS": str(t), "OMP_NUM_THREADS": str(t)}
-            stem = out / key.replace(" ", "-")
-            pairs = tg_pairs(bench, path, t, env, args.pairs)
-            lb = llama_bench(bench, path, t, args.reps, stem.with_suffix(".llama-bench.json"))
-            (l_wall, l_rss), (p_wall, p_rss, err) = starts(bench, path, t, env)
-            log = stem.with_suffix(".peagle.log")
-            log.write_text(err)  # the start's, kept where the full run's child fails (its tail in the error)
-            pg, child_err = child_run(path, env, "--reps", str(args.reps))
-            log.write_text(err + child_err)
-            size = Path(path).stat().st_size
-            results[key] = {"file_bytes": size, "llama": {**lb, "start_s": l_wall, "rss": l_rss},
-                            "peagle": {**pg, "start_s": p_wall, "rss": p_rss}, "tg_pairs": pairs}
-            (out / "results.json").write_text(json.dumps(results, indent=1))
-            r = results[key]
-            print(f"{pairs_line(key, pairs)}; "
-                  f"tg {pg['tg']:.2f} / {lb['tg']:.2f} = {pg['tg'] / lb['tg']:.2f}x; pp512 {pg['pp512']:.1f} / "
-                  f"{lb['pp512']:.1f}; start {p_wall:.1f} / {l_wall:.1f} s; RSS {p_rss / 1e9:.2f} / "
-                  f"{l_rss / 1e9:.2f} GB (file {size / 1e9:.2f}); rounds {r['peagle']['round_over_step']}; floor "
-                  f"{pg['tg'] / pg['floor_tg']:.0%} (llama {lb['tg'] / pg['floor_tg']:.0%})", flush=True)
+    for path, t, key, env in runs(args):
+        stem = out / key.replace(" ", "-")
+        pairs = tg_pairs(bench, path, t, env, args.pairs)
+        lb = llama_bench(bench, path, t, args.reps, stem.with_suffix(".llama-bench.json"))
+        (l_wall, l_rss), (p_wall, p_rss, err) = starts(bench, path, t, env)
+        log = stem.with_suffix(".peagle.log")
+        log.write_text(err)  # the start's, kept where the full run's child fails (its tail in the error)
+        pg, child_err = child_run(path, env, "--reps", str(args.reps))
+        log.write_text(err + child_err)
+        size = Path(path).stat().st_size
+        results[key] = {"file_bytes": size, "llama": {**lb, "start_s": l_wall, "rss": l_rss},
+                        "peagle": {**pg, "start_s": p_wall, "rss": p_rss}, "tg_pairs": pairs}
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        r = results[key]
+        print(f"{pairs_line(key, pairs)}; "
+              f"tg {pg['tg']:.2f} / {lb['tg']:.2f} = {pg['tg'] / lb['tg']:.2f}x; pp512 {pg['pp512']:.1f} / "
+              f"{lb['pp512']:.1f}; start {p_wall:.1f} / {l_wall:.1f} s; RSS {p_rss / 1e9:.2f} / "
+              f"{l_rss / 1e9:.2f} GB (file {size / 1e9:.2f}); rounds {r['peagle']['round_over_step']}; floor "
+              f"{pg['tg'] / pg['floor_tg']:.0%} (llama {lb['tg'] / pg['floor_tg']:.0%})", flush=True)
     return 0
 
 
