@@ -299,7 +299,7 @@ struct Ymm2 : YmmBase {
   static ivec widen(ivec acc, ivec acc16) { return _mm256_add_epi32(acc, _mm256_madd_epi16(acc16, _mm256_set1_epi16(1))); }
 };
 
-// The K-quants' (Q4_K, Q5_K, Q6_K) tiles of 1 and 2 rows (decoding, short verify passes, where the weights stream
+// The K-quants' (Q4_K, Q5_K, Q6_K) tiles of 1-4 rows (decoding, short verify passes, where the weights stream
 // from memory), as Avx2Int's are built: VnniTiles' split and epilogue (the same bits) with
 // - the maddubs results added in int16 (Ymm2::i16_steps at a time, then one madd), in order: with int32 sums, GCC
 //   made a tree of the one-row tile's 32 sums a chunk (four units wide) and spilled it to the stack;
@@ -309,23 +309,39 @@ struct Ymm2 : YmmBase {
 // Zen 3, 2 threads, in one process against VnniTiles' tiles: one Q4_K matrix of 2,048 x 2,048 in the cache, one
 // thread, 129 against 173 us (Q4_0 130); the 1B Q4_K_M file's matrices streamed, one row 40.5-43.7 against
 // 52.5-55.5 ms a sweep (one group wide against VnniTiles' fastest, wide), two rows 54.7 against 69.9; plain
-// steps 1B 42.9 against 54.0 ms, 3B 115.9 against 132.5. Taller tiles (3+ rows, prefill) are VnniTiles'.
+// steps 1B 42.9 against 54.0 ms, 3B 115.9 against 132.5. A verify pass of 3 or 4 rows (K=2, K=3) runs each
+// packed group as two half tiles, each asking for its half of the next group's lines, as Avx2Int's (VnniTiles'
+// 3- and 4-row tiles do not prefetch): under PEAGLE_ISA=avx2 on a
+// Sapphire Rapids Xeon, 16 matrices of 8,192 x 3,072 streamed, 2 threads, 4 rows Q4_K 15.6-17.1 against
+// 20.5-21.0 ms a sweep, Q6_K 24.9-26.4 against 27.2-27.9, 3 rows 1.25x and 1.17x; a 3B Q4_K_M K=3 round 0.94-0.95x
+// the time. Taller passes (5-8 rows, prefill) keep VnniTiles' tiles.
 template <WType T>
 struct Avx2KQuant : VnniTiles<Ymm2, T> {
   using V = VnniTiles<Ymm2, T>;
   template <int R, int G, bool EX = false>
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
-    if constexpr (R > 2 || EX) V::template tile<R, G, EX>(a, m, u);
-    else rows<R, G>(a, m, u);
+    if constexpr (R <= 2 && !EX) {
+      rows<R, G>(a, m, u);
+    } else {
+      if constexpr (!EX) {
+        if (a.M == R) {  // a verify pass of 3-4 rows: a half group a tile, as Avx2Int's
+          for (int j = 0; j < G; ++j) rows<R, 1>(a, m, u + j);
+          return;
+        }
+      }
+      V::template tile<R, G, EX>(a, m, u);
+    }
   }
 
   template <int R, int G>
   static void rows(const QLinearArgs& a, int64_t m, int64_t u) {
     constexpr int SUMS = V::SUMS, VW = V::VW, PLANES = V::F.planes;
     constexpr int64_t PC = packed_chunk(T), PB = packed_bytes(T), QOFF = packed_quants(T), PARTS = V::PARTS;
-    constexpr bool PREFETCH = G == PARTS;  // one packed group: one read stream
+    constexpr bool PREFETCH = G == PARTS, HALF = R > 2;  // one packed group: one read stream; half of one
+    constexpr int64_t HALF_LINES = (PB / 8 + 127) / 128;  // a half tile's share of the next group, a chunk
     static_assert(V::STEPS > 0, "int16 sums");
     const int64_t nb = a.K / QBLOCK, ns = a.K / QK_K;
+    const uint8_t* next = a.w + (u / PARTS + 1) * ns * PB + u % PARTS * nb * HALF_LINES * 64;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[R][G], f[R][G];
     for (int r = 0; r < R; ++r)
@@ -340,6 +356,10 @@ struct Avx2KQuant : VnniTiles<Ymm2, T> {
         for (int64_t l = 0; l < PC; l += 64) __builtin_prefetch(h + KHEAD + ahead % 8 * PC + l, 0, 2);
         if (ahead % 8 == 0)
           for (int64_t l = 0; l < KHEAD; l += 64) __builtin_prefetch(h + l, 0, 2);
+      }
+      if constexpr (HALF) {
+        for (int64_t l = 0; l < HALF_LINES; ++l) __builtin_prefetch(next + 64 * l, 0, 2);
+        next += 64 * HALF_LINES;
       }
       PackedChunk<const uint8_t> pc[G];
       const uint8_t* q[G];
