@@ -234,6 +234,27 @@ def test_a_target_without_a_head_is_told_so_in_one_line(tiny_chat_dir, tmp_path,
     assert "random" not in capsys.readouterr().err
 
 
+def test_the_random_head_has_a_trained_heads_draft_vocabulary(tiny_chat_dir, tmp_path, monkeypatch):
+    """The random head that drafts where no head ships reads what a trained one would: `peagle train`'s draft
+    vocabulary (DRAFT_VOCAB, the first ids), not the target's whole vocabulary; a target with fewer tokens keeps
+    all of them."""
+    from peagle.models import loader
+    from peagle.models.drafter import DRAFT_VOCAB
+    from peagle.train.trainer import TrainConfig
+
+    monkeypatch.setenv("PEAGLE_CACHE", str(tmp_path / "cache"))
+    assert TrainConfig.draft_vocab == DRAFT_VOCAB
+    target, path = loader.load_target(str(tiny_chat_dir), "float32")
+    tok = loader.load_tokenizer(path)
+    head = loader.load_drafter_for(target, path, None, tok)
+    assert target.cfg.vocab_size > DRAFT_VOCAB and head.cfg.draft_vocab_size == DRAFT_VOCAB
+    assert head.lm_head.weight.shape[0] == DRAFT_VOCAB
+    assert torch.equal(head.draft_vocab_ids(), torch.arange(DRAFT_VOCAB))
+    monkeypatch.setattr(loader, "DRAFT_VOCAB", 10 ** 6)
+    shutil.rmtree(tmp_path / "cache" / "heads")
+    assert loader.load_drafter_for(target, path, None, tok).cfg.draft_vocab_size == target.cfg.vocab_size
+
+
 def test_the_random_head_cache_is_keyed_by_the_targets_content(tiny_chat_dir, tmp_path, monkeypatch):
     """Two targets in folders of one name (other weights) get random heads of their own; the same target,
     loaded again, finds its cached head. (Keyed by the folder's name, the second target took the first's.)"""

@@ -6,8 +6,8 @@ Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B dimensions, written by ``peagle dumm
 - start to the first token and peak RSS: the whole process, ``llama-bench -p 0 -n 1`` against ``peagle generate
   --max-new-tokens 1`` on a one-token prompt without the chat template (the same work: load, one token in, one
   out), a warm page cache;
-- a speculative round (verify K + 1 rows, one P-EAGLE drafting pass; a random 1-layer head, lookups off) at
-  K = 1, 3, 7 against a plain step;
+- a speculative round (verify K + 1 rows, one P-EAGLE drafting pass; the random 1-layer head, with a trained
+  head's draft vocabulary since 2026-12-02; lookups off) at K = 1, 3, 7 against a plain step;
 - the memory floor: the bytes a step reads (the packed weights) over the read bandwidth measured here.
 
 Decoding's ratio is the median of ``--pairs`` alternating pairs (llama-bench tg128 and peagle's plain steps, each a

@@ -1,10 +1,10 @@
 """Where a speculative round's time goes (bench.py's rounds, taken apart): the target's pass over 1 or K + 1 rows
-(``ModelRunner.forward``), the drafter's pass (``ModelRunner.propose``: a random 1-layer head over the whole
-vocabulary, or HEAD, quantized and packed beside the target) and the rest of the step, at K = 0 (plain), 1, 3, 7;
-lookups off, one request, the engines' steps interleaved, medians of 8 x REPS steps each. A head with a draft
-vocabulary, as trained heads have (``peagle train``'s default 8,192; EAGLE-3's 32k of 128k), reads less:
+(``ModelRunner.forward``), the drafter's pass (``ModelRunner.propose``: the random 1-layer head, with a trained
+head's draft vocabulary (``drafter.DRAFT_VOCAB``), or HEAD, quantized and packed beside the target) and the rest of
+the step, at K = 0 (plain), 1, 3, 7; lookups off, one request, the engines' steps interleaved, medians of 8 x REPS
+steps each. A head over the whole vocabulary (the random head's before 2026-12-02) reads more:
 
-    peagle init-drafter --target FILE.gguf --layers 1 --draft-vocab 8192 --out HEAD
+    peagle init-drafter --target FILE.gguf --layers 1 --out HEAD
     PEAGLE_TORCH_THREADS=2 python benchmarks/real_sizes/round_parts.py FILE.gguf [REPS [HEAD]]
 """
 import json

@@ -30,6 +30,11 @@ from peagle.models.speculators import drafter_tensors, read_config, speculators_
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ACCEPTED_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
 MASK_ID_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")  # vLLM's lookup order
+# The draft vocabulary of peagle's own heads unless told otherwise: `peagle train`'s (the most frequent response
+# tokens) and the random head's that drafts where no head ships, so that its pass reads what a trained head's
+# would (a 3B target's K=3 round: 1.14-1.15x a plain step against 1.19-1.22x over the whole 49,152 tokens,
+# docs/real-sizes.md). EAGLE-3's Llama heads keep 32,000 of 128,256.
+DRAFT_VOCAB = 8192
 
 
 class DrafterMismatchError(ValueError):

@@ -29,7 +29,7 @@ from peagle.models.layers import Linear, pack_model, quantize_linears, set_preci
 from peagle.models.llama import CheckpointError, LlamaModel, ModelConfig, build_target
 from peagle.kernels import table
 from peagle.models.quant import FORMATS, QBLOCK, GGUFError, bf16_dots, integer_path, read_gguf, weight_bytes
-from peagle.models.drafter import Drafter, DrafterConfig, load_drafter, save_drafter
+from peagle.models.drafter import DRAFT_VOCAB, Drafter, DrafterConfig, load_drafter, save_drafter
 from peagle.models import tokenizer as own_tokenizer
 from peagle.models.dummy import PRESETS, random_state_dict
 from peagle.precision import (COMPUTE_CHOICES, LOAD_FORMATS, QUANTIZATION_CHOICES, compute_dtype, dtype_name,
@@ -379,7 +379,7 @@ def random_head_dir(target: LlamaModel, target_path: Path) -> Path:
     not by its folder's name alone, so two targets in same-named folders never share a head. The rows come
     through ``target.embed``: indexing a GGUF table would be torch's first dispatch to a tensor subclass (0.4 s
     of a start: it imports torch.distributed.tensor)."""
-    h = hashlib.sha256(repr(target.cfg).encode())
+    h = hashlib.sha256(repr(target.cfg).encode() + f" draft vocab {DRAFT_VOCAB}".encode())
     with torch.no_grad():
         embed = target.model.embed_tokens.weight
         rows = torch.linspace(0, embed.shape[0] - 1, 16, device=embed.device).long()
@@ -391,7 +391,7 @@ def random_head_dir(target: LlamaModel, target_path: Path) -> Path:
 def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,
                      method: str = "parallel", pack: bool = True):
     """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
-    1-layer head (cached, so every run uses the same one), announced in one line on stderr: its drafts are
+    1-layer head with :data:`DRAFT_VOCAB` (cached, so every run uses the same one), announced in one line on stderr: its drafts are
     seldom accepted, so ``auto`` K soon stops drafting and the output is the target's all the same, but a user
     should know the speed is not P-EAGLE's (docs/models.md: a head, ``--method ngram``, or training one). Beside a target on the integer path its linear
     weights are quantized (:func:`head_format`) and packed too (lossless all the same);
@@ -404,7 +404,8 @@ def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.Pa
             if tokenizer is None:
                 raise ValueError("no drafter given and no tokenizer to choose a mask token for a random head")
             # bfloat16 on disk: half the bytes a start reads (a random head's values need no more)
-            save_drafter(init_drafter(target, 1, choose_mask_token(tokenizer)), path, dtype=torch.bfloat16)
+            vocab = min(DRAFT_VOCAB, target.cfg.vocab_size)  # a trained head's draft vocabulary: its pass's bytes
+            save_drafter(init_drafter(target, 1, choose_mask_token(tokenizer), vocab), path, dtype=torch.bfloat16)
         print(f"peagle: no head ships for {target_path.name}: drafting with a random 1-layer head (output unchanged, "
               "little speed-up); pass --drafter, use --method ngram, or train one (docs/training.md)", file=sys.stderr)
     elif not path.exists():

@@ -40,7 +40,7 @@ from tqdm import tqdm
 from peagle.files import written
 from peagle.cpu import configure_cpu
 from peagle.models.checkpoint import CheckpointError
-from peagle.models.drafter import load_drafter, save_drafter
+from peagle.models.drafter import DRAFT_VOCAB, load_drafter, save_drafter
 from peagle.models.layers import Linear
 from peagle.models.loader import choose_mask_token, load_target, load_tokenizer, resolve_target, target_gguf
 from peagle.precision import DTYPE_CHOICES, autocast_dtype, resolve_device
@@ -67,7 +67,7 @@ class TrainConfig:
     method: str = "peagle"
     layers: int = 1
     k: int = 8                       # depths trained (P-EAGLE: parallel groups; EAGLE-3: unrolled steps)
-    draft_vocab: int = 8192
+    draft_vocab: int = DRAFT_VOCAB
     labels: str = "soft"             # soft: the target's distribution over the draft vocabulary; hard: its greedy token
     mask_token_id: int | None = None  # default: a spare special token of the tokenizer
     hidden: str | None = None        # `peagle hidden` output; None computes the target's states online
