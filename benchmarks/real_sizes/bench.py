@@ -145,6 +145,25 @@ def pairs_line(key: str, r: dict) -> str:
             f"{statistics.median(r['peagle']):.2f} / {statistics.median(r['llama']):.2f} tok/s)")
 
 
+def table(results: dict) -> str:
+    """The run's table as docs/real-sizes.md gives it (Markdown), from results.json: one line a file and thread
+    count. The memory floor's column is each engine's tg over the tg its bytes allow at the measured bandwidth."""
+    lines = ["| file | tg pairs' median (range) | the full run's tg | pp512 peagle / llama-bench | start s (ratio) | "
+             "peak RSS GB (limit) | round / step, K=1 / 3 / 7 | of the torch sum's rate (llama.cpp) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, r in results.items():
+        pg, lb, pairs = r["peagle"], r["llama"], r["tg_pairs"]
+        ratios = sorted(p / lt for lt, p in zip(pairs["llama"], pairs["peagle"]))
+        rounds = " / ".join(f"{pg['round_over_step'][k]:.2f}" for k in ("1", "3", "7"))
+        lines.append(
+            f"| {key.replace('.gguf', '')} | **{pairs['ratio_median']:.2f}x** ({ratios[0]:.2f}-{ratios[-1]:.2f}) | "
+            f"{pg['tg']:.2f} / {lb['tg']:.2f} = {pg['tg'] / lb['tg']:.2f}x | {pg['pp512']:.0f} / {lb['pp512']:.0f} | "
+            f"{pg['start_s']:.1f} / {lb['start_s']:.1f} ({pg['start_s'] / lb['start_s']:.1f}x) | "
+            f"{pg['rss'] / 1e9:.2f} ({(1.1 * r['file_bytes'] + 0.8e9) / 1e9:.2f}) | {rounds} | "
+            f"{pg['tg'] / pg['floor_tg']:.0%} ({lb['tg'] / pg['floor_tg']:.0%}) |")
+    return "\n".join(lines)
+
+
 def child_run(path: str, env: dict, *args: str) -> tuple[dict, str]:
     """``inner`` on ``path`` in a child process (its thread count in ``env``): (its result, its stderr)."""
     child = subprocess.run([sys.executable, __file__, "--inner", path, *args], capture_output=True, text=True, env=env)
@@ -257,6 +276,7 @@ def main() -> int:
               f"{lb['pp512']:.1f}; start {p_wall:.1f} / {l_wall:.1f} s; RSS {p_rss / 1e9:.2f} / "
               f"{l_rss / 1e9:.2f} GB (file {size / 1e9:.2f}); rounds {r['peagle']['round_over_step']}; floor "
               f"{pg['tg'] / pg['floor_tg']:.0%} (llama {lb['tg'] / pg['floor_tg']:.0%})", flush=True)
+    print(table(results))
     return 0
 
 
