@@ -138,9 +138,14 @@ def tg_pairs(bench: str, path: str, threads: int, env: dict, n: int) -> dict:
             "ratio_median": statistics.median(p / lt for lt, p in pairs)}
 
 
+def pair_ratios(r: dict) -> list[float]:
+    """A file's decoding pairs (``tg_pairs``): each pair's peagle / llama-bench tok/s, sorted."""
+    return sorted(p / lt for lt, p in zip(r["llama"], r["peagle"]))
+
+
 def pairs_line(key: str, r: dict) -> str:
     """A file's decoding pairs as the table's lines give them: median ratio (range; median tok/s each)."""
-    ratios = sorted(p / lt for lt, p in zip(r["llama"], r["peagle"]))
+    ratios = pair_ratios(r)
     return (f"{key}: tg pairs {r['ratio_median']:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}; "
             f"{statistics.median(r['peagle']):.2f} / {statistics.median(r['llama']):.2f} tok/s)")
 
@@ -153,7 +158,7 @@ def table(results: dict) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for key, r in results.items():
         pg, lb, pairs = r["peagle"], r["llama"], r["tg_pairs"]
-        ratios = sorted(p / lt for lt, p in zip(pairs["llama"], pairs["peagle"]))
+        ratios = pair_ratios(pairs)
         rounds = " / ".join(f"{pg['round_over_step'][k]:.2f}" for k in ("1", "3", "7"))
         lines.append(
             f"| {key.replace('.gguf', '')} | **{pairs['ratio_median']:.2f}x** ({ratios[0]:.2f}-{ratios[-1]:.2f}) | "
