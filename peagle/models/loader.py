@@ -390,13 +390,13 @@ def random_head_dir(target: LlamaModel, target_path: Path) -> Path:
 
 def load_drafter_for(target: LlamaModel, target_path: Path, drafter: str | os.PathLike | None, tokenizer=None,
                      method: str = "parallel", pack: bool = True):
-    """The head named by ``drafter``, else the target's shipped head for ``method``, else a random
-    1-layer head with :data:`DRAFT_VOCAB` (cached, so every run uses the same one), announced in one line on
-    stderr: its drafts are seldom accepted, so ``auto`` K soon stops drafting and the output is the target's all the same, but a user
-    should know the speed is not P-EAGLE's (docs/models.md: a head, ``--method ngram``, or training one). Beside a target on the integer path its linear
-    weights are quantized (:func:`head_format`) and packed too (lossless all the same);
-    beside one on the bf16 dot-product path its bf16 weights are packed for it. ``pack=False`` keeps the
-    head's weights as stored (``peagle export`` writes them back)."""
+    """The head named by ``drafter``, else the target's shipped head for ``method``, else a random 1-layer head with
+    :data:`DRAFT_VOCAB` (cached, so every run uses the same one), announced in one line on stderr: its drafts are
+    seldom accepted, so ``auto`` K soon stops drafting and the output is the target's all the same, but a user should
+    know the speed is not P-EAGLE's (docs/models.md: a head, ``--method ngram``, or training one). Beside a target on
+    the integer path its linear weights are quantized (:func:`head_format`) and packed too (lossless all the same);
+    beside one on the bf16 dot-product path its bf16 weights are packed for it. ``pack=False`` keeps the head's
+    weights as stored (``peagle export`` writes them back)."""
     path = Path(drafter) if drafter else default_drafter_path(target_path, method)
     if path is None:
         path = random_head_dir(target, target_path)
