@@ -184,7 +184,7 @@ def packable(blocks: torch.Tensor) -> bool:
 
 def pack(blocks: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The file's blocks ``[N, nb, block_bytes]`` (N a multiple of 16) packed for the kernels' integer path,
-    ``[N / 16, nb, packed bytes]`` (into ``out`` where given): 16 columns' scales, (mins,) bit planes, then quants
+    ``[N / 16, nb, packed bytes]`` (into ``out`` where given): 16 columns' scales, (mins,) high bits, then quants
     interleaved so that a vector's lanes are columns (the layout: ``peagle/kernels/csrc/kernels.h``), the same
     values (the kernels pack: needs them)."""
     return torch.ops.peagle.pack(blocks, out)

@@ -199,13 +199,13 @@ void linear_avx512(const LinearArgs& a, int64_t n0, int64_t n1);
 // The SIMD paths read the weights packed (pack, ops.cpp): groups of QGROUP columns interleaved so that a
 // vector's lanes are columns and one weight load serves every row of a tile. uint8
 // [N / 16, K / block_weights, packed_bytes]. A chunk of 32 weights of a group is a record of packed_chunk
-// bytes: its bit planes (q5: 1, q6_k: 2), 64 bytes each (byte 4c + i, bit v holding bit 4 + plane of column
-// c's weight 4v + i, bit 4 + v that of weight 16 + 4v + i), then its quants:
+// bytes: the bits above its nibbles (q5: bit 4, q6_k: bits 4-5) in vectors of 64 bytes (q5: 1, q6_k: 2), those
+// of column c's weights 4v + i and 16 + 4v + i in a byte 4c + i (high_at: which vector, which bits), then its quants:
 //     q8_0: 8 vectors j of 64 bytes, column c's weights 4j .. 4j+3 at 4c, each q + 128 (as uint8);
 //     the others: 4 vectors v of 64 bytes, byte 4c + i holding column c's weight 4v + i in its low nibble and
 //       16 + 4v + i in its high one (q + offset's low 4 bits; for q4_0/q4_1 the file block's byte 4v + i).
 // Its scales: for the 32-weight formats, 16 fp16 d (column c's at 2c), then 16 fp16 m (q4_1, q5_1), before the
-// planes in the chunk's own record; for the K-quants, the file's own integers in a header of KHEAD bytes before
+// high bits in the chunk's own record; for the K-quants, the file's own integers in a header of KHEAD bytes before
 // a super-block's 8 chunk records (packed_bytes = KHEAD + 8 records, within 3% of the file's bytes, where float
 // scales would add a third):
 //     q4_k, q5_k: d [16 fp16], dmin [16 fp16], sc [8 chunks x 16 uint8], mn [8 x 16 uint8]: s = d * sc and
@@ -218,7 +218,7 @@ constexpr bool super_packed(WType t) { return t == WType::q4_k || t == WType::q5
 struct PackedFormat {
   int scales;       // scale vectors a chunk (q6_k: 2)
   bool min;
-  int planes;       // bit planes above the nibbles
+  int planes;       // vectors of the bits above the nibbles (high_at), as many as those bits
   bool nibbles;     // else a byte a weight (q8_0)
   int32_t offset;   // the packed quants over the weight's q: q8_0 128, q4_0 8, q5_0 16, q6_k 32
 };
@@ -235,13 +235,27 @@ constexpr PackedFormat packed_format(WType t) {
     default: return {0, false, 0, false, 0};
   }
 }
-// Bytes of a chunk record before its quants (the 32-weight formats' fp16 scales and mins, then the bit planes),
+// Bytes of a chunk record before its quants (the 32-weight formats' fp16 scales and mins, then the high bits),
 // a chunk record's bytes, and the packed tensor's last dimension (a block's: one chunk, or a K-quant super-block).
 constexpr int64_t packed_quants(WType t) {
   return (super_packed(t) ? 0 : QGROUP * (1 + packed_format(t).min) * 2) + 64 * packed_format(t).planes;
 }
 constexpr int64_t packed_chunk(WType t) { return packed_quants(t) + (packed_format(t).nibbles ? 256 : 512); }
 constexpr int64_t packed_bytes(WType t) { return super_packed(t) ? KHEAD + 8 * packed_chunk(t) : packed_chunk(t); }
+// Where the bits above the nibbles of packed vector v's weights lie (half 0: weights 4v + i, the low nibbles;
+// half 1: 16 + 4v + i): in high-bit vector ``vec``, from bit ``at`` of the byte 4c + i. q5: a bit plane, bit v
+// and 4 + v. q6_k: two bits each (as llama.cpp's qh), vector v / 2, bits 4-5 and 6-7 for an even v, 0-1 and 2-3
+// for an odd one: a split moves each pair into place with one shift at most (none for half 0 of an even v),
+// where two bit planes took a shift, an and and an or each. One 512 x 4,096 Q6_K matrix from L2, one thread
+// (Sapphire Rapids, against the bit planes, the builds alternating): AVX512-VNNI 1 / 4 / 8 rows 1.11-1.19x /
+// 1.13x / 1.06x faster, AVX2 1.25-1.27x / 1.03-1.09x / 1.11x, AVX-VNNI 1.16-1.19x / 1.08-1.11x / 1.10x. Streamed
+// on 2 threads it waits on memory either way (docs/real-sizes.md).
+struct HighAt {
+  int vec, at;
+};
+constexpr HighAt high_at(WType t, int v, int half) {
+  return packed_format(t).planes == 1 ? HighAt{0, v + 4 * half} : HighAt{v / 2, 4 - 4 * (v % 2) + 2 * half};
+}
 // Chunk b (weights 32b .. 32b+31) of packed group g of a K-wide weight: its record (quants at rec +
 // packed_quants) and where its scales lie (the record itself, or its super-block's header and its index there).
 template <class P>

@@ -156,7 +156,7 @@ static void dispatch_wtype(const LinearArgs& a, int64_t n0, int64_t n1) {
   }
 }
 
-// A pass of EXPAND_ROWS rows or more (prefill) on a format whose quants have bit planes (K::expands): the units
+// A pass of EXPAND_ROWS rows or more (prefill) on a format whose quants have high bits (K::expands): the units
 // in slabs of a wide tile's width, each slab's column groups split once into bytes (K::expand, a thread's own
 // buffer, in L2) and every row tile run on them (3B Q5_K_M and Q6_K files: pp512 1.23-1.24x). The sums are the
 // same integers either way: results do not change. From 32 rows: 40 such 8,192 x 3,072 matrices streamed from

@@ -386,15 +386,16 @@ static Call prepare(const at::Tensor& x, const WeightView& w, const c10::optiona
 }
 
 // Where weight k (0..31) of column c sits in a chunk's packed record (kernels.h's layout): its quant's byte and
-// shift, and its bit planes' byte and bit.
+// shift, and its high bits' byte and bit (high_at).
 struct PackedAt {
-  int64_t q, plane;
-  int shift, bit;
+  int64_t q, high;
+  int shift, at;
 };
 static PackedAt packed_at(const PackedFormat& f, WType t, int64_t c, int k) {
   const int64_t Q = packed_quants(t), v = (k % 16) / 4, i = k % 4;
   if (!f.nibbles) return {Q + 64 * (k / 4) + 4 * c + i, 0, 0, 0};
-  return {Q + 64 * v + 4 * c + i, Q - 64 * f.planes + 4 * c + i, k < 16 ? 0 : 4, int(k < 16 ? v : 4 + v)};
+  const HighAt h = high_at(t, int(v), k / 16);
+  return {Q + 64 * v + 4 * c + i, Q - 64 * (f.planes - h.vec) + 4 * c + i, k < 16 ? 0 : 4, h.at};
 }
 
 // A packed chunk of column c as float32: the file's values, sub_block's arithmetic on the packed quants less the
@@ -406,13 +407,13 @@ static void packed_values(const PackedChunk<const uint8_t>& pc, WType t, int64_t
   for (int k = 0; k < QBLOCK; ++k) {
     const PackedAt at = packed_at(f, t, c, k);
     int q = f.nibbles ? (pc.rec[at.q] >> at.shift) & 15 : pc.rec[at.q];
-    for (int h = 0; h < f.planes; ++h) q |= ((pc.rec[at.plane + 64 * h] >> at.bit) & 1) << (4 + h);
+    if (f.planes) q |= ((pc.rec[at.high] >> at.at) & ((1 << f.planes) - 1)) << 4;
     out[k] = f.min ? std::fma(float(q), s[0], m) : float(q - f.offset) * s[k / 16];
   }
 }
 
 // Packing a chunk's quants, a column at a time, on bytes: the 16 bytes of its nibble vectors' column slots (byte 4v +
-// i: weight 4v + i low, 16 + 4v + i high) and each bit plane's 4 bytes, from the file's bytes as they lie.
+// i: weight 4v + i low, 16 + 4v + i high) and its high-bit vectors' 4 bytes each, from the file's bytes as they lie.
 static inline uint64_t load64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
 static inline uint32_t load32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 // Nibble bytes: weights 0..15 the nibble at ``shift`` of lo[0..15], weights 16..31 that of hi[0..15].
@@ -423,25 +424,8 @@ static inline void nibble_bytes(const uint8_t* lo, const uint8_t* hi, int shift,
     std::memcpy(out + 8 * h, &v, 8);
   }
 }
-// A bit plane's 4 bytes (byte i, bit v: weight 4v + i's bit; bit 4 + v: weight 16 + 4v + i's) from 32 bytes holding
-// weight l's bit at ``bit`` of byte l.
-static inline uint32_t plane_of_bytes(const uint8_t* src, int bit) {
-  constexpr uint64_t ONE = 0x0101010101010101ULL;
-  uint32_t out = 0;
-  for (int h = 0; h < 2; ++h) {
-    const uint64_t a = (load64(src + 16 * h) >> bit) & ONE, b = (load64(src + 16 * h + 8) >> bit) & ONE;
-    out |= (uint32_t(a) | uint32_t(a >> 32) << 1 | uint32_t(b) << 2 | uint32_t(b >> 32) << 3) << (4 * h);
-  }
-  return out;
-}
-// The same from 32 bits (a q5_0 / q5_1 block's qh: weight l's at bit l).
-static inline uint32_t plane_of_bits(uint32_t qh) {
-  uint8_t bytes[32];
-  for (int l = 0; l < 32; ++l) bytes[l] = uint8_t((qh >> l) & 1);
-  return plane_of_bytes(bytes, 0);
-}
 
-// Column c of chunk b of a row (its file block at blk) into a packed record: quants and bit planes. The same bytes
+// Column c of chunk b of a row (its file block at blk) into a packed record: quants and high bits. The same bytes
 // as placing every weight's q + offset by packed_at (kernels.h's layout; tests: the file's values read back).
 static void pack_column(const uint8_t* blk, WType t, int64_t b, int64_t c, uint8_t* rec) {
   const PackedFormat f = packed_format(t);
@@ -454,30 +438,40 @@ static void pack_column(const uint8_t* blk, WType t, int64_t b, int64_t c, uint8
     return;
   }
   alignas(8) uint8_t nib[16];
-  uint32_t planes[2] = {0, 0};
+  uint8_t high[32] = {};  // weight l's bits above its nibble
   const int j = int(b % 8);
   switch (t) {
     case WType::q4_0: std::memcpy(nib, blk + 2, 16); break;  // the file's bytes are the packed ones
     case WType::q4_1: std::memcpy(nib, blk + 4, 16); break;
-    case WType::q5_0: std::memcpy(nib, blk + 6, 16); planes[0] = plane_of_bits(load32(blk + 2)); break;
-    case WType::q5_1: std::memcpy(nib, blk + 8, 16); planes[0] = plane_of_bits(load32(blk + 4)); break;
+    case WType::q5_0:
+    case WType::q5_1: {
+      const int at = t == WType::q5_0 ? 2 : 4;  // qh, weight l's bit at bit l, then the nibbles
+      std::memcpy(nib, blk + at + 4, 16);
+      for (int l = 0; l < 32; ++l) high[l] = (load32(blk + at) >> l) & 1;
+      break;
+    }
     case WType::q4_k: nibble_bytes(blk + 16 + 32 * (j / 2), blk + 32 + 32 * (j / 2), 4 * (j % 2), nib); break;
-    case WType::q5_k:
+    case WType::q5_k:  // qh: weight l's bit at bit j of byte l
       nibble_bytes(blk + 48 + 32 * (j / 2), blk + 64 + 32 * (j / 2), 4 * (j % 2), nib);
-      planes[0] = plane_of_bytes(blk + 16, j);
+      for (int l = 0; l < 32; ++l) high[l] = (blk[16 + l] >> j) & 1;
       break;
     case WType::q6_k: {  // chunk j: ql's nibbles at 64 (j / 4) + 32 (j % 2), shift 4 (j % 4 / 2); qh's 2 bits at 2 (j % 4)
       const uint8_t* ql = blk + 64 * (j / 4) + 32 * (j % 2);
       const uint8_t* qh = blk + 128 + 32 * (j / 4);
       nibble_bytes(ql, ql + 16, 4 * (j % 4 / 2), nib);
-      planes[0] = plane_of_bytes(qh, 2 * (j % 4));
-      planes[1] = plane_of_bytes(qh, 2 * (j % 4) + 1);
+      for (int l = 0; l < 32; ++l) high[l] = (qh[l] >> (2 * (j % 4))) & 3;
       break;
     }
     default: TORCH_CHECK(false, "peagle::pack: no packed layout for this format");
   }
   for (int v = 0; v < 4; ++v) std::memcpy(q + 64 * v + 4 * c, nib + 4 * v, 4);
-  for (int h = 0; h < f.planes; ++h) std::memcpy(q - 64 * (f.planes - h) + 4 * c, &planes[h], 4);
+  if (!f.planes) return;
+  uint8_t hv[2][4] = {};
+  for (int k = 0; k < 32; ++k) {
+    const HighAt h = high_at(t, (k % 16) / 4, k / 16);
+    hv[h.vec][k % 4] |= uint8_t(high[k] << h.at);
+  }
+  for (int h = 0; h < f.planes; ++h) std::memcpy(q - 64 * (f.planes - h) + 4 * c, hv[h], 4);
 }
 
 // The file's blocks uint8 [N, K / block weights, block bytes] (N a multiple of 16) packed for the integer

@@ -1,5 +1,5 @@
 // The integer path's vpdpbusd tile (kernels.h) over vector traits W and a packed format T (packed_format:
-// scales, mins, bit planes, nibbles or bytes), shared by AVX512-VNNI (16 columns a vector: a packed group),
+// scales, mins, high bits, nibbles or bytes), shared by AVX512-VNNI (16 columns a vector: a packed group),
 // AVX-VNNI (8: half a group) and AVX2 for the formats whose packed quants stay under 64 (vpdpbusd as maddubs
 // + madd: exact there), each instantiated in its ISA's file after its `#pragma GCC target`. W supplies:
 // LANES, RMAX, RTALL, columns(R), ivec/fvec, set1_i32, set1_i8, set1_f, zero_f, load (LANES * 4 bytes),
@@ -55,9 +55,10 @@ struct VnniTiles {
     std::memcpy(&v, p, 4);
     return W::set1_i32(v);
   }
-  // Bit ``from`` of every byte moved to bit ``to`` (within the byte: from, to < 8), the others cleared.
-  static ivec bit(ivec h, int from, int to) {
-    return W::and_(from < to ? W::slli16(h, to - from) : W::srli16(h, from - to), W::set1_i8(char(1 << to)));
+  // The F.planes bits at ``from`` of every byte moved to bit 4 (within the byte), the others cleared.
+  static ivec high_bits(ivec h, int from) {
+    const ivec at4 = from < 4 ? W::slli16(h, 4 - from) : from > 4 ? W::srli16(h, from - 4) : h;
+    return W::and_(at4, W::set1_i8(char(((1 << F.planes) - 1) << 4)));
   }
   // The column scales (fp16) and mins (the min negated) of a part's LANES columns of a 32-weight format's chunk.
   static fvec scales(const PackedChunk<const uint8_t>& pc, int64_t part) { return W::load_ph(pc.rec + 2 * W::LANES * part); }
@@ -67,17 +68,18 @@ struct VnniTiles {
     if constexpr (T == WType::q6_k) return W::load_i8_f(pc.head + 32 + QGROUP * (2 * pc.j + h) + W::LANES * part);
     else return W::load_u8_f(pc.head + 64 + QGROUP * pc.j + W::LANES * part);
   }
-  // The bit planes of a chunk whose (part's) quants start at q: they lie just before them.
+  // The high-bit vectors of a chunk whose (part's) quants start at q: they lie just before them.
   static void planes_of(const uint8_t* q, ivec* planes) {
     for (int h = 0; h < F.planes; ++h) planes[h] = W::load(q - 64 * (F.planes - h));
   }
-  // Packed vector v at q split into each column's weights 4v + i (lo) and 16 + 4v + i (hi), bit planes added:
-  // a uint8 weight a byte.
+  // Packed vector v at q split into each column's weights 4v + i (lo) and 16 + 4v + i (hi), their high bits
+  // added (high_at): a uint8 weight a byte.
   static void split(const uint8_t* q, const ivec* planes, int v, ivec& lo, ivec& hi) {
     W::nibbles(W::load(q + 64 * v), lo, hi);
-    for (int h = 0; h < F.planes; ++h) {
-      lo = W::or_(lo, bit(planes[h], v, 4 + h));
-      hi = W::or_(hi, bit(planes[h], 4 + v, 4 + h));
+    if constexpr (F.planes > 0) {
+      const HighAt l = high_at(T, v, 0), h = high_at(T, v, 1);
+      lo = W::or_(lo, high_bits(planes[l.vec], l.at));
+      hi = W::or_(hi, high_bits(planes[h.vec], h.at));
     }
   }
   // acc plus a 32-weight format's chunk: its integer sums is[0 .. SUMS) scaled by the part's column scales
@@ -132,11 +134,11 @@ struct VnniTiles {
       }
     }
   }
-  // Column group g's quants, every chunk, split into a uint8 weight a byte (the bit planes added) at out: Q8_0's
+  // Column group g's quants, every chunk, split into a uint8 weight a byte (the high bits added) at out: Q8_0's
   // packed quants (vector v: weights 4v .. 4v+3 of each column), EXPANDED bytes a chunk. A pass of many rows
   // (prefill) splits each group once so, where its tiles would split it again for every RMAX rows: a Q6_K
-  // matrix at 512 rows did twice Q4_0's work a row (two bit planes, two sums; docs/real-sizes.md). Only for
-  // formats with bit planes: a plain nibble split costs less than reading twice the bytes from L2 for every
+  // matrix at 512 rows did twice Q4_0's work a row (two bit planes then, two sums; docs/real-sizes.md). Only for
+  // formats with high bits: a plain nibble split costs less than reading twice the bytes from L2 for every
   // tile (one 8,192 x 3,072 matrix at 512 rows, 2 threads, Sapphire Rapids: Q5_K 1.26x and Q6_K 1.34x faster
   // expanded; Q4_0 and Q4_K 1.1-1.25x slower, in a first version).
   static constexpr bool expands = F.planes > 0;
@@ -178,7 +180,7 @@ struct VnniTiles {
 
   // Rows [m, m+R) x units [u, u+G): R*G (q6_k: 2R*G) int32 vectors per chunk (starting from the row's
   // -offset * s, so they end at the weight's own dot product), R*G float32 accumulators; each weight vector
-  // is loaded (its nibbles split, its bit planes added) once for all R rows, and the next tile's weights
+  // is loaded (its nibbles split, its high bits added) once for all R rows, and the next tile's weights
   // prefetched while these compute (where prefetches(R, G)).
   template <int R, int G, bool EX = false>
   static void tile(const QLinearArgs& a, int64_t m, int64_t u) {
@@ -250,7 +252,7 @@ struct VnniTiles {
         } else {  // vpdpbusd into int32: the loop the VNNI tiles were timed with, kept apart from the one above
           // (a shared body through a lambda changed their instructions, and GCC 12 takes no template-dependent
           // unroll count); the two differ in the sums, not in the split or the broadcasts
-#pragma GCC unroll 4  // else GCC left it rolled for the bit-plane formats: shifts by a register, sums on the stack
+#pragma GCC unroll 4  // else GCC left it rolled for the high-bit formats: shifts by a register, sums on the stack
           for (int v = 0; v < 4; ++v) {
             ivec lo[G], hi[G];
             for (int j = 0; j < G; ++j) split(p[j], planes[j], v, lo[j], hi[j]);
