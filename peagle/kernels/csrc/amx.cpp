@@ -36,20 +36,21 @@
 
 namespace peagle {
 
-// CPUID leaf 7's EDX bit `feature` (22 AMX-BF16, 25 AMX-INT8), with the tiles (AMX-TILE, bit 24) granted.
+// CPUID leaf 7's EDX bit `feature` (22 AMX-BF16, 25 AMX-INT8), with the tiles (AMX-TILE, bit 24) granted. Asked
+// once (ops.cpp's has_avxvnni says why): best_bf16_isa asks at every bf16 linear.
 static bool amx_has(int feature) {
-  static const bool tiles = [] {
+  static const unsigned edx = [] {
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1)) return false;  // AMX-TILE
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return false;           // OSXSAVE
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1)) return 0u;  // AMX-TILE
+    const unsigned leaf7 = d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0u;            // OSXSAVE
     unsigned lo, hi;
     __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo >> 17 & 3) != 3) return false;  // the OS saves the tile state (XTILECFG, XTILEDATA)
+    if ((lo >> 17 & 3) != 3) return 0u;  // the OS saves the tile state (XTILECFG, XTILEDATA)
     // Linux hands out the tile data state on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), for the process
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? leaf7 : 0u;
   }();
-  unsigned a, b, c, d;
-  return tiles && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> feature & 1);
+  return edx >> feature & 1;
 }
 
 bool amx_ready() { return amx_has(25); }
