@@ -19,6 +19,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -226,11 +227,13 @@ _tuned = False
 NARROW = 0  # a stream limit every packed weight passes: one packed group wide (one read stream) for each
 WIDE = 1 << 62  # a stream limit no weight reaches: the wide tiles for every weight
 TUNE_BYTES = 1 << 30  # the most weights timed: twice the largest last-level cache seen, ~1 s of a first start
-TUNE_VERSION = 2  # in the remembered verdicts' key: version 1 timed a cache-sized subset, and chose from two settings
+TUNE_VERSION = 3  # in the remembered verdicts' key: version 1 timed a cache-sized subset, and chose from two
+# settings; version 2 timed single sweeps and kept the default unless another was 3% faster
+TUNE_SAMPLE_S = 0.02  # a timed sample's least seconds: one sweep, or as many as fill it
 
 
 @torch.inference_mode()
-def tune_streaming(weights: list, rounds: int = 2, remember: Path | None = None) -> tuple[int, int] | None:
+def tune_streaming(weights: list, rounds: int = 3, remember: Path | None = None) -> tuple[int, int] | None:
     """Where packed weights (GGUF blocks on the integer path, bf16 pairs on the bf16 one) stream in tiles one
     packed group wide (one read stream) rather than the wider tiles that hide the dot products' latency, for
     passes of one row and taller (``csrc/linear_tiles.h``, ``run_packed``): the CPU's answer, not a constant.
@@ -241,10 +244,15 @@ def tune_streaming(weights: list, rounds: int = 2, remember: Path | None = None)
     Timed at 1 and 4 rows on ``weights`` (a model's packed weights) in their order, as decoding reads them, up to
     :data:`TUNE_BYTES`: a subset that fits the last-level cache answers for the cache, not for memory (a 64 MiB
     subset, in that Xeon's 480 MiB L3, chose one group wide for the 8B files).
-    The fastest of ``rounds`` each, after a warm-up round, the settings alternating (the host's other work only
-    adds time); the default is kept unless another is 3% faster. Once a process: the shape never changes a
-    result, only its speed. With ``remember`` (a JSON file), a verdict found there for the same library, CPU,
-    thread count and weights is taken instead of timing (0.06 s for the default model, 0.95 s at 8B, here), and a new one is added to it.
+    The fastest of ``rounds`` samples each, the settings alternating (the host's other work only adds time), a
+    sample as many sweeps as fill :data:`TUNE_SAMPLE_S`. Single sweeps of the default model's 96 MB (4 ms) and a
+    rule that kept the default unless another was 3% faster kept it in 3 of 12 verdicts (6 tunings, one row and
+    taller) on a Sapphire Rapids, where wide's sweeps were 3-5% faster and its decoding steps 1.02-1.065x in 3
+    runs of 4 (0.98x in one; ``benchmarks/real_sizes/verdict_steps.py``); with samples of 20 ms and the plain
+    fastest, 2 of 30 (``tune_verdicts.py``, the default model and 3B). Once a process: the shape never changes
+    a result, only its speed. With ``remember`` (a JSON file), a verdict found there for the same library, CPU,
+    thread count and weights is taken instead of timing (0.4 s for the default model, 1.3-1.5 s at 3B and above,
+    here), and a new one is added to it.
     Returns the limits (one row, taller); None without weights."""
     global _tuned
     if not weights or not available():
@@ -263,8 +271,8 @@ def tune_streaming(weights: list, rounds: int = 2, remember: Path | None = None)
 
 
 def _timed_limits(weights: list, before: tuple[int, int], rounds: int) -> list[int]:
-    """:func:`tune_streaming`'s timing: for one row and four, the limit that streams fastest (the kernels'
-    ``before`` unless another is 3% faster)."""
+    """:func:`tune_streaming`'s timing: for one row and four, the limit whose sweep of the weights is fastest, the
+    least of ``rounds`` samples each, the settings alternating, after one sweep each (the pages, the thread pool)."""
     timed, total = [], 0
     for w in weights:  # the first TUNE_BYTES (a MoE model's experts are not all read by a step)
         if total >= TUNE_BYTES:
@@ -274,15 +282,22 @@ def _timed_limits(weights: list, before: tuple[int, int], rounds: int) -> list[i
     chosen = []
     for i, rows in enumerate((1, 4)):
         xs = [torch.randn(rows, w.shape[1]) for w in timed]
-        times: dict[int, list[float]] = {before[i]: [], NARROW: [], WIDE: []}
-        for r in range(rounds + 1):  # the first round warms the pages and the thread pool
-            for limit, ts in times.items():
-                torch.ops.peagle.set_stream_bytes(limit, limit)
-                t = time.perf_counter()
+
+        def sweeps(limit: int, reps: int) -> float:
+            """Seconds a sweep, over ``reps`` of them."""
+            torch.ops.peagle.set_stream_bytes(limit, limit)
+            t = time.perf_counter()
+            for _ in range(reps):
                 for x, w in zip(xs, timed):
                     torch.ops.peagle.linear(x, w.blocks)
-                if r > 0:
-                    ts.append(time.perf_counter() - t)
-        best = min(times, key=lambda limit: min(times[limit]))
-        chosen.append(best if min(times[best]) < 0.97 * min(times[before[i]]) else before[i])
+            return (time.perf_counter() - t) / reps
+
+        limits = dict.fromkeys((before[i], NARROW, WIDE))
+        warm = max(sweeps(limit, 1) for limit in limits)
+        reps = math.ceil(TUNE_SAMPLE_S / max(warm, TUNE_SAMPLE_S / 256))  # 256 at most (a clock that reads 0: tests)
+        times: dict[int, list[float]] = {limit: [] for limit in limits}
+        for _ in range(rounds):
+            for limit, ts in times.items():
+                ts.append(sweeps(limit, reps))
+        chosen.append(min(times, key=lambda limit: min(times[limit])))
     return chosen
