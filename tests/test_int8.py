@@ -466,12 +466,13 @@ def test_the_tiles_verdict_is_remembered_for_the_same_machine_and_shapes(qllama,
 
 
 @native
-def test_the_tiles_verdict_is_the_fastest_setting_even_by_a_little(qllama, monkeypatch):
-    """tune_streaming takes the setting whose sweeps were fastest, by however little: a rule that kept the
-    default unless another was 3% faster kept it on a Sapphire Rapids where decoding ran 1.065x faster wide.
-    A clock where each sweep costs its setting's seconds: wide 1% under the default."""
+@pytest.mark.parametrize("wide,chosen", [(0.98, kernels.WIDE), (0.995, 16 << 20)])
+def test_the_tiles_verdict_takes_a_setting_2_percent_faster(qllama, monkeypatch, wide, chosen):
+    """tune_streaming takes a setting that sweeps TUNE_EDGE (1%) faster than the default: a rule that asked 3%
+    kept the default on a Sapphire Rapids where wide swept 3-5% faster. Under the edge it keeps the default. A
+    clock where each sweep costs its setting's seconds."""
     weights = [m.weight for m in qllama.modules() if isinstance(m, Linear)]
-    cost = {16 << 20: 1.0, kernels.NARROW: 1.5, kernels.WIDE: 0.99}
+    cost = {16 << 20: 1.0, kernels.NARROW: 1.5, kernels.WIDE: wide}
     now = [0.0]
 
     def clock() -> float:
@@ -481,7 +482,7 @@ def test_the_tiles_verdict_is_the_fastest_setting_even_by_a_little(qllama, monke
     with kernels.streaming(16 << 20, 16 << 20):
         monkeypatch.setattr(kernels, "_tuned", False)
         monkeypatch.setattr(kernels.time, "perf_counter", clock)
-        assert kernels.tune_streaming(weights) == (kernels.WIDE, kernels.WIDE)
+        assert kernels.tune_streaming(weights) == (chosen, chosen)
 
 
 @native

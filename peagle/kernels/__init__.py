@@ -230,6 +230,7 @@ TUNE_BYTES = 1 << 30  # the most weights timed: twice the largest last-level cac
 TUNE_VERSION = 3  # in the remembered verdicts' key: version 1 timed a cache-sized subset, and chose from two
 # settings; version 2 timed single sweeps and kept the default unless another was 3% faster
 TUNE_SAMPLE_S = 0.02  # a timed sample's least seconds: one sweep, or as many as fill it
+TUNE_EDGE = 0.01  # how much faster than the default another setting must sweep to be taken
 
 
 @torch.inference_mode()
@@ -249,8 +250,9 @@ def tune_streaming(weights: list, rounds: int = 3, remember: Path | None = None)
     rule that kept the default unless another was 3% faster kept it in 3 of 12 verdicts (6 tunings, one row and
     taller) on a Sapphire Rapids, where wide's sweeps were 3-5% faster and its decoding steps 1.02-1.065x in 3
     runs of 4 (0.98x in one; ``benchmarks/real_sizes/verdict_steps.py``); with samples of 20 ms and the plain
-    fastest, 2 of 30 (``tune_verdicts.py``, the default model and 3B). Once a process: the shape never changes
-    a result, only its speed. With ``remember`` (a JSON file), a verdict found there for the same library, CPU,
+    fastest, 2 of 30 (``tune_verdicts.py``, the default model and 3B), and with a 1% edge (:data:`TUNE_EDGE`)
+    1 of 12, which keeps the default where the settings are level within the host's noise (a bf16 1B model's
+    sweeps: 80-87 ms in all three). Once a process: the shape never changes a result, only its speed. With ``remember`` (a JSON file), a verdict found there for the same library, CPU,
     thread count and weights is taken instead of timing (0.4 s for the default model, 1.3-1.5 s at 3B and above,
     here), and a new one is added to it.
     Returns the limits (one row, taller); None without weights."""
@@ -272,7 +274,8 @@ def tune_streaming(weights: list, rounds: int = 3, remember: Path | None = None)
 
 def _timed_limits(weights: list, before: tuple[int, int], rounds: int) -> list[int]:
     """:func:`tune_streaming`'s timing: for one row and four, the limit whose sweep of the weights is fastest, the
-    least of ``rounds`` samples each, the settings alternating, after one sweep each (the pages, the thread pool)."""
+    least of ``rounds`` samples each, the settings alternating, after one sweep each (the pages, the thread pool);
+    the kernels' ``before`` unless another is :data:`TUNE_EDGE` faster."""
     timed, total = [], 0
     for w in weights:  # the first TUNE_BYTES (a MoE model's experts are not all read by a step)
         if total >= TUNE_BYTES:
@@ -299,5 +302,6 @@ def _timed_limits(weights: list, before: tuple[int, int], rounds: int) -> list[i
         for _ in range(rounds):
             for limit, ts in times.items():
                 ts.append(sweeps(limit, reps))
-        chosen.append(min(times, key=lambda limit: min(times[limit])))
+        best = min(times, key=lambda limit: min(times[limit]))
+        chosen.append(best if min(times[best]) < (1 - TUNE_EDGE) * min(times[before[i]]) else before[i])
     return chosen
