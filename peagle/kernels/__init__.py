@@ -228,9 +228,13 @@ NARROW = 0  # a stream limit every packed weight passes: one packed group wide (
 WIDE = 1 << 62  # a stream limit no weight reaches: the wide tiles for every weight
 TUNE_BYTES = 1 << 30  # the most weights timed: twice the largest last-level cache seen, ~1 s of a first start
 TUNE_VERSION = 3  # in the remembered verdicts' key: version 1 timed a cache-sized subset, and chose from two
-# settings; version 2 timed single sweeps and kept the default unless another was 3% faster
+# settings; version 2 timed single sweeps, taller passes at 4 rows, and kept the default unless another was 3% faster
 TUNE_SAMPLE_S = 0.02  # a timed sample's least seconds: one sweep, or as many as fill it
 TUNE_EDGE = 0.01  # how much faster than the default another setting must sweep to be taken
+# The passes a sweep times, for the one-row limit and the taller one: verification's 4 and 8 rows (K=3 and K=7),
+# where the taller limit costs most. Timed at 4 rows alone, the default model's LM head kept the default (narrow)
+# in 8-row passes, whose K=7 steps ran 1.25x slower than wide (Sapphire Rapids).
+TUNE_ROWS = ((1,), (4, 8))
 
 
 @torch.inference_mode()
@@ -242,19 +246,19 @@ def tune_streaming(weights: list, rounds: int = 3, remember: Path | None = None)
     16 MiB: LM heads), and none (:data:`WIDE`); :func:`tiles` names them for benchmarks. On a Zen 4 every
     matrix of the default model is faster one group wide; on a Zen 5 4-row passes are slower so; on a Sapphire
     Rapids Xeon decoding an 8B file is 1.24-1.28x faster with wide tiles for every weight (3B 1.17x, 1B 1.07x).
-    Timed at 1 and 4 rows on ``weights`` (a model's packed weights) in their order, as decoding reads them, up to
-    :data:`TUNE_BYTES`: a subset that fits the last-level cache answers for the cache, not for memory (a 64 MiB
-    subset, in that Xeon's 480 MiB L3, chose one group wide for the 8B files).
+    Timed at 1 row and at 4 and 8 (:data:`TUNE_ROWS`) on ``weights`` (a model's packed weights) in their order,
+    as decoding reads them, up to :data:`TUNE_BYTES`: a subset that fits the last-level cache answers for the
+    cache, not for memory (a 64 MiB subset, in that Xeon's 480 MiB L3, chose one group wide for the 8B files).
     The fastest of ``rounds`` samples each, the settings alternating (the host's other work only adds time), a
     sample as many sweeps as fill :data:`TUNE_SAMPLE_S`. Single sweeps of the default model's 96 MB (4 ms) and a
     rule that kept the default unless another was 3% faster kept it in 3 of 12 verdicts (6 tunings, one row and
     taller) on a Sapphire Rapids, where wide's sweeps were 3-5% faster and its decoding steps 1.02-1.065x in 3
-    runs of 4 (0.98x in one; ``benchmarks/real_sizes/verdict_steps.py``); with samples of 20 ms and the plain
-    fastest, 2 of 30 (``tune_verdicts.py``, the default model and 3B), and with a 1% edge (:data:`TUNE_EDGE`)
-    1 of 12, which keeps the default where the settings are level within the host's noise (a bf16 1B model's
-    sweeps: 80-87 ms in all three). Once a process: the shape never changes a result, only its speed. With ``remember`` (a JSON file), a verdict found there for the same library, CPU,
-    thread count and weights is taken instead of timing (0.4 s for the default model, 1.3-1.5 s at 3B and above,
-    here), and a new one is added to it.
+    runs of 4 (0.98x in one; ``benchmarks/real_sizes/verdict_steps.py``); with samples of 20 ms and a 1% edge
+    (:data:`TUNE_EDGE`), in 1 of 12 (``tune_verdicts.py``). The edge keeps the default where the settings are
+    level within the host's noise (a bf16 1B model's sweeps: 80-87 ms in all three). Once a process: the shape
+    never changes a result, only its speed. With ``remember`` (a JSON file), a verdict found there for the same
+    library, CPU, thread count and weights is taken instead of timing (0.4 s for the default model, 1.3-1.5 s at
+    3B and above, here), and a new one is added to it.
     Returns the limits (one row, taller); None without weights."""
     global _tuned
     if not weights or not available():
@@ -273,9 +277,9 @@ def tune_streaming(weights: list, rounds: int = 3, remember: Path | None = None)
 
 
 def _timed_limits(weights: list, before: tuple[int, int], rounds: int) -> list[int]:
-    """:func:`tune_streaming`'s timing: for one row and four, the limit whose sweep of the weights is fastest, the
-    least of ``rounds`` samples each, the settings alternating, after one sweep each (the pages, the thread pool);
-    the kernels' ``before`` unless another is :data:`TUNE_EDGE` faster."""
+    """:func:`tune_streaming`'s timing: for one row and taller (:data:`TUNE_ROWS`), the limit whose sweep of the
+    weights is fastest, the least of ``rounds`` samples each, the settings alternating, after one sweep each (the
+    pages, the thread pool); the kernels' ``before`` unless another is :data:`TUNE_EDGE` faster."""
     timed, total = [], 0
     for w in weights:  # the first TUNE_BYTES (a MoE model's experts are not all read by a step)
         if total >= TUNE_BYTES:
@@ -283,16 +287,16 @@ def _timed_limits(weights: list, before: tuple[int, int], rounds: int) -> list[i
         timed.append(w)
         total += w.blocks.numel() * w.blocks.element_size()
     chosen = []
-    for i, rows in enumerate((1, 4)):
-        xs = [torch.randn(rows, w.shape[1]) for w in timed]
+    for i, heights in enumerate(TUNE_ROWS):
+        xs = [(torch.randn(rows, w.shape[1]), w.blocks) for rows in heights for w in timed]
 
         def sweeps(limit: int, reps: int) -> float:
             """Seconds a sweep, over ``reps`` of them."""
             torch.ops.peagle.set_stream_bytes(limit, limit)
             t = time.perf_counter()
             for _ in range(reps):
-                for x, w in zip(xs, timed):
-                    torch.ops.peagle.linear(x, w.blocks)
+                for x, w in xs:
+                    torch.ops.peagle.linear(x, w)
             return (time.perf_counter() - t) / reps
 
         limits = dict.fromkeys((before[i], NARROW, WIDE))
