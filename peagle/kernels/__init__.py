@@ -257,7 +257,7 @@ def tune_streaming(weights: list, rounds: int = 3, remember: Path | None = None)
     (:data:`TUNE_EDGE`), in 1 of 12 (``tune_verdicts.py``). The edge keeps the default where the settings are
     level within the host's noise (a bf16 1B model's sweeps: 80-87 ms in all three). Once a process: the shape
     never changes a result, only its speed. With ``remember`` (a JSON file), a verdict found there for the same
-    library, CPU, thread count and weights is taken instead of timing (0.4 s for the default model, 1.3-1.5 s at
+    library, CPU, thread count and weights is taken instead of timing (0.4 s for the default model, 2.3 s at
     3B and above, here), and a new one is added to it.
     Returns the limits (one row, taller); None without weights."""
     global _tuned
