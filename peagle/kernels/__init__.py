@@ -226,7 +226,7 @@ def bf16_isa() -> str:
 _tuned = False
 NARROW = 0  # a stream limit every packed weight passes: one packed group wide (one read stream) for each
 WIDE = 1 << 62  # a stream limit no weight reaches: the wide tiles for every weight
-TUNE_BYTES = 1 << 30  # the most weights timed: twice the largest last-level cache seen, ~1 s of a first start
+TUNE_BYTES = 1 << 30  # the most weights timed: twice the largest last-level cache seen (2.3 s of a 3B first start)
 TUNE_VERSION = 3  # in the remembered verdicts' key: version 1 timed a cache-sized subset, and chose from two
 # settings; version 2 timed single sweeps, taller passes at 4 rows, and kept the default unless another was 3% faster
 TUNE_SAMPLE_S = 0.02  # a timed sample's least seconds: one sweep, or as many as fill it
