@@ -253,9 +253,10 @@ constexpr int64_t packed_bytes(WType t) { return super_packed(t) ? KHEAD + 8 * p
 struct HighAt {
   int vec, at;
 };
-constexpr HighAt high_at(WType t, int v, int half) {
-  return packed_format(t).planes == 1 ? HighAt{0, v + 4 * half} : HighAt{v / 2, 4 - 4 * (v % 2) + 2 * half};
+constexpr HighAt high_at(int planes, int v, int half) {
+  return planes == 1 ? HighAt{0, v + 4 * half} : HighAt{v / 2, 4 - 4 * (v % 2) + 2 * half};
 }
+constexpr HighAt high_at(WType t, int v, int half) { return high_at(packed_format(t).planes, v, half); }
 // Chunk b (weights 32b .. 32b+31) of packed group g of a K-wide weight: its record (quants at rec +
 // packed_quants) and where its scales lie (the record itself, or its super-block's header and its index there).
 template <class P>

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -430,6 +431,15 @@ static inline void nibble_bytes(const uint8_t* lo, const uint8_t* hi, int shift,
   }
 }
 
+// Each of 32 bytes' bits from ``shift`` (``mask``: 0x01 or 0x03 in every byte), a byte each: a K-quant's qh as
+// 32 weights' high bits. Eight bytes a step: a byte's kept bits come from its own byte (shift + bits <= 8).
+static inline void high_of_bytes(const uint8_t* src, int shift, uint64_t mask, uint8_t* out) {
+  for (int w = 0; w < 4; ++w) {
+    const uint64_t v = (load64(src + 8 * w) >> shift) & mask;
+    std::memcpy(out + 8 * w, &v, 8);
+  }
+}
+
 // Column c of chunk b of a row (its file block at blk) into a packed record: quants and high bits. The same bytes
 // as placing every weight's q + offset by packed_at (kernels.h's layout; tests: the file's values read back).
 static void pack_column(const uint8_t* blk, WType t, int64_t b, int64_t c, uint8_t* rec) {
@@ -443,7 +453,7 @@ static void pack_column(const uint8_t* blk, WType t, int64_t b, int64_t c, uint8
     return;
   }
   alignas(8) uint8_t nib[16];
-  uint8_t high[32] = {};  // weight l's bits above its nibble
+  alignas(8) uint8_t high[32] = {};  // weight l's bits above its nibble
   const int j = int(b % 8);
   switch (t) {
     case WType::q4_0: std::memcpy(nib, blk + 2, 16); break;  // the file's bytes are the packed ones
@@ -452,31 +462,37 @@ static void pack_column(const uint8_t* blk, WType t, int64_t b, int64_t c, uint8
     case WType::q5_1: {
       const int at = t == WType::q5_0 ? 2 : 4;  // qh, weight l's bit at bit l, then the nibbles
       std::memcpy(nib, blk + at + 4, 16);
-      for (int l = 0; l < 32; ++l) high[l] = (load32(blk + at) >> l) & 1;
+      const uint32_t qh = load32(blk + at);
+      for (int l = 0; l < 32; ++l) high[l] = (qh >> l) & 1;
       break;
     }
     case WType::q4_k: nibble_bytes(blk + 16 + 32 * (j / 2), blk + 32 + 32 * (j / 2), 4 * (j % 2), nib); break;
     case WType::q5_k:  // qh: weight l's bit at bit j of byte l
       nibble_bytes(blk + 48 + 32 * (j / 2), blk + 64 + 32 * (j / 2), 4 * (j % 2), nib);
-      for (int l = 0; l < 32; ++l) high[l] = (blk[16 + l] >> j) & 1;
+      high_of_bytes(blk + 16, j, 0x0101010101010101ULL, high);
       break;
     case WType::q6_k: {  // chunk j: ql's nibbles at 64 (j / 4) + 32 (j % 2), shift 4 (j % 4 / 2); qh's 2 bits at 2 (j % 4)
       const uint8_t* ql = blk + 64 * (j / 4) + 32 * (j % 2);
       const uint8_t* qh = blk + 128 + 32 * (j / 4);
       nibble_bytes(ql, ql + 16, 4 * (j % 4 / 2), nib);
-      for (int l = 0; l < 32; ++l) high[l] = (qh[l] >> (2 * (j % 4))) & 3;
+      high_of_bytes(qh, 2 * (j % 4), 0x0303030303030303ULL, high);
       break;
     }
     default: TORCH_CHECK(false, "peagle::pack: no packed layout for this format");
   }
   for (int v = 0; v < 4; ++v) std::memcpy(q + 64 * v + 4 * c, nib + 4 * v, 4);
   if (!f.planes) return;
-  uint8_t hv[2][4] = {};
-  for (int k = 0; k < 32; ++k) {
-    const HighAt h = high_at(t, (k % 16) / 4, k / 16);
-    hv[h.vec][k % 4] |= uint8_t(high[k] << h.at);
-  }
-  for (int h = 0; h < f.planes; ++h) std::memcpy(q - 64 * (f.planes - h) + 4 * c, hv[h], 4);
+  uint32_t hv[2] = {0, 0};  // byte i of each: column c's slot in a high-bit vector
+  const auto place = [&](auto planes) {  // the places known when compiled (a Q6_K matrix packed in half the time)
+    for (int half = 0; half < 2; ++half)
+      for (int v = 0; v < 4; ++v) {  // weights 16 half + 4v + i, i = 0..3, their bits into byte i (values < 4 << 6)
+        const HighAt h = high_at(planes(), v, half);
+        hv[h.vec] |= load32(high + 16 * half + 4 * v) << h.at;
+      }
+  };
+  if (f.planes == 1) place(std::integral_constant<int, 1>());
+  else place(std::integral_constant<int, 2>());
+  for (int h = 0; h < f.planes; ++h) std::memcpy(q - 64 * (f.planes - h) + 4 * c, &hv[h], 4);
 }
 
 // The file's blocks uint8 [N, K / block weights, block bytes] (N a multiple of 16) packed for the integer
