@@ -12,7 +12,7 @@ import time
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from peagle.bench.steps import begin
+from peagle.bench.steps import begin, step_times
 from peagle.cpu import configure_cpu
 from peagle.engine.llm_engine import LLMEngine
 from peagle.models.dummy import PRESETS
@@ -42,10 +42,7 @@ def hf_rate() -> float:
 
 
 def peagle_rate() -> float:
-    t = time.perf_counter()
-    for _ in range(new - 1):
-        engine.step()
-    return (new - 1) / (time.perf_counter() - t)
+    return (new - 1) / sum(step_times({0: engine}, 1, new - 1)[0])
 
 
 rates: dict[str, list[float]] = {"HF transformers": [], "peagle": []}

@@ -7,12 +7,11 @@ sweeps of the weights alone can understate (docs/real-sizes.md, "The tiles' verd
 """
 import statistics
 import sys
-import time
 
 import torch
 
 from peagle import kernels
-from peagle.bench.steps import begin
+from peagle.bench.steps import begin, step_times
 from peagle.engine.config import EngineConfig
 from peagle.engine.llm_engine import LLMEngine
 from peagle.models.loader import load_target, load_tokenizer, resolve_target
@@ -20,20 +19,16 @@ from peagle.models.loader import load_target, load_tokenizer, resolve_target
 path = sys.argv[1] if len(sys.argv) > 1 else None
 tok = load_tokenizer(resolve_target(path, weights=False))
 target, _ = load_target(path)
+default = torch.ops.peagle.stream_bytes()[0]  # the kernels' own, before the engine's tuner sets its verdict
 off = dict(prompt_lookup_max=0, response_lookup="none", max_num_seqs=1, max_model_len=4096)
 engine = LLMEngine(target, None, EngineConfig(method="none", **off), tok)
 begin({0: engine}, tok("The quick brown fox jumps over the lazy dog. " * 4)["input_ids"])
 taller = torch.ops.peagle.stream_bytes()[1]
-limits = {"default": 16 << 20, "narrow": kernels.NARROW, "wide": kernels.WIDE}
+limits = {"default": default, "narrow": kernels.NARROW, "wide": kernels.WIDE}
 medians: dict[str, list[float]] = {name: [] for name in limits}
 for _ in range(12):
     for name, limit in limits.items():
         torch.ops.peagle.set_stream_bytes(limit, taller)
-        times = []
-        for _ in range(16):
-            t = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - t)
-        medians[name].append(statistics.median(times) * 1e3)
+        medians[name].append(statistics.median(step_times({0: engine}, 1, 16)[0]) * 1e3)
 for name, ms in medians.items():
     print(f"{name}: a step {statistics.median(ms):.3f} ms (rounds' medians {min(ms):.3f}-{max(ms):.3f})")
